@@ -1,0 +1,38 @@
+# Two set-up commands on a fresh machine:
+#   make demo   — venv, install, then the whole loop on embedded defaults (no servers)
+#   make test   — venv, install, start Redis + Kafka on loopback, run the test suite
+#
+# VENV can live outside the clone (CI keys it on the dependency files, see .ci/run).
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.dinrec-installed
+
+.PHONY: install demo test lint services-start services-stop bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/dinrec demo --smoke
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP)
+	eval "$$(deploy/local/services.sh start)" && \
+	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+services-start:
+	deploy/local/services.sh start
+
+services-stop:
+	deploy/local/services.sh stop
+
+clean:
+	rm -rf build *.egg-info .pytest_cache

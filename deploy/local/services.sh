@@ -1,0 +1,149 @@
+#!/usr/bin/env bash
+# Local Redis + single-node Apache Kafka (KRaft) on loopback, for tests and demos.
+#
+#   deploy/local/services.sh start|stop|status|env
+#
+# Idempotent: `start` on running services only checks them; it returns once each answers.
+# If DINREC_REDIS_URL / DINREC_KAFKA_BOOTSTRAP are already set, those servers are used and
+# nothing is started for them. `env` prints the export lines the tests read.
+#
+# Kafka is not downloaded as a tarball (no such host is reachable here): the broker's jars come
+# from Maven Central through pom.xml beside this file, and are cached outside the clone.
+set -euo pipefail
+
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+STATE="${DINREC_SERVICES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dinrec/services}"
+REDIS_PORT="${DINREC_LOCAL_REDIS_PORT:-16379}"
+KAFKA_PORT="${DINREC_LOCAL_KAFKA_PORT:-19092}"
+CONTROLLER_PORT="${DINREC_LOCAL_KAFKA_CONTROLLER_PORT:-19093}"
+KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$HERE/pom.xml")"
+JARS="$STATE/kafka-jars-$KAFKA_VERSION-$(sha1sum "$HERE/pom.xml" | cut -c1-10)"
+RUN="$STATE/run"
+mkdir -p "$RUN"
+
+log() { printf '[services] %s\n' "$*" >&2; }
+
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+wait_for() {  # wait_for NAME SECONDS COMMAND...
+  local name=$1 secs=$2; shift 2
+  for _ in $(seq 1 $((secs * 5))); do
+    if "$@"; then log "$name ready"; return 0; fi
+    sleep 0.2
+  done
+  log "$name not ready after ${secs}s"; return 1
+}
+
+pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+# ---------------------------------------------------------------- redis
+redis_ping() { redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
+
+redis_start() {
+  if [[ -n "${DINREC_REDIS_URL:-}" ]]; then log "redis: using DINREC_REDIS_URL=$DINREC_REDIS_URL"; return; fi
+  if ! command -v redis-server >/dev/null; then
+    log "installing redis-server (Debian package)"
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server) >/dev/null
+  fi
+  if redis_ping; then log "redis already running on $REDIS_PORT"; return; fi
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --daemonize yes --pidfile "$RUN/redis.pid" --logfile "$RUN/redis.log" --dir "$RUN"
+  wait_for redis 20 redis_ping
+}
+
+redis_stop() {
+  if pid_alive "$RUN/redis.pid"; then kill "$(cat "$RUN/redis.pid")"; log "redis stopped"; fi
+  rm -f "$RUN/redis.pid"
+}
+
+# ---------------------------------------------------------------- kafka
+kafka_jars() {
+  if [[ -f "$JARS/.complete" ]]; then return; fi
+  log "resolving Apache Kafka $KAFKA_VERSION jars from Maven Central (once)"
+  rm -rf "$JARS"
+  mvn -q -B -f "$HERE/pom.xml" dependency:copy-dependencies \
+    -DoutputDirectory="$JARS" -DincludeScope=runtime >&2
+  touch "$JARS/.complete"
+}
+
+kafka_config() {
+  local data="$RUN/kafka-data"
+  cat >"$RUN/server.properties" <<EOF
+process.roles=broker,controller
+node.id=1
+controller.quorum.voters=1@127.0.0.1:$CONTROLLER_PORT
+listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT,CONTROLLER://127.0.0.1:$CONTROLLER_PORT
+advertised.listeners=PLAINTEXT://127.0.0.1:$KAFKA_PORT
+controller.listener.names=CONTROLLER
+inter.broker.listener.name=PLAINTEXT
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
+log.dirs=$data
+num.partitions=1
+auto.create.topics.enable=true
+offsets.topic.replication.factor=1
+offsets.topic.num.partitions=4
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+share.coordinator.state.topic.replication.factor=1
+share.coordinator.state.topic.min.isr=1
+group.initial.rebalance.delay.ms=0
+EOF
+  cat >"$RUN/log4j2.properties" <<EOF
+rootLogger.level=WARN
+rootLogger.appenderRef.out.ref=OUT
+appender.out.type=Console
+appender.out.name=OUT
+appender.out.layout.type=PatternLayout
+appender.out.layout.pattern=[%d] %p %m (%c)%n
+EOF
+}
+
+kafka_java() {
+  java -Xms256m -Xmx512m -XX:+UseG1GC -Djava.awt.headless=true \
+    -Dlog4j2.configurationFile="$RUN/log4j2.properties" -cp "$JARS/*" "$@"
+}
+
+kafka_start() {
+  if [[ -n "${DINREC_KAFKA_BOOTSTRAP:-}" ]]; then log "kafka: using DINREC_KAFKA_BOOTSTRAP=$DINREC_KAFKA_BOOTSTRAP"; return; fi
+  if pid_alive "$RUN/kafka.pid" && port_open "$KAFKA_PORT"; then log "kafka already running on $KAFKA_PORT"; return; fi
+  if port_open "$KAFKA_PORT"; then log "port $KAFKA_PORT is taken by something else"; return 1; fi
+  kafka_jars
+  kafka_config
+  if [[ ! -f "$RUN/kafka-data/meta.properties" ]]; then
+    rm -rf "$RUN/kafka-data"
+    local cluster_id
+    cluster_id="$(kafka_java kafka.tools.StorageTool random-uuid)"
+    kafka_java kafka.tools.StorageTool format -t "$cluster_id" -c "$RUN/server.properties" >&2
+  fi
+  nohup bash -c "$(declare -f kafka_java); JARS='$JARS' RUN='$RUN' kafka_java kafka.Kafka '$RUN/server.properties'" \
+    >"$RUN/kafka.log" 2>&1 &
+  echo $! >"$RUN/kafka.pid"
+  if ! wait_for kafka 90 port_open "$KAFKA_PORT"; then tail -40 "$RUN/kafka.log" >&2; return 1; fi
+}
+
+kafka_stop() {
+  if pid_alive "$RUN/kafka.pid"; then
+    local pid; pid="$(cat "$RUN/kafka.pid")"
+    pkill -TERM -P "$pid" 2>/dev/null || true
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
+    log "kafka stopped"
+  fi
+  rm -f "$RUN/kafka.pid"
+}
+
+# ---------------------------------------------------------------- commands
+print_env() {
+  echo "export DINREC_REDIS_URL=${DINREC_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
+  echo "export DINREC_KAFKA_BOOTSTRAP=${DINREC_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
+}
+
+case "${1:-}" in
+  start) redis_start; kafka_start; print_env ;;
+  stop) kafka_stop; redis_stop ;;
+  status)
+    if redis_ping; then echo "redis: up (127.0.0.1:$REDIS_PORT)"; else echo "redis: down"; fi
+    if port_open "$KAFKA_PORT"; then echo "kafka: up (127.0.0.1:$KAFKA_PORT)"; else echo "kafka: down"; fi ;;
+  env) print_env ;;
+  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+esac

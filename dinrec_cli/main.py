@@ -1,0 +1,28 @@
+"""`dinrec`: one command, each package's sub-commands.
+
+This is the composition root: it is the one place allowed to import every layer.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from feature_store.cli import data_app, events_app, ingest
+
+app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
+                  no_args_is_help=True, pretty_exceptions_enable=False)
+app.add_typer(data_app, name="data")
+app.add_typer(events_app, name="events")
+app.command("ingest")(ingest)
+
+
+def main() -> None:
+    from feature_store.errors import FeatureStoreError
+
+    try:
+        app()
+    except FeatureStoreError as exc:  # expected failures: a message, not a traceback
+        typer.echo(f"error: {exc}", err=True)
+        sys.exit(2)

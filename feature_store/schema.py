@@ -1,0 +1,102 @@
+"""The one behaviour-event schema, shared by loaders, the stream, the stores and training.
+
+Ids are the *external* string ids of the source system; the model's integer vocabulary lives in
+the trained bundle, so a new item can be ingested before any model knows it (it maps to index 0,
+"unknown", until the next retraining).
+
+Wire format: one JSON object per event, UTF-8 (see tests/golden/event_v1.json)::
+
+    {"v": 1, "event_id": "e-1", "user_id": "u1", "item_id": "i9", "category_id": "c2",
+     "event_type": "click", "ts": 1700000000.0, "value": null,
+     "experiment": null, "variant": null}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import uuid
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+
+from feature_store.errors import InvalidEvent
+
+SCHEMA_VERSION = 1
+
+# Impressions are logged for A/B CTR, never part of a behaviour history; everything else may be.
+EventType = Literal["impression", "view", "click", "cart", "fav", "buy", "rate"]
+
+ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+
+# 2001-09-09 .. 2286-11-20 in seconds would exclude old datasets; MovieLens/Amazon start in 1996.
+MIN_TS = 0.0
+MAX_TS = 4_102_444_800.0  # 2100-01-01
+
+
+class BehaviourEvent(BaseModel):
+    """One thing a user did with an item, at a time."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    v: Literal[1] = SCHEMA_VERSION
+    event_id: ExternalId = Field(default_factory=lambda: uuid.uuid4().hex)
+    user_id: ExternalId
+    item_id: ExternalId
+    category_id: ExternalId = "0"
+    event_type: EventType = "click"
+    ts: float = Field(ge=MIN_TS, le=MAX_TS, description="unix seconds")
+    value: float | None = Field(default=None, description="e.g. a rating for event_type='rate'")
+    experiment: ExternalId | None = None
+    variant: ExternalId | None = None
+
+    @field_validator("ts", "value")
+    @classmethod
+    def _finite(cls, v: float | None) -> float | None:
+        if v is not None and not math.isfinite(v):
+            raise ValueError("must be a finite number")
+        return v
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json().encode()
+
+    @classmethod
+    def from_bytes(cls, raw: bytes | str) -> BehaviourEvent:
+        try:
+            return cls.model_validate_json(raw)
+        except ValidationError as exc:
+            raise InvalidEvent(_describe(exc)) from exc
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> BehaviourEvent:
+        try:
+            return cls.model_validate(data)
+        except ValidationError as exc:
+            raise InvalidEvent(_describe(exc)) from exc
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "event"
+        parts.append(f"{loc}: {err['msg']}")
+    return "invalid event: " + "; ".join(parts)
+
+
+def dumps_many(events: list[BehaviourEvent]) -> str:
+    """Newline-delimited JSON, the file format of `dinrec data synth` and event logs."""
+    return "".join(e.model_dump_json() + "\n" for e in events)
+
+
+def loads_many(text: str) -> list[BehaviourEvent]:
+    out = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            out.append(BehaviourEvent.from_bytes(line))
+        except InvalidEvent as exc:
+            raise InvalidEvent(f"line {lineno}: {exc}") from exc
+        except json.JSONDecodeError as exc:  # pragma: no cover - pydantic wraps these
+            raise InvalidEvent(f"line {lineno}: not JSON") from exc
+    return out

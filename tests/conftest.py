@@ -1,0 +1,57 @@
+"""Shared fixtures: real services (from deploy/local/services.sh) and the shared datasets.
+
+Servers are found through DINREC_REDIS_URL / DINREC_KAFKA_BOOTSTRAP. When they are unset a
+test that needs them is skipped with the command that starts them; with DINREC_REQUIRE_SERVICES=1
+(as `make test` and CI set) a missing server is an error instead, so CI can never pass by skipping.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("DINREC_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def _need(var: str) -> str:
+    value = os.environ.get(var)
+    if value:
+        return value
+    msg = f"{var} is not set: run `eval $(deploy/local/services.sh start)` first"
+    if os.environ.get("DINREC_REQUIRE_SERVICES") == "1":
+        pytest.fail(msg)
+    pytest.skip(msg)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    return _need("DINREC_REDIS_URL")
+
+
+@pytest.fixture(scope="session")
+def kafka_bootstrap() -> str:
+    return _need("DINREC_KAFKA_BOOTSTRAP")
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh name for keys, topics and groups, so tests never see each other's data."""
+    return f"t{uuid.uuid4().hex[:10]}"
+
+
+def shared_dataset(name: str) -> Path:
+    path = SHARED_DATA / name
+    if not path.is_dir():
+        pytest.skip(f"dataset {name} not found at {path} (set DINREC_SHARED_DATA to the shared/data folder)")
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,0 +1,1 @@
+"""Offline training of DIN: point-in-time samples, the pure model, the loop, bundles."""
