@@ -10,19 +10,22 @@ import sys
 import typer
 
 from feature_store.cli import data_app, events_app, ingest
+from training.cli import train
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(data_app, name="data")
 app.add_typer(events_app, name="events")
 app.command("ingest")(ingest)
+app.command("train")(train)
 
 
 def main() -> None:
     from feature_store.errors import FeatureStoreError
+    from retrieval.errors import RetrievalError
 
     try:
         app()
-    except FeatureStoreError as exc:  # expected failures: a message, not a traceback
+    except (FeatureStoreError, RetrievalError, ValueError) as exc:  # expected failures: a message, not a traceback
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)

@@ -1,0 +1,111 @@
+"""Inner-product recall over item vectors: FAISS, and an exact numpy search as its reference.
+
+Both take float32 vectors (N, D) with int64 ids (N,) and answer ``search(queries (Q, D), k,
+exclude)`` with ids (Q, k) and scores (Q, k), best first; -1 / -inf pad rows with fewer than k
+results. ``exclude`` (one set of ids per query) removes items a user has already seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+from retrieval.errors import IndexFormatError
+
+Exclude = Sequence[set[int] | frozenset[int]] | None
+
+
+def _check(vectors: np.ndarray, ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    ids = np.ascontiguousarray(ids, dtype=np.int64)
+    if vectors.ndim != 2 or ids.shape != (vectors.shape[0],):
+        raise IndexFormatError(f"vectors must be (N, D) and ids (N,); got {vectors.shape} and {ids.shape}")
+    if not np.isfinite(vectors).all():
+        raise IndexFormatError("vectors contain NaN or infinity")
+    return vectors, ids
+
+
+def _filter(raw_ids: np.ndarray, raw_scores: np.ndarray, k: int, exclude: Exclude):
+    q = raw_ids.shape[0]
+    out_ids = np.full((q, k), -1, dtype=np.int64)
+    out_scores = np.full((q, k), -np.inf, dtype=np.float32)
+    for r in range(q):
+        ban = exclude[r] if exclude is not None else ()
+        keep = [(i, s) for i, s in zip(raw_ids[r], raw_scores[r], strict=True) if i >= 0 and i not in ban][:k]
+        if keep:
+            out_ids[r, :len(keep)] = [i for i, _ in keep]
+            out_scores[r, :len(keep)] = [s for _, s in keep]
+    return out_ids, out_scores
+
+
+class ExactIndex:
+    """Brute-force inner product in numpy: the reference FAISS results are checked against."""
+
+    def __init__(self, vectors: np.ndarray, ids: np.ndarray) -> None:
+        self.vectors, self.ids = _check(vectors, ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @property
+    def dim(self) -> int:
+        return self.vectors.shape[1]
+
+    def search(self, queries: np.ndarray, k: int, exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+        scores = queries @ self.vectors.T  # (Q, N)
+        want = min(len(self.ids), k + max((len(e) for e in exclude), default=0) if exclude else k)
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :want]
+        return _filter(self.ids[top], np.take_along_axis(scores, top, axis=1), k, exclude)
+
+
+class FaissIndex:
+    """FAISS exact inner-product index (IndexFlatIP) with external int64 ids."""
+
+    def __init__(self, index, dim: int) -> None:  # index: faiss.IndexIDMap2
+        self._index = index
+        self._dim = dim
+
+    @classmethod
+    def build(cls, vectors: np.ndarray, ids: np.ndarray) -> FaissIndex:
+        import faiss
+
+        vectors, ids = _check(vectors, ids)
+        index = faiss.IndexIDMap2(faiss.IndexFlatIP(vectors.shape[1]))
+        index.add_with_ids(vectors, ids)
+        return cls(index, vectors.shape[1])
+
+    def __len__(self) -> int:
+        return int(self._index.ntotal)
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def search(self, queries: np.ndarray, k: int, exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
+        queries = np.ascontiguousarray(np.atleast_2d(queries), dtype=np.float32)
+        if queries.shape[1] != self._dim:
+            raise IndexFormatError(f"query dimension {queries.shape[1]} != index dimension {self._dim}")
+        extra = max((len(e) for e in exclude), default=0) if exclude else 0
+        want = min(len(self), k + extra)
+        if want == 0:
+            return _filter(np.full((len(queries), 0), -1), np.zeros((len(queries), 0)), k, exclude)
+        scores, ids = self._index.search(queries, want)
+        return _filter(ids, scores, k, exclude)
+
+    def save(self, path: str | Path) -> None:
+        import faiss
+
+        faiss.write_index(self._index, str(path))
+
+    @classmethod
+    def load(cls, path: str | Path) -> FaissIndex:
+        import faiss
+
+        try:
+            index = faiss.read_index(str(path))
+        except RuntimeError as exc:  # faiss raises RuntimeError for unreadable files
+            raise IndexFormatError(f"cannot read FAISS index {path}: {exc}") from exc
+        return cls(index, index.d)

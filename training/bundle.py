@@ -1,0 +1,159 @@
+"""The model bundle: a self-describing, checksummed directory that serving loads.
+
+    bundle/
+      manifest.json        format + version, model version, code version, feature-schema version,
+                           sha256 of every other file (verified on load)
+      model.safetensors    weights (no pickle)
+      model_config.json    DINConfig
+      vocab.json           index → item id / category id, item → category
+      metrics.json         offline metrics of this model (what promotion compares)
+      popularity.json      most popular items, the fallback for users with no history
+      item_index.faiss     inner-product index of the item embeddings (recall)
+
+Readers refuse formats and versions they do not know, and any file whose checksum differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import load_file, save_file
+
+from feature_store.schema import SCHEMA_VERSION
+from training.model import DIN, DINConfig
+from training.samples import Vocab
+
+BUNDLE_FORMAT = "dinrec-bundle"
+BUNDLE_FORMAT_VERSION = 1
+ITEM_INDEX_FILE = "item_index.faiss"
+
+
+class BundleError(ValueError):
+    """A bundle is missing, of an unknown format, or fails its checksums."""
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def code_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("dinrec")
+    except Exception:  # noqa: BLE001 - running from a source tree without metadata
+        return "unknown"
+
+
+@dataclass
+class Bundle:
+    path: Path
+    manifest: dict
+    config: DINConfig
+    vocab: Vocab
+    metrics: dict
+    popularity: list[tuple[str, float]]
+    model: DIN
+
+    @property
+    def model_version(self) -> str:
+        return self.manifest["model_version"]
+
+    @property
+    def item_index_path(self) -> Path:
+        return self.path / ITEM_INDEX_FILE
+
+
+def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popularity: list[tuple[str, float]],
+                 extra_files: dict[str, Callable[[Path], None]] | None = None,
+                 model_version: str | None = None) -> Path:
+    """Write a bundle atomically: everything goes to a temp dir that is renamed into place."""
+    out = Path(out)
+    tmp = out.parent / f".tmp-{out.name}-{time.time_ns()}"
+    tmp.mkdir(parents=True)
+    try:
+        state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / "model.safetensors"))
+        (tmp / "model_config.json").write_text(json.dumps(model.cfg.to_json(), indent=1))
+        (tmp / "vocab.json").write_text(json.dumps(vocab.to_json()))
+        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
+        (tmp / "popularity.json").write_text(json.dumps([[i, c] for i, c in popularity]))
+        for name, writer in (extra_files or {}).items():
+            writer(tmp / name)
+        weights_hash = _sha256(tmp / "model.safetensors")
+        manifest = {
+            "format": BUNDLE_FORMAT, "format_version": BUNDLE_FORMAT_VERSION,
+            "model_version": model_version or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + weights_hash[:8],
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "code_version": code_version(), "feature_schema_version": SCHEMA_VERSION,
+            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+        }
+        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        if out.exists():
+            shutil.rmtree(out)
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def read_manifest(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        manifest = json.loads((path / "manifest.json").read_text())
+    except FileNotFoundError as exc:
+        raise BundleError(f"{path}: no manifest.json; not a dinrec bundle") from exc
+    except json.JSONDecodeError as exc:
+        raise BundleError(f"{path}/manifest.json is not valid JSON") from exc
+    if manifest.get("format") != BUNDLE_FORMAT:
+        raise BundleError(f"{path}: format {manifest.get('format')!r} is not {BUNDLE_FORMAT!r}")
+    if manifest.get("format_version") != BUNDLE_FORMAT_VERSION:
+        raise BundleError(f"{path}: bundle format version {manifest.get('format_version')!r} is not supported "
+                          f"(this dinrec reads version {BUNDLE_FORMAT_VERSION})")
+    if manifest.get("feature_schema_version") != SCHEMA_VERSION:
+        raise BundleError(f"{path}: feature schema version {manifest.get('feature_schema_version')!r} differs from "
+                          f"this dinrec's {SCHEMA_VERSION}")
+    return manifest
+
+
+def verify_bundle(path: str | Path) -> dict:
+    """Check every file against the manifest; return the manifest."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    for name, expected in manifest.get("files", {}).items():
+        f = path / name
+        if not f.is_file():
+            raise BundleError(f"{path}: {name} is listed in the manifest but missing")
+        if _sha256(f) != expected:
+            raise BundleError(f"{path}: checksum mismatch for {name}; the bundle was modified or corrupted")
+    for required in ("model.safetensors", "model_config.json", "vocab.json", "metrics.json", "popularity.json"):
+        if required not in manifest.get("files", {}):
+            raise BundleError(f"{path}: manifest lists no {required}")
+    return manifest
+
+
+def load_bundle(path: str | Path) -> Bundle:
+    path = Path(path)
+    manifest = verify_bundle(path)
+    try:
+        config = DINConfig.from_json(json.loads((path / "model_config.json").read_text()))
+        vocab = Vocab.from_json(json.loads((path / "vocab.json").read_text()))
+        model = DIN(config)
+        model.load_state_dict(load_file(str(path / "model.safetensors")))
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise BundleError(f"{path}: cannot build the model from the bundle: {exc}") from exc
+    model.eval()
+    popularity = [(str(i), float(c)) for i, c in json.loads((path / "popularity.json").read_text())]
+    return Bundle(path=path, manifest=manifest, config=config, vocab=vocab,
+                  metrics=json.loads((path / "metrics.json").read_text()), popularity=popularity, model=model)

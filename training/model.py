@@ -1,0 +1,135 @@
+"""DIN, the Deep Interest Network (Zhou et al., KDD 2018) — pure: no I/O, no loss, no devices.
+
+Inputs are index tensors (0 = padding / unknown item or category)::
+
+    hist_items, hist_cats:   (B, L) int64, left-padded: the newest behaviour is at [:, -1]
+    target_item, target_cat: (B,)   int64, the candidate to score
+
+``forward`` returns one logit per row, shape (B,). A local activation unit weighs each behaviour
+by its relevance to the candidate, from [q, h, q−h, q⊙h]; padded positions get weight 0, so
+adding or removing padding changes nothing. Weights are *not* softmax-normalised (sum pooling,
+as in the paper), which keeps the intensity of a user's interest in the representation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import torch
+from torch import nn
+
+
+@dataclass(frozen=True)
+class DINConfig:
+    n_items: int
+    n_categories: int
+    item_dim: int = 16
+    cat_dim: int = 16
+    attention_hidden: tuple[int, ...] = (80, 40)
+    mlp_hidden: tuple[int, ...] = (200, 80)
+    attention_activation: str = "prelu"  # per-position, so batch statistics cannot mix positions
+    mlp_activation: str = "dice"
+    dropout: float = 0.0
+    extra: dict = field(default_factory=dict)  # room for future options without a format bump
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, d: dict) -> DINConfig:
+        d = dict(d)
+        d["attention_hidden"] = tuple(d["attention_hidden"])
+        d["mlp_hidden"] = tuple(d["mlp_hidden"])
+        return cls(**d)
+
+
+class Dice(nn.Module):
+    """Data-adaptive activation: p(x)·x + (1−p(x))·α·x with p = sigmoid(BN(x)) (DIN paper, eq. 9)."""
+
+    def __init__(self, dim: int, eps: float = 1e-8) -> None:
+        super().__init__()
+        self.bn = nn.BatchNorm1d(dim, affine=False, eps=eps)
+        self.alpha = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])  # (N, D): BN over every row, whatever the leading dims
+        p = torch.sigmoid(self.bn(flat)).reshape(x.shape)
+        return p * x + (1 - p) * self.alpha * x
+
+
+class PReLU(nn.Module):
+    """PReLU over the *last* dimension (torch's nn.PReLU uses dim 1, which is L for (B, L, H))."""
+
+    def __init__(self, dim: int, init: float = 0.25) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.where(x >= 0, x, self.alpha * x)
+
+
+def _activation(name: str, dim: int) -> nn.Module:
+    if name == "dice":
+        return Dice(dim)
+    if name == "prelu":
+        return PReLU(dim)
+    if name == "relu":
+        return nn.ReLU()
+    if name == "sigmoid":
+        return nn.Sigmoid()
+    raise ValueError(f"unknown activation {name!r}; use dice, prelu, relu or sigmoid")
+
+
+def _mlp(sizes: list[int], activation: str, dropout: float) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for d_in, d_out in zip(sizes[:-1], sizes[1:], strict=True):
+        layers += [nn.Linear(d_in, d_out), _activation(activation, d_out)]
+        if dropout > 0:
+            layers.append(nn.Dropout(dropout))
+    return nn.Sequential(*layers)
+
+
+class DIN(nn.Module):
+    def __init__(self, cfg: DINConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.item_emb = nn.Embedding(cfg.n_items, cfg.item_dim, padding_idx=0)
+        self.cat_emb = nn.Embedding(cfg.n_categories, cfg.cat_dim, padding_idx=0)
+        d = cfg.item_dim + cfg.cat_dim
+        self.attention = nn.Sequential(
+            _mlp([4 * d, *cfg.attention_hidden], cfg.attention_activation, 0.0),
+            nn.Linear(cfg.attention_hidden[-1] if cfg.attention_hidden else 4 * d, 1),
+        )
+        self.mlp = _mlp([2 * d, *cfg.mlp_hidden], cfg.mlp_activation, cfg.dropout)
+        self.out = nn.Linear(cfg.mlp_hidden[-1] if cfg.mlp_hidden else 2 * d, 1)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        for emb in (self.item_emb, self.cat_emb):
+            nn.init.normal_(emb.weight, std=0.05)
+            with torch.no_grad():
+                emb.weight[0].zero_()
+
+    def embed(self, items: torch.Tensor, cats: torch.Tensor) -> torch.Tensor:
+        """(…,) item and category indices → (…, item_dim + cat_dim)."""
+        return torch.cat([self.item_emb(items), self.cat_emb(cats)], dim=-1)
+
+    def interest(self, query: torch.Tensor, hist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Local activation unit + sum pooling.
+
+        query (B, D), hist (B, L, D), mask (B, L) bool → (B, D)
+        """
+        q = query.unsqueeze(1).expand_as(hist)  # (B, L, D)
+        att_in = torch.cat([q, hist, q - hist, q * hist], dim=-1)  # (B, L, 4D)
+        w = self.attention(att_in).squeeze(-1)  # (B, L)
+        w = w.masked_fill(~mask, 0.0)
+        return torch.bmm(w.unsqueeze(1), hist).squeeze(1)  # (B, 1, L) @ (B, L, D) → (B, D)
+
+    def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor,
+                target_item: torch.Tensor, target_cat: torch.Tensor) -> torch.Tensor:
+        mask = hist_items != 0  # (B, L)
+        hist = self.embed(hist_items, hist_cats)  # (B, L, D)
+        query = self.embed(target_item, target_cat)  # (B, D)
+        user_interest = self.interest(query, hist, mask)  # (B, D)
+        x = self.mlp(torch.cat([user_interest, query], dim=-1))  # (B, H)
+        return self.out(x).squeeze(-1)  # (B,)

@@ -1,0 +1,201 @@
+"""Point-in-time training samples, stored jagged.
+
+For each user, events are ordered by time. Every behaviour is a positive *target*; its history is
+the user's behaviours **strictly before** the target's timestamp (so an event at the same second
+or later can never leak in), newest ``seq_len`` kept. Each positive gets ``negatives`` sampled
+items that share its history. Leave-one-out by time per user: the last eligible positive is the
+test target, the second last the validation target, the rest are training targets.
+
+Histories are not copied per sample. The user's time-ordered behaviours are concatenated into
+``seq_items``/``seq_cats`` and a sample stores where its history *ends* and how long it is::
+
+    seq_items: [u0e0 u0e1 u0e2 u0e3 | u1e0 u1e1 ...]     (one flat array, users back to back)
+    sample (user 0, target u0e3): hist_end=3, hist_len=3 -> history = seq_items[0:3]
+
+and :func:`training.data.gather_history` turns (hist_end, hist_len) into a left-padded (B, L) block
+with one fancy-index per batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from feature_store.datasets.base import Interactions
+
+SAMPLES_FORMAT_VERSION = 1
+PAD = 0  # index 0 is padding / unknown in every vocabulary
+
+
+@dataclass(frozen=True)
+class Vocab:
+    """index → external id (index 0 is "<pad>"), and each item's category index."""
+
+    items: list[str]
+    categories: list[str]
+    item_category: np.ndarray  # (n_items,) int64, item index → category index
+
+    @property
+    def n_items(self) -> int:
+        return len(self.items)
+
+    @property
+    def n_categories(self) -> int:
+        return len(self.categories)
+
+    def item_index(self) -> dict[str, int]:
+        return {item: i for i, item in enumerate(self.items) if i != PAD}
+
+    def to_json(self) -> dict:
+        return {"items": self.items, "categories": self.categories,
+                "item_category": self.item_category.tolist()}
+
+    @classmethod
+    def from_json(cls, d: dict) -> Vocab:
+        return cls(list(d["items"]), list(d["categories"]), np.asarray(d["item_category"], dtype=np.int64))
+
+
+@dataclass(frozen=True)
+class Split:
+    """One split's samples (parallel arrays, one row per sample)."""
+
+    user: np.ndarray  # (N,) int64 user index
+    hist_end: np.ndarray  # (N,) int64 exclusive end of the history in seq_items
+    hist_len: np.ndarray  # (N,) int64 in [0, seq_len]
+    target_item: np.ndarray  # (N,) int64
+    target_cat: np.ndarray  # (N,) int64
+    label: np.ndarray  # (N,) float32, 1 = the behaviour happened, 0 = a sampled negative
+
+    FIELDS = ("user", "hist_end", "hist_len", "target_item", "target_cat", "label")
+
+    def __len__(self) -> int:
+        return len(self.label)
+
+
+@dataclass(frozen=True)
+class SampleSet:
+    vocab: Vocab
+    users: list[str]
+    seq_items: np.ndarray  # (E,) int64
+    seq_cats: np.ndarray  # (E,) int64
+    seq_ts: np.ndarray  # (E,) float64, kept for leakage checks and inspection
+    train: Split
+    val: Split
+    test: Split
+    seq_len: int
+    negatives: int
+    source: str
+    fingerprint: str
+
+    def split(self, name: str) -> Split:
+        return {"train": self.train, "val": self.val, "test": self.test}[name]
+
+    # ------------------------------------------------------------------ on disk
+    def save(self, folder: str | Path) -> Path:
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name in ("seq_items", "seq_cats", "seq_ts"):
+            np.save(folder / f"{name}.npy", getattr(self, name))
+        for split in ("train", "val", "test"):
+            for f in Split.FIELDS:
+                np.save(folder / f"{split}.{f}.npy", getattr(self.split(split), f))
+        (folder / "vocab.json").write_text(json.dumps(self.vocab.to_json()))
+        (folder / "users.json").write_text(json.dumps(self.users))
+        meta = {"format": "dinrec-samples", "format_version": SAMPLES_FORMAT_VERSION, "seq_len": self.seq_len,
+                "negatives": self.negatives, "source": self.source, "fingerprint": self.fingerprint,
+                "sizes": {s: len(self.split(s)) for s in ("train", "val", "test")}}
+        (folder / "samples.json").write_text(json.dumps(meta, indent=1))
+        return folder
+
+    @classmethod
+    def load(cls, folder: str | Path) -> SampleSet:
+        folder = Path(folder)
+        meta = json.loads((folder / "samples.json").read_text())
+        if meta.get("format") != "dinrec-samples" or meta.get("format_version") != SAMPLES_FORMAT_VERSION:
+            raise ValueError(f"{folder}: not a dinrec sample set of format version {SAMPLES_FORMAT_VERSION}")
+        splits = {s: Split(**{f: np.load(folder / f"{s}.{f}.npy") for f in Split.FIELDS})
+                  for s in ("train", "val", "test")}
+        return cls(vocab=Vocab.from_json(json.loads((folder / "vocab.json").read_text())),
+                   users=json.loads((folder / "users.json").read_text()),
+                   seq_items=np.load(folder / "seq_items.npy"), seq_cats=np.load(folder / "seq_cats.npy"),
+                   seq_ts=np.load(folder / "seq_ts.npy"), **splits, seq_len=meta["seq_len"],
+                   negatives=meta["negatives"], source=meta["source"], fingerprint=meta["fingerprint"])
+
+    def config(self) -> dict:
+        return asdict(self)  # pragma: no cover - convenience
+
+
+def is_sample_dir(path: str | Path) -> bool:
+    return (Path(path) / "samples.json").is_file()
+
+
+def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, seed: int = 0) -> SampleSet:
+    if seq_len < 1:
+        raise ValueError("seq_len must be >= 1")
+    if negatives < 1:
+        raise ValueError("negatives must be >= 1")
+    b = data.behaviours()
+    if len(b) == 0:
+        raise ValueError(f"{data.source}: no behaviours to learn from")
+
+    items, item_idx = np.unique(b.item_id, return_inverse=True)
+    cats, cat_idx = np.unique(b.category_id, return_inverse=True)
+    users, user_idx = np.unique(b.user_id, return_inverse=True)
+    item_idx, cat_idx = item_idx + 1, cat_idx + 1  # 0 is padding
+    item_category = np.zeros(len(items) + 1, dtype=np.int64)
+    item_category[item_idx] = cat_idx
+
+    order = np.lexsort((b.ts, user_idx))  # by user, then time (stable: ties keep file order)
+    u, ts = user_idx[order], b.ts[order]
+    seq_items, seq_cats = item_idx[order].astype(np.int64), cat_idx[order].astype(np.int64)
+    n = len(order)
+    pos = np.arange(n)
+
+    user_start = np.flatnonzero(np.r_[True, u[1:] != u[:-1]])  # first position of each user
+    start_of = np.repeat(user_start, np.diff(np.r_[user_start, n]))  # (n,) user start per position
+    # A history ends at the first event of the target's (user, ts) group: strictly earlier events only.
+    group_start = np.flatnonzero(np.r_[True, (u[1:] != u[:-1]) | (ts[1:] != ts[:-1])])
+    hist_end = np.repeat(group_start, np.diff(np.r_[group_start, n]))
+    n_before = hist_end - start_of
+    hist_len = np.minimum(n_before, seq_len)
+
+    # Leave-one-out by time among targets that have at least one earlier behaviour.
+    eligible = n_before >= 1
+    elig_pos = pos[eligible]
+    elig_user = u[eligible]
+    # rank from the end within each user: 0 = last eligible, 1 = second last
+    last_of_user = np.r_[elig_user[1:] != elig_user[:-1], True]
+    group_id = np.cumsum(np.r_[True, elig_user[1:] != elig_user[:-1]]) - 1
+    ends = np.flatnonzero(last_of_user)
+    rank_from_end = ends[group_id] - np.arange(len(elig_pos))
+    counts = np.bincount(group_id)
+    enough = counts[group_id] >= 3  # users with < 3 eligible targets train only
+    test_pos = elig_pos[enough & (rank_from_end == 0)]
+    val_pos = elig_pos[enough & (rank_from_end == 1)]
+    train_pos = elig_pos[~enough | (rank_from_end >= 2)]
+
+    rng = np.random.default_rng(seed)
+    n_items = len(items) + 1
+
+    def make(split_pos: np.ndarray) -> Split:
+        k = negatives
+        rep = np.repeat(split_pos, 1 + k)  # each positive then its k negatives
+        target = seq_items[rep].copy()
+        is_neg = np.tile(np.r_[False, np.ones(k, dtype=bool)], len(split_pos))
+        neg = rng.integers(1, n_items, size=int(is_neg.sum()))
+        clash = neg == target[is_neg]
+        while clash.any():  # never label the true target as a negative
+            neg[clash] = rng.integers(1, n_items, size=int(clash.sum()))
+            clash = neg == target[is_neg]
+        target[is_neg] = neg
+        return Split(user=u[rep].astype(np.int64), hist_end=hist_end[rep].astype(np.int64),
+                     hist_len=hist_len[rep].astype(np.int64), target_item=target.astype(np.int64),
+                     target_cat=item_category[target], label=(~is_neg).astype(np.float32))
+
+    return SampleSet(vocab=Vocab(["<pad>", *items.tolist()], ["<pad>", *cats.tolist()], item_category),
+                     users=users.tolist(), seq_items=seq_items, seq_cats=seq_cats, seq_ts=ts,
+                     train=make(train_pos), val=make(val_pos), test=make(test_pos), seq_len=seq_len,
+                     negatives=negatives, source=data.source, fingerprint=data.fingerprint())
