@@ -25,6 +25,7 @@ lint: $(STAMP)
 	$(VENV)/bin/lint-imports
 
 test: $(STAMP)
+	$(VENV)/bin/ruff check .
 	eval "$$(deploy/local/services.sh start)" && \
 	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 

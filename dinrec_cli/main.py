@@ -9,7 +9,9 @@ import sys
 
 import typer
 
+from dinrec_cli.demo import demo
 from feature_store.cli import data_app, events_app, ingest
+from serving.cli import serve
 from training.cli import train
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
@@ -18,6 +20,8 @@ app.add_typer(data_app, name="data")
 app.add_typer(events_app, name="events")
 app.command("ingest")(ingest)
 app.command("train")(train)
+app.command("serve")(serve)
+app.command("demo")(demo)
 
 
 def main() -> None:
@@ -29,3 +33,7 @@ def main() -> None:
     except (FeatureStoreError, RetrievalError, ValueError) as exc:  # expected failures: a message, not a traceback
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
+
+
+if __name__ == "__main__":
+    main()

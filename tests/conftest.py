@@ -55,3 +55,20 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """A small synthetic log, trained for two epochs and exported: (data, samples, bundle_dir, metrics)."""
+    from feature_store.datasets.synthetic import SyntheticConfig, generate
+    from training.export import export_bundle
+    from training.loop import train
+    from training.samples import build_samples
+    from training.settings import TrainSettings
+
+    data = generate(SyntheticConfig(n_users=300, n_items=200, n_categories=10, mean_events_per_user=25, seed=11))
+    samples = build_samples(data, seq_len=20)
+    out = tmp_path_factory.mktemp("tiny-run")
+    result = train(samples, TrainSettings(epochs=2, progress=False, item_dim=8, cat_dim=8), out)
+    bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
+    return data, samples, bundle, result.metrics

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 
 from feature_store.schema import SCHEMA_VERSION
 from training.model import DIN, DINConfig
-from training.samples import Vocab
+from training.vocab import Vocab
 
 BUNDLE_FORMAT = "dinrec-bundle"
 BUNDLE_FORMAT_VERSION = 1

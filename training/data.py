@@ -51,7 +51,8 @@ class SplitTensors:
         self.seq_items, self.seq_cats = as_t(samples.seq_items), as_t(samples.seq_cats)
         self.user, self.hist_end = as_t(split.user), as_t(split.hist_end)
         self.hist_len = as_t(np.minimum(split.hist_len, seq_len))
-        self.target_item, self.target_cat, self.label = as_t(split.target_item), as_t(split.target_cat), as_t(split.label)
+        self.target_item, self.target_cat = as_t(split.target_item), as_t(split.target_cat)
+        self.label = as_t(split.label)
         self.seq_len = seq_len
         self.device = device
 

@@ -1,0 +1,33 @@
+"""What request handlers depend on: the service state the lifespan built, as a named dependency."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from feature_store.online import OnlineStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams import EventStream
+from serving.ranking import Recommender
+from serving.settings import ServingSettings
+
+
+@dataclass
+class ServiceState:
+    settings: ServingSettings
+    fs_settings: FeatureStoreSettings
+    recommender: Recommender
+    store: OnlineStore
+    stream: EventStream
+    ingest_stop: threading.Event = field(default_factory=threading.Event)
+    ingest_thread: threading.Thread | None = None
+
+
+def get_state(request: Request) -> ServiceState:
+    return request.app.state.dinrec
+
+
+State = Annotated[ServiceState, Depends(get_state)]

@@ -1,0 +1,46 @@
+"""The one place where the project's exceptions become HTTP responses (JSON, never a bare 500)."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+
+from feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
+
+log = logging.getLogger(__name__)
+
+
+def _body(status: int, error: str, message: str, request: Request, **extra) -> JSONResponse:
+    rid = getattr(request.state, "request_id", None)
+    return JSONResponse(status_code=status, content={"error": error, "message": message, "request_id": rid, **extra})
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query")),
+                     "message": e.get("msg", "")} for e in exc.errors()]
+        summary = "; ".join(f"{p['field'] or 'request'}: {p['message']}" for p in problems)
+        return _body(422, "invalid_request", summary, request, problems=problems)
+
+    @app.exception_handler(InvalidEvent)
+    async def _invalid_event(request: Request, exc: InvalidEvent) -> JSONResponse:
+        return _body(422, "invalid_event", str(exc), request)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store(request: Request, exc: StoreUnavailable) -> JSONResponse:
+        log.error("feature store unavailable: %s", exc)
+        return _body(503, "store_unavailable", "the feature store is unavailable; retry later", request)
+
+    @app.exception_handler(StreamUnavailable)
+    async def _stream(request: Request, exc: StreamUnavailable) -> JSONResponse:
+        log.error("event stream unavailable: %s", exc)
+        return _body(503, "stream_unavailable", "the event stream is unavailable; retry later", request)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error")
+        return _body(500, "internal_error", "unexpected server error", request)

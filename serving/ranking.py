@@ -1,0 +1,80 @@
+"""The request path: history → query vector → FAISS recall → DIN scores → top-k.
+
+Built once per bundle (the service swaps the whole Recommender when a new bundle loads).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from feature_store.features import HistoryItem
+from retrieval.index import FaissIndex
+from training.bundle import Bundle
+
+
+@dataclass(frozen=True)
+class Scored:
+    item_id: str
+    category_id: str
+    score: float
+
+
+@dataclass(frozen=True)
+class Ranking:
+    items: list[Scored]
+    strategy: str  # "din" (recall + rank) or "popular" (no usable history)
+    known_history: int  # behaviours the model recognised
+
+
+class Recommender:
+    def __init__(self, bundle: Bundle, index: FaissIndex, recall_candidates: int = 200) -> None:
+        self.bundle = bundle
+        self.model = bundle.model.eval()
+        self.index = index
+        self.recall_candidates = recall_candidates
+        self.seq_len = int(bundle.metrics.get("seq_len", 50))
+        self._item_idx = bundle.vocab.item_index()
+        self._cat_idx = {c: i for i, c in enumerate(bundle.vocab.categories) if i != 0}
+        self._item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
+        self._item_vectors = self.model.item_emb.weight.detach().float().numpy()  # (n_items, item_dim)
+
+    @property
+    def model_version(self) -> str:
+        return self.bundle.model_version
+
+    def _encode(self, history: list[HistoryItem]) -> tuple[list[int], list[int]]:
+        hist = history[-self.seq_len:]
+        return ([self._item_idx.get(h.item_id, 0) for h in hist], [self._cat_idx.get(h.category_id, 0) for h in hist])
+
+    @torch.inference_mode()
+    def rank(self, history: list[HistoryItem], k: int, popular: list[tuple[str, float]]) -> Ranking:
+        items, cats = self._encode(history)
+        seen_ids = {h.item_id for h in history}
+        known = [i for i in items if i]
+        if not known:
+            top = [(i, s) for i, s in popular if i not in seen_ids][:k]
+            peak = max((s for _, s in popular), default=1.0) or 1.0  # score: popularity relative to the top item
+            return Ranking([Scored(i, self._category_of(i), s / peak) for i, s in top], "popular", 0)
+
+        query = self._item_vectors[known].mean(axis=0, keepdims=True)  # (1, item_dim)
+        cand, _ = self.index.search(query, self.recall_candidates, exclude=[set(known)])
+        cand = cand[0][cand[0] >= 0]  # (N,)
+        if len(cand) == 0:
+            return Ranking([], "din", len(known))
+        n = len(cand)
+        target = torch.as_tensor(cand, dtype=torch.long)  # (N,)
+        hist_items = torch.as_tensor([items], dtype=torch.long).expand(n, -1)  # (N, L)
+        hist_cats = torch.as_tensor([cats], dtype=torch.long).expand(n, -1)  # (N, L)
+        logits = self.model(hist_items, hist_cats, target, self._item_cat[target])  # (N,)
+        scores = torch.sigmoid(logits).numpy()
+        order = np.argsort(-scores, kind="stable")[:k]
+        vocab = self.bundle.vocab
+        return Ranking([Scored(vocab.items[cand[j]], vocab.categories[vocab.item_category[cand[j]]],
+                               float(scores[j])) for j in order], "din", len(known))
+
+    def _category_of(self, item_id: str) -> str:
+        idx = self._item_idx.get(item_id)
+        return self.bundle.vocab.categories[self.bundle.vocab.item_category[idx]] if idx else "unknown"

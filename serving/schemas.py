@@ -1,0 +1,44 @@
+"""Request and response bodies of the HTTP API."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+
+from feature_store.schema import BehaviourEvent
+
+UserId = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+
+
+class RecommendRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    user_id: UserId
+    k: int | None = Field(None, ge=1, description="how many items; default DINREC_DEFAULT_K, at most DINREC_MAX_K")
+
+
+class RecommendedItem(BaseModel):
+    item_id: str
+    category_id: str
+    score: float
+
+
+class RecommendResponse(BaseModel):
+    request_id: str
+    user_id: str
+    model_version: str
+    strategy: str
+    history_len: int
+    items: list[RecommendedItem]
+
+
+class EventsRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    events: list[BehaviourEvent] = Field(min_length=1, max_length=1000)
+
+
+class EventsResponse(BaseModel):
+    accepted: int
+    sink: str

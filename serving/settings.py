@@ -1,0 +1,24 @@
+"""Serving settings (env prefix ``DINREC_``), created by the CLI or the caller of create_app."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServingSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="ignore", validate_default=True)
+
+    bundle_dir: Path = Field(Path("runs/latest/bundle"), description="the model bundle to serve")
+    host: str = "127.0.0.1"
+    port: int = Field(8000, ge=0, le=65535)
+    recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
+    max_k: int = Field(100, ge=1, le=1000)
+    default_k: int = Field(10, ge=1, le=1000)
+    events_sink: Literal["store", "stream"] = Field(
+        "stream", description="POST /events writes to the online store directly, or publishes to the stream")
+    ingest_in_app: bool | None = Field(
+        None, description="run the stream→store consumer inside the service; default: only for the in-process stream")

@@ -1,0 +1,49 @@
+import numpy as np
+import pytest
+
+from retrieval.errors import IndexFormatError
+from retrieval.index import ExactIndex, FaissIndex
+
+
+@pytest.fixture
+def vectors():
+    rng = np.random.default_rng(0)
+    return rng.normal(size=(500, 16)).astype(np.float32), np.arange(10, 510, dtype=np.int64)
+
+
+def test_faiss_agrees_with_exact_search(vectors):
+    v, ids = vectors
+    q = np.random.default_rng(1).normal(size=(20, 16)).astype(np.float32)
+    fi, fs = FaissIndex.build(v, ids).search(q, 10)
+    ei, es = ExactIndex(v, ids).search(q, 10)
+    assert (fi == ei).all()
+    np.testing.assert_allclose(fs, es, rtol=1e-4)
+
+
+def test_exclusion_removes_seen_items_and_still_fills_k(vectors):
+    v, ids = vectors
+    q = v[:2]
+    first, _ = FaissIndex.build(v, ids).search(q, 5)
+    got, _ = FaissIndex.build(v, ids).search(q, 5, exclude=[set(first[0]), set()])
+    assert not set(got[0]) & set(first[0]) and (got[0] >= 0).all()
+    assert (got[1] == first[1]).all()
+
+
+def test_save_load_and_short_indexes(tmp_path, vectors):
+    v, ids = vectors
+    idx = FaissIndex.build(v[:3], ids[:3])
+    idx.save(tmp_path / "i.faiss")
+    back = FaissIndex.load(tmp_path / "i.faiss")
+    got, scores = back.search(v[:1], 5)
+    assert len(back) == 3 and list(got[0][3:]) == [-1, -1] and np.isinf(scores[0][3:]).all()
+
+
+def test_bad_input_is_reported(tmp_path, vectors):
+    v, ids = vectors
+    with pytest.raises(IndexFormatError, match="dimension"):
+        FaissIndex.build(v, ids).search(np.zeros((1, 3)), 2)
+    with pytest.raises(IndexFormatError, match="NaN"):
+        FaissIndex.build(np.full((2, 2), np.nan), np.arange(2))
+    (tmp_path / "junk.faiss").write_bytes(b"junk")
+    with pytest.raises(IndexFormatError, match="cannot read"):
+        FaissIndex.load(tmp_path / "junk.faiss")

@@ -1,0 +1,137 @@
+"""The HTTP API, through a real server, on the embedded store and on Redis."""
+
+from __future__ import annotations
+
+import pytest
+
+from feature_store.online.memory import MemoryStore
+from feature_store.online.redis_store import RedisStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.settings import ServingSettings
+from tests.serving.conftest import live_server, wait_until
+
+
+@pytest.fixture(params=["memory", "redis"])
+def store(request, unique):
+    if request.param == "memory":
+        yield MemoryStore(history_cap=50)
+        return
+    s = RedisStore(request.getfixturevalue("redis_url"), prefix=unique, history_cap=50)
+    yield s
+    s.flush_prefix()
+    s.close()
+
+
+@pytest.fixture
+def client(tiny_run, store):
+    data = tiny_run[0]
+    store.write(list(data.events()))
+    settings = ServingSettings(bundle_dir=tiny_run[2], max_k=50, events_sink="store")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        yield c
+
+
+def test_known_user_gets_din_ranked_unseen_items(client, tiny_run, store):
+    data = tiny_run[0]
+    user = data.user_id[0]
+    r = client.get("/recommend", params={"user_id": user, "k": 7})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["strategy"] == "din" and body["user_id"] == user and len(body["items"]) == 7
+    assert body["model_version"] == tiny_run[3].get("model_version", body["model_version"])
+    scores = [x["score"] for x in body["items"]]
+    assert scores == sorted(scores, reverse=True) and all(0 <= s <= 1 for s in scores)
+    seen = {h.item_id for h in store.history(user, 50)}
+    assert not seen & {x["item_id"] for x in body["items"]}
+    assert r.headers["x-request-id"] == body["request_id"]
+
+
+def test_post_recommend_matches_get(client, tiny_run):
+    user = tiny_run[0].user_id[5]
+    a = client.get("/recommend", params={"user_id": user, "k": 5}).json()
+    b = client.post("/recommend", json={"user_id": user, "k": 5}).json()
+    assert a["items"] == b["items"]
+
+
+def test_unknown_user_gets_popular_items_not_an_error(client):
+    body = client.get("/recommend", params={"user_id": "nobody-ever", "k": 4}).json()
+    assert body["strategy"] == "popular" and len(body["items"]) == 4 and body["items"][0]["score"] == 1.0
+
+
+def test_events_change_the_recommendations(client):
+    before = client.get("/recommend", params={"user_id": "fresh", "k": 5}).json()
+    r = client.post("/events", json={"events": [
+        {"user_id": "fresh", "item_id": "i3", "category_id": "c1", "ts": 1.8e9},
+        {"user_id": "fresh", "item_id": "i4", "category_id": "c1", "ts": 1.8e9 + 1}]})
+    assert r.status_code == 202 and r.json() == {"accepted": 2, "sink": "store"}
+    after = client.get("/recommend", params={"user_id": "fresh", "k": 5}).json()
+    assert before["strategy"] == "popular" and after["strategy"] == "din" and after["history_len"] == 2
+    assert {"i3", "i4"}.isdisjoint({x["item_id"] for x in after["items"]})
+
+
+@pytest.mark.parametrize("params, field", [
+    ({"user_id": "u1", "k": 0}, "k"), ({"user_id": "u1", "k": 51}, "k"), ({"user_id": "u1", "k": "ten"}, "k"),
+    ({"k": 3}, "user_id"), ({"user_id": "", "k": 3}, "user_id"), ({"user_id": "x" * 200}, "user_id"),
+])
+def test_bad_recommend_queries_are_4xx_json_naming_the_field(client, params, field):
+    r = client.get("/recommend", params=params)
+    assert r.status_code == 422
+    body = r.json()
+    assert body["error"] == "invalid_request" and field in body["message"]
+
+
+@pytest.mark.parametrize("payload, needle", [
+    ({"events": []}, "events"),
+    ({"events": [{"user_id": "u", "item_id": "i"}]}, "ts"),
+    ({"events": [{"user_id": "u", "item_id": "i", "ts": 1, "event_type": "like"}]}, "event_type"),
+    ({"events": [{"user_id": "u", "item_id": "i", "ts": "yesterday"}]}, "ts"),
+    ({"user_id": "u"}, "events"),
+])
+def test_bad_events_are_rejected_and_nothing_is_written(client, store, payload, needle):
+    r = client.post("/events", json=payload)
+    assert r.status_code == 422 and needle in r.json()["message"]
+    assert store.history("u", 10) == []
+
+
+def test_malformed_json_body_is_a_4xx(client):
+    r = client.post("/events", content=b"{not json", headers={"content-type": "application/json"})
+    assert r.status_code == 422 and r.json()["error"] == "invalid_request"
+
+
+def test_health_and_readiness(client):
+    assert client.get("/healthz").json() == {"status": "ok"}
+    assert client.get("/readyz").json()["status"] == "ready"
+
+
+def test_store_outage_is_a_503_not_a_500(tiny_run):
+    dead = RedisStore("redis://127.0.0.1:1/0", socket_timeout_s=0.2)
+    with live_server(ServingSettings(bundle_dir=tiny_run[2]), FeatureStoreSettings(), store=dead,
+                     stream=InProcessStream()) as c:
+        r = c.get("/recommend", params={"user_id": "u1"})
+        assert r.status_code == 503 and r.json()["error"] == "store_unavailable"
+        assert c.get("/readyz").status_code == 503
+
+
+def test_events_through_the_in_process_stream_reach_the_store(tiny_run):
+    store, stream = MemoryStore(), InProcessStream()
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="stream"), FeatureStoreSettings(),
+                     store=store, stream=stream) as c:
+        assert c.post("/events", json={"events": [{"user_id": "s", "item_id": "i1", "ts": 5}]}).status_code == 202
+        wait_until(lambda: store.history("s", 5))
+        assert c.get("/recommend", params={"user_id": "s"}).json()["history_len"] == 1
+
+
+def test_a_tampered_bundle_stops_start_up(tiny_run, tmp_path):
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, free_port
+
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_run[2], copy)
+    (copy / "popularity.json").write_text("[]")
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(copy),
+                          "--port", str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "checksum mismatch for popularity.json" in out.stderr

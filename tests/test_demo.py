@@ -1,0 +1,19 @@
+"""`dinrec demo --smoke`: the whole loop on embedded defaults, as the README promises."""
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+
+@pytest.mark.slow
+def test_demo_smoke_runs_the_whole_loop(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "demo", "--smoke", "--out", str(tmp_path)],
+                         cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert '"strategy": "din"' in out.stdout and '"strategy": "popular"' in out.stdout
+    assert "→ 422" in out.stdout and '"status": "ready"' in out.stdout
+    assert (tmp_path / "bundle" / "manifest.json").is_file()
+    assert "demo finished" in out.stderr

@@ -1,0 +1,51 @@
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from training.bundle import BundleError, load_bundle
+from training.data import SplitTensors
+
+
+def test_round_trip_gives_the_same_scores(tiny_run):
+    data, samples, bundle_dir, metrics = tiny_run
+    bundle = load_bundle(bundle_dir)
+    assert bundle.metrics["weights_sha256"] == metrics["weights_sha256"]
+    assert bundle.vocab.items == samples.vocab.items
+    assert bundle.manifest["format_version"] == 1 and bundle.manifest["feature_schema_version"] == 1
+    t = SplitTensors(samples, samples.test, 20)
+    b = t.batch(torch.arange(len(t)))
+    again = load_bundle(bundle_dir).model(*b.inputs())
+    torch.testing.assert_close(bundle.model(*b.inputs()), again, rtol=0, atol=0)
+    assert bundle.item_index_path.is_file() and bundle.popularity[0][1] >= bundle.popularity[-1][1]
+
+
+@pytest.mark.parametrize("victim", ["model.safetensors", "vocab.json", "item_index.faiss"])
+def test_a_tampered_file_is_refused(tiny_run, tmp_path, victim):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_run[2], copy)
+    with (copy / victim).open("r+b") as fh:
+        fh.seek(-2, 2)
+        last = fh.read(1)
+        fh.seek(-2, 2)
+        fh.write(bytes([last[0] ^ 0xFF]))
+    with pytest.raises(BundleError, match=f"checksum mismatch for {victim}"):
+        load_bundle(copy)
+
+
+def test_unknown_versions_and_missing_files_are_refused(tiny_run, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_run[2], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "manifest.json").write_text(json.dumps({**manifest, "format_version": 99}))
+    with pytest.raises(BundleError, match="format version 99 is not supported"):
+        load_bundle(copy)
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    (copy / "vocab.json").unlink()
+    with pytest.raises(BundleError, match="vocab.json is listed in the manifest but missing"):
+        load_bundle(copy)
+    with pytest.raises(BundleError, match="not a dinrec bundle"):
+        load_bundle(tmp_path)
