@@ -75,3 +75,26 @@ def test_unreachable_redis_raises_the_projects_error():
         s.ping()
     with pytest.raises(StoreUnavailable):
         s.write([ev("u", "1", 1)])
+
+
+def test_redis_layout_matches_golden_file(redis_url, unique):
+    """Pins the storage format: a change here breaks every running deployment's data."""
+    import json
+    from pathlib import Path
+
+    import redis
+
+    golden = json.loads((Path(__file__).parents[1] / "golden" / "redis_layout.json").read_text()
+                        .replace("PREFIX", unique))
+    s = RedisStore(redis_url, prefix=unique)
+    try:
+        s.write([BehaviourEvent(event_id="e-2", user_id="u1", item_id="i3", category_id="c1", ts=1700000005.0),
+                 BehaviourEvent(event_id="e-1", user_id="u1", item_id="i9", category_id="c2", ts=1700000000.0)])
+        r = redis.Redis.from_url(redis_url, decode_responses=True)
+        assert sorted(r.scan_iter(f"{unique}:*")) == sorted([golden["hist_key"], golden["pop_key"]])
+        assert [list(x) for x in r.zrange(golden["hist_key"], 0, -1, withscores=True)] == golden["hist_members"]
+        assert [list(x) for x in r.zrange(golden["pop_key"], 0, -1, withscores=True)] == golden["pop_members"]
+        r.close()
+    finally:
+        s.flush_prefix()
+        s.close()
