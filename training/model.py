@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -54,7 +55,7 @@ class Dice(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])  # (N, D): BN over every row, whatever the leading dims
         p = torch.sigmoid(self.bn(flat)).reshape(x.shape)
-        return p * x + (1 - p) * self.alpha * x
+        return x * (self.alpha + p * (1 - self.alpha))  # = p·x + (1−p)·α·x, in fewer passes
 
 
 class PReLU(nn.Module):
@@ -65,7 +66,8 @@ class PReLU(nn.Module):
         self.alpha = nn.Parameter(torch.full((dim,), init))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.where(x >= 0, x, self.alpha * x)
+        flat = x.reshape(-1, x.shape[-1])  # (N, H): F.prelu's fused kernel puts channels on dim 1
+        return F.prelu(flat, self.alpha).reshape(x.shape)
 
 
 def _activation(name: str, dim: int) -> nn.Module:
@@ -92,16 +94,20 @@ def _mlp(sizes: list[int], activation: str, dropout: float) -> nn.Sequential:
 class DIN(nn.Module):
     def __init__(self, cfg: DINConfig) -> None:
         super().__init__()
+        if not cfg.attention_hidden or not cfg.mlp_hidden:
+            raise ValueError("attention_hidden and mlp_hidden need at least one layer each")
         self.cfg = cfg
         self.item_emb = nn.Embedding(cfg.n_items, cfg.item_dim, padding_idx=0)
         self.cat_emb = nn.Embedding(cfg.n_categories, cfg.cat_dim, padding_idx=0)
-        d = cfg.item_dim + cfg.cat_dim
-        self.attention = nn.Sequential(
-            _mlp([4 * d, *cfg.attention_hidden], cfg.attention_activation, 0.0),
-            nn.Linear(cfg.attention_hidden[-1] if cfg.attention_hidden else 4 * d, 1),
-        )
+        d = self.dim = cfg.item_dim + cfg.cat_dim
+        h1 = cfg.attention_hidden[0]
+        # The activation unit's first layer sees [q, h, q−h, q⊙h]; see interest_jagged for how it is computed.
+        self.att_in = nn.Linear(4 * d, h1)
+        self.att_in_act = _activation(cfg.attention_activation, h1)
+        self.att_hidden = _mlp(list(cfg.attention_hidden), cfg.attention_activation, 0.0)
+        self.att_out = nn.Linear(cfg.attention_hidden[-1], 1)
         self.mlp = _mlp([2 * d, *cfg.mlp_hidden], cfg.mlp_activation, cfg.dropout)
-        self.out = nn.Linear(cfg.mlp_hidden[-1] if cfg.mlp_hidden else 2 * d, 1)
+        self.out = nn.Linear(cfg.mlp_hidden[-1], 1)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -114,22 +120,43 @@ class DIN(nn.Module):
         """(…,) item and category indices → (…, item_dim + cat_dim)."""
         return torch.cat([self.item_emb(items), self.cat_emb(cats)], dim=-1)
 
+    def _activation_weights(self, z: torch.Tensor) -> torch.Tensor:
+        """First-layer pre-activations (…, H1) → one weight per behaviour (…,)."""
+        return self.att_out(self.att_hidden(self.att_in_act(z))).squeeze(-1)
+
     def interest(self, query: torch.Tensor, hist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Local activation unit + sum pooling.
+        """Local activation unit + sum pooling, written as in the paper (the reference).
 
         query (B, D), hist (B, L, D), mask (B, L) bool → (B, D)
         """
         q = query.unsqueeze(1).expand_as(hist)  # (B, L, D)
         att_in = torch.cat([q, hist, q - hist, q * hist], dim=-1)  # (B, L, 4D)
-        w = self.attention(att_in).squeeze(-1)  # (B, L)
+        w = self._activation_weights(self.att_in(att_in))  # (B, L)
         w = w.masked_fill(~mask, 0.0)
         return torch.bmm(w.unsqueeze(1), hist).squeeze(1)  # (B, 1, L) @ (B, L, D) → (B, D)
 
+    def interest_jagged(self, query: torch.Tensor, hist: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """The same function, computed only where there is a behaviour.
+
+        query (B, D); hist (M, D), the M real behaviours of the batch; rows (M,), the sample each
+        belongs to → (B, D). Padding is never computed, so it cannot change anything. With
+        W = [Wq | Wh | Wd | Wp]: W·[q, h, q−h, q⊙h] = (Wq+Wd)·q + (Wh−Wd)·h + Wp·(q⊙h); the q term
+        is computed once per sample, not once per behaviour, halving the first layer's work.
+        """
+        w_q, w_h, w_d, w_p = self.att_in.weight.split(self.dim, dim=1)  # each (H1, D)
+        per_sample = F.linear(query, w_q + w_d, self.att_in.bias)  # (B, H1)
+        q_rows = query.index_select(0, rows)  # (M, D)
+        z = torch.addmm(per_sample.index_select(0, rows), hist, (w_h - w_d).t())  # (M, H1)
+        z = torch.addmm(z, q_rows * hist, w_p.t())  # (M, H1)
+        w = self._activation_weights(z)  # (M,)
+        pooled = torch.zeros_like(query)  # (B, D)
+        return pooled.index_add_(0, rows, w.unsqueeze(1) * hist)  # sum pooling per sample
+
     def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor,
                 target_item: torch.Tensor, target_cat: torch.Tensor) -> torch.Tensor:
-        mask = hist_items != 0  # (B, L)
-        hist = self.embed(hist_items, hist_cats)  # (B, L, D)
+        rows, cols = (hist_items != 0).nonzero(as_tuple=True)  # (M,), (M,) the real behaviours
+        hist = self.embed(hist_items[rows, cols], hist_cats[rows, cols])  # (M, D)
         query = self.embed(target_item, target_cat)  # (B, D)
-        user_interest = self.interest(query, hist, mask)  # (B, D)
+        user_interest = self.interest_jagged(query, hist, rows)  # (B, D)
         x = self.mlp(torch.cat([user_interest, query], dim=-1))  # (B, H)
         return self.out(x).squeeze(-1)  # (B,)

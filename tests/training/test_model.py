@@ -66,3 +66,16 @@ def test_dice_is_identity_scaled_between_alpha_and_one():
 def test_config_round_trips_through_json():
     cfg = DINConfig(n_items=3, n_categories=2, mlp_hidden=(8, 4))
     assert DINConfig.from_json(cfg.to_json()) == cfg
+
+
+@pytest.mark.parametrize("activation", ["prelu", "dice", "relu"])
+def test_jagged_activation_unit_equals_the_papers_padded_form(activation):
+    torch.manual_seed(1)
+    m = DIN(DINConfig(n_items=40, n_categories=5, item_dim=6, cat_dim=2, attention_activation=activation)).eval()
+    items = torch.tensor([[0, 0, 3, 4, 5], [0, 9, 8, 7, 6], [0, 0, 0, 0, 0], [1, 2, 3, 4, 5]])
+    cats = items % 5
+    mask = items != 0
+    query = m.embed(torch.tensor([7, 8, 9, 10]), torch.tensor([1, 2, 3, 4]))
+    hist = m.embed(items, cats)  # (B, L, D)
+    rows, cols = mask.nonzero(as_tuple=True)
+    torch.testing.assert_close(m.interest_jagged(query, hist[rows, cols], rows), m.interest(query, hist, mask))
