@@ -7,6 +7,8 @@ categories, targets, labels, split and negatives are identical.
 
 from __future__ import annotations
 
+import contextlib
+import sys
 import time
 
 import numpy as np
@@ -29,7 +31,13 @@ def _inputs(samples: SampleSet, split: Split, seq_len: int) -> dict[str, np.ndar
             "hist_item_id": hist_items.numpy(), "hist_cate_id": hist_cats.numpy(), "seq_length": lengths.numpy()}
 
 
-def run_deepctr(samples: SampleSet, *, seq_len: int, epochs: int, batch_size: int, item_dim: int, cat_dim: int,
+def run_deepctr(*args, **kwargs) -> dict:
+    """DeepCTR prints progress and version notices to stdout; keep stdout for our JSON."""
+    with contextlib.redirect_stdout(sys.stderr):
+        return _run_deepctr(*args, **kwargs)
+
+
+def _run_deepctr(samples: SampleSet, *, seq_len: int, epochs: int, batch_size: int, item_dim: int, cat_dim: int,
                 attention_hidden: tuple[int, ...], mlp_hidden: tuple[int, ...], attention_activation: str,
                 mlp_activation: str, seed: int,
                 lr: float = 1e-3) -> dict:
@@ -46,9 +54,11 @@ def run_deepctr(samples: SampleSet, *, seq_len: int, epochs: int, batch_size: in
         VarLenSparseFeat(SparseFeat("hist_cate_id", n_cats, embedding_dim=cat_dim, embedding_name="cate_id"),
                          maxlen=seq_len, length_name="seq_length"),
     ]
-    model = DeepCTRDIN(features, ["item_id", "cate_id"], dnn_hidden_units=mlp_hidden, att_hidden_size=attention_hidden,
-                       att_activation=attention_activation, dnn_activation=mlp_activation, l2_reg_embedding=0.0, seed=seed,
-                       device="cpu")
+    if mlp_activation == "dice":
+        raise ValueError("DeepCTR-Torch's DIN cannot use Dice in its MLP (its DNN builds Dice for 3-D inputs)")
+    model = DeepCTRDIN(features, ["item_id", "cate_id"], dnn_hidden_units=mlp_hidden,
+                       att_hidden_size=attention_hidden, att_activation=attention_activation,
+                       dnn_activation=mlp_activation, l2_reg_embedding=0.0, seed=seed, device="cpu")
     model.compile(torch.optim.Adam(model.parameters(), lr=lr), "binary_crossentropy")
     x_train, y_train = _inputs(samples, samples.train, seq_len), samples.train.label.astype(np.float64)
     t0 = time.perf_counter()

@@ -9,6 +9,7 @@ import sys
 
 import typer
 
+from benchmarks.cli import bench_app
 from dinrec_cli.demo import demo
 from feature_store.cli import data_app, events_app, ingest
 from serving.cli import serve
@@ -22,6 +23,7 @@ app.command("ingest")(ingest)
 app.command("train")(train)
 app.command("serve")(serve)
 app.command("demo")(demo)
+app.add_typer(bench_app, name="bench")
 
 
 def main() -> None:

@@ -1,14 +1,27 @@
-"""`dinrec train`: dataset (or prepared samples) in, checkpoints + bundle + one JSON line out."""
+"""`dinrec train`: dataset (or prepared samples) in, checkpoints + bundle + one JSON line out.
+
+Exit codes: 0 done; 2 bad input; 75 interrupted by SIGTERM/SIGINT after writing a checkpoint
+(rerun with ``--resume auto`` to continue exactly where it stopped).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import math
+import signal
+import sys
+import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
+
+EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again" — what a spot supervisor looks for
+
+
+def _clean(metrics: dict) -> dict:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
 
 
 def train(
@@ -16,22 +29,30 @@ def train(
     out: Annotated[Path, typer.Option(help="output folder: samples/, checkpoints/, bundle/")],
     epochs: Annotated[int | None, typer.Option(help="passes over the training samples")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="behaviours per history (L)")] = None,
-    batch_size: Annotated[int | None, typer.Option(help="samples per step")] = None,
+    batch_size: Annotated[int | None, typer.Option(help="samples per step (global, over all ranks)")] = None,
     negatives: Annotated[int | None, typer.Option(help="sampled negatives per positive")] = None,
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
+    precision: Annotated[str | None, typer.Option(help="auto, fp32, bf16 or fp16")] = None,
+    patience: Annotated[int | None, typer.Option(help="early stopping on val GAUC (epochs); 0 = off")] = None,
+    checkpoint_dir: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
+    checkpoint_every: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = None,
+    resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint), none, or a checkpoint name")] = "none",
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar")] = False,
 ) -> None:
     """Train DIN, evaluate AUC/GAUC/logloss, export a bundle; print the final metrics as JSON."""
     from feature_store.datasets import load_dataset
+    from training.checkpoint import open_checkpoint_store
     from training.export import export_bundle
+    from training.loop import TrainingInterrupted
     from training.loop import train as run_training
     from training.samples import SampleSet, build_samples, is_sample_dir
     from training.settings import TrainSettings
 
-    logging.basicConfig(level=logging.WARNING)
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size,
-                                   "negatives": negatives, "seed": seed, "device": device}.items() if v is not None}
+                                   "negatives": negatives, "seed": seed, "device": device, "precision": precision,
+                                   "patience": patience, "checkpoint_every": checkpoint_every}.items() if v is not None}
     if no_progress:
         overrides["progress"] = False
     settings = TrainSettings(**overrides)
@@ -41,8 +62,20 @@ def train(
         samples = build_samples(load_dataset(data), seq_len=settings.seq_len, negatives=settings.negatives,
                                 seed=settings.seed)
         samples.save(out / "samples")
-    result = run_training(samples, settings, out)
-    bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
-    final = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics.items()}
-    final["bundle"] = str(bundle)
-    typer.echo(json.dumps(final))
+    store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # finish the step, checkpoint, exit 75
+        signal.signal(sig, lambda *_: stop.set())
+    try:
+        result = run_training(samples, settings, checkpoints=store, resume=resume, stop=stop)
+    except TrainingInterrupted as exc:
+        typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
+        sys.exit(EXIT_INTERRUPTED)
+    import os
+
+    if int(os.environ.get("RANK", "0")) == 0:
+        bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
+        final = _clean(result.metrics)
+        final["bundle"] = str(bundle)
+        typer.echo(json.dumps(final))

@@ -1,6 +1,11 @@
-"""The operational training loop: devices, optimiser, evaluation, checkpoints, metrics.
+"""The operational training loop: devices, precision, DDP, optimiser, evaluation, checkpoints.
 
 The model (training.model) knows nothing of this; :class:`DINWithLoss` adds the loss.
+
+Exact resume: a checkpoint holds everything the next step depends on — weights, optimiser,
+schedule, grad scaler, every RNG (per rank), the data generator's state at the start of the
+epoch plus the number of batches done in it — so an interrupted run that resumes makes the same
+steps, in the same order, as one that never stopped (bitwise on CPU).
 """
 
 from __future__ import annotations
@@ -8,10 +13,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
+import math
+import random
+import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +26,10 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from training import dist as tdist
+from training.amp import Precision, choose_precision
+from training.bundle import code_version
+from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import SplitTensors
 from training.metrics import auc, gauc, logloss
 from training.model import DIN, DINConfig
@@ -28,24 +38,57 @@ from training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
+# Settings that change what a step computes: a checkpoint made under others cannot be resumed.
+RESUME_KEYS = ("batch_size", "lr", "seq_len", "negatives", "item_dim", "cat_dim", "mlp_hidden", "attention_hidden",
+               "attention_activation", "mlp_activation", "seed", "precision", "mba_l2", "warmup_steps")
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM/SIGINT arrived; a checkpoint was written at a step boundary."""
+
+    def __init__(self, checkpoint: str | None) -> None:
+        super().__init__(f"interrupted; checkpoint {checkpoint}")
+        self.checkpoint = checkpoint
+
 
 class DINWithLoss(nn.Module):
-    """Train wrapper: the pure model plus binary cross-entropy on its logits."""
+    """Train wrapper: the pure model, binary cross-entropy on its logits, and optionally the
+    paper's mini-batch-aware L2 on the embeddings: only rows used by the batch are penalised,
+    each scaled by 1/(its frequency in the training data)."""
 
-    def __init__(self, model: DIN) -> None:
+    def __init__(self, model: DIN, mba_l2: float = 0.0, item_freq: torch.Tensor | None = None,
+                 cat_freq: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.mba_l2 = model, mba_l2
+        if mba_l2 > 0:
+            assert item_freq is not None and cat_freq is not None
+            self.register_buffer("inv_item_freq", 1.0 / item_freq.clamp_min(1).float(), persistent=False)
+            self.register_buffer("inv_cat_freq", 1.0 / cat_freq.clamp_min(1).float(), persistent=False)
 
     def forward(self, hist_items, hist_cats, target_item, target_cat, label) -> torch.Tensor:
         logits = self.model(hist_items, hist_cats, target_item, target_cat)  # (B,)
-        return F.binary_cross_entropy_with_logits(logits, label)
+        loss = F.binary_cross_entropy_with_logits(logits.float(), label)
+        if self.mba_l2 > 0:
+            m = self.model
+            loss = loss + self.mba_l2 * (self._mba(m.item_emb.weight, self.inv_item_freq, hist_items, target_item)
+                                         + self._mba(m.cat_emb.weight, self.inv_cat_freq, hist_cats, target_cat))
+        return loss
+
+    @staticmethod
+    def _mba(table: torch.Tensor, inv_freq: torch.Tensor, hist: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        used = torch.unique(torch.cat([hist.reshape(-1), target]))  # (U,) rows this batch touches
+        used = used[used != 0]
+        rows = table.index_select(0, used)  # (U, E)
+        return (rows.float().pow(2).sum(1) * inv_freq.index_select(0, used)).sum()
 
 
-def pick_device(name: str) -> torch.device:
+def pick_device(name: str, info: tdist.DistInfo | None = None) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but no CUDA device is available")
+        name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but no CUDA device is available")
+        return torch.device("cuda", info.local_rank if info else 0)
     return torch.device(name)
 
 
@@ -55,97 +98,250 @@ def weights_sha256(model: nn.Module) -> str:
     for name, t in sorted(model.state_dict().items()):
         t = t.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.numpy().tobytes() if t.dtype != torch.bfloat16 else t.view(torch.int16).numpy().tobytes())
+        h.update(t.view(torch.int16).numpy().tobytes() if t.dtype == torch.bfloat16 else t.numpy().tobytes())
     return h.hexdigest()
 
 
 @torch.no_grad()
-def evaluate(model: DIN, split: SplitTensors, batch_size: int) -> dict[str, float]:
+def evaluate(model: DIN, split: SplitTensors, batch_size: int, precision: Precision | None = None) -> dict:
     if len(split) == 0:
         return {"auc": float("nan"), "gauc": float("nan"), "logloss": float("nan"), "n": 0}
     was_training = model.training
     model.eval()
-    logits = torch.cat([model(*b.inputs()).float().cpu() for b in split.batches(batch_size)]).numpy()
+    ctx = precision.autocast if precision else (lambda: torch.autocast("cpu", enabled=False))
+    with ctx():
+        logits = torch.cat([model(*b.inputs()).float().cpu() for b in split.batches(batch_size)]).numpy()
     model.train(was_training)
     labels, users = split.label.cpu().numpy(), split.user.cpu().numpy()
-    return {"auc": auc(labels, logits), "gauc": gauc(users, labels, logits),
-            "logloss": logloss(labels, logits), "n": int(len(labels))}
-
-
-@dataclass
-class TrainResult:
-    model: DIN
-    metrics: dict[str, float] = field(default_factory=dict)
+    # plain floats: these go into checkpoints, which hold tensors and Python scalars only
+    return {"auc": float(auc(labels, logits)), "gauc": float(gauc(users, labels, logits)),
+            "logloss": float(logloss(labels, logits)), "n": int(len(labels))}
 
 
 def model_config_for(samples: SampleSet, s: TrainSettings) -> DINConfig:
     return DINConfig(n_items=samples.vocab.n_items, n_categories=samples.vocab.n_categories,
                      item_dim=s.item_dim, cat_dim=s.cat_dim, mlp_hidden=tuple(s.mlp_hidden),
-                     attention_hidden=tuple(s.attention_hidden))
+                     attention_hidden=tuple(s.attention_hidden), attention_activation=s.attention_activation,
+                     mlp_activation=s.mlp_activation)
 
 
-def _save_epoch_checkpoint(folder: Path, epoch: int, model: DIN, opt: torch.optim.Optimizer, keep: int = 2) -> None:
-    """Write to a temp dir, fsync, rename; keep the newest ``keep`` (exact resume is issue #3's)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    final = folder / f"epoch-{epoch:04d}"
-    tmp = folder / f".tmp-epoch-{epoch:04d}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    with (tmp / "state.pt").open("wb") as fh:
-        torch.save({"epoch": epoch, "model": model.state_dict(), "optimizer": opt.state_dict()}, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in sorted(folder.glob("epoch-*"))[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
+@dataclass
+class Progress:
+    epoch: int = 0  # completed epochs
+    step_in_epoch: int = 0  # global batches done in the current epoch
+    global_step: int = 0
+    samples_seen: int = 0
+    train_seconds: float = 0.0
+    loss_sum: float = 0.0  # over the current epoch, for logging
+    best_val_gauc: float = -math.inf
+    best_epoch: int = 0
+    bad_epochs: int = 0
+    history: list = field(default_factory=list)
 
 
-def train(samples: SampleSet, s: TrainSettings, out: Path | None = None) -> TrainResult:
-    torch.manual_seed(s.seed)
-    np.random.seed(s.seed)
-    if s.threads:
-        torch.set_num_threads(s.threads)
-    device = pick_device(s.device)
-    model = DIN(model_config_for(samples, s)).to(device)
-    step_fn = DINWithLoss(model)
-    opt = torch.optim.Adam(model.parameters(), lr=s.lr)
-    seq_len = min(s.seq_len, samples.seq_len)
-    train_t = SplitTensors(samples, samples.train, seq_len, device)
-    val_t = SplitTensors(samples, samples.val, seq_len, device)
-    test_t = SplitTensors(samples, samples.test, seq_len, device)
-    gen = torch.Generator().manual_seed(s.seed)
+@dataclass
+class TrainResult:
+    model: DIN
+    metrics: dict = field(default_factory=dict)
 
-    metrics: dict[str, float] = {}
-    seen, train_seconds = 0, 0.0
-    for epoch in range(s.epochs):
-        model.train()
-        order = torch.randperm(len(train_t), generator=gen).to(device)
-        n_batches = (len(train_t) + s.batch_size - 1) // s.batch_size
-        bar = tqdm(train_t.batches(s.batch_size, order), total=n_batches, disable=not s.progress,
-                   desc=f"epoch {epoch + 1}/{s.epochs}", unit="batch", leave=False)
-        t0, running = time.perf_counter(), 0.0
-        for i, batch in enumerate(bar):
-            loss = step_fn(*batch.inputs(), batch.label)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            running += float(loss.detach())
-            seen += len(batch)
-            if i % 20 == 0:
-                bar.set_postfix(loss=f"{running / (i + 1):.4f}")
-        train_seconds += time.perf_counter() - t0
-        val = evaluate(model, val_t, s.eval_batch_size)
-        metrics.update({"epoch": epoch + 1, "train_loss": running / max(n_batches, 1),
-                        **{f"val_{k}": v for k, v in val.items()}})
-        log.info("epoch %d: %s", epoch + 1, json.dumps(metrics))
-        if s.progress:
-            tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in metrics.items()}))
-        if out is not None:
-            _save_epoch_checkpoint(out / "checkpoints", epoch + 1, model, opt)
 
-    test = evaluate(model, test_t, s.eval_batch_size)
-    metrics.update({f"test_{k}": v for k, v in test.items()})
-    metrics.update({"samples_per_s": seen / train_seconds if train_seconds else 0.0, "train_samples": len(train_t),
-                    "seq_len": seq_len, "device": str(device), "weights_sha256": weights_sha256(model)})
-    return TrainResult(model=model, metrics=metrics)
+def _rng_state(device: torch.device) -> dict:
+    np_state = np.random.get_state()
+    return {"python": random.getstate(), "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
+            "torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
+
+
+def _set_rng_state(state: dict, device: torch.device) -> None:
+    v, keys, *rest = state["python"]
+    random.setstate((v, tuple(keys), *rest))
+    name, keys, *rest = state["numpy"]
+    np.random.set_state((name, keys.numpy(), *rest))
+    torch.set_rng_state(state["torch"])
+    if state.get("cuda") is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+def _frequencies(samples: SampleSet) -> tuple[torch.Tensor, torch.Tensor]:
+    return (torch.from_numpy(np.bincount(samples.seq_items, minlength=samples.vocab.n_items)),
+            torch.from_numpy(np.bincount(samples.seq_cats, minlength=samples.vocab.n_categories)))
+
+
+class Trainer:
+    def __init__(self, samples: SampleSet, s: TrainSettings, *, checkpoints: CheckpointStore | None = None,
+                 stop: threading.Event | None = None) -> None:
+        self.samples, self.s, self.checkpoints = samples, s, checkpoints
+        self.stop = stop or threading.Event()
+        if s.threads:
+            torch.set_num_threads(s.threads)
+        want_cuda = s.device == "cuda" or (s.device == "auto" and torch.cuda.is_available())
+        self.info = tdist.init_distributed(want_cuda)
+        self.device = pick_device(s.device, self.info)
+        self.precision = choose_precision(self.device, s.precision)
+        if s.batch_size % self.info.world_size:
+            raise ValueError(f"batch_size {s.batch_size} must divide evenly over {self.info.world_size} ranks")
+        torch.manual_seed(s.seed)  # identical initial weights on every rank
+        random.seed(s.seed)
+        np.random.seed(s.seed)
+        self.model = DIN(model_config_for(samples, s)).to(self.device)
+        item_freq, cat_freq = _frequencies(samples)
+        self.step_fn: nn.Module = DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq).to(self.device)
+        if self.info.enabled:
+            self.step_fn = nn.parallel.DistributedDataParallel(
+                self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        self.opt = torch.optim.Adam(self.model.parameters(), lr=s.lr)
+        warmup = s.warmup_steps
+        self.sched = torch.optim.lr_scheduler.LambdaLR(
+            self.opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        self.scaler = self.precision.grad_scaler()
+        self.seq_len = min(s.seq_len, samples.seq_len)
+        self.train_t = SplitTensors(samples, samples.train, self.seq_len, self.device)
+        self.val_t = SplitTensors(samples, samples.val, self.seq_len, self.device)
+        self.test_t = SplitTensors(samples, samples.test, self.seq_len, self.device)
+        self.gen = torch.Generator().manual_seed(s.seed)  # data order, identical on every rank
+        self.epoch_gen_state = self.gen.get_state()
+        self.progress = Progress()
+        self.best_state: dict | None = None
+
+    # ------------------------------------------------------------------ checkpoints
+    def _meta(self) -> dict:
+        return {"settings": json.loads(self.s.model_dump_json()), "code_version": code_version(),
+                "dataset_fingerprint": self.samples.fingerprint, "world_size": self.info.world_size,
+                "global_step": self.progress.global_step, "epoch": self.progress.epoch}
+
+    def save_checkpoint(self) -> str | None:
+        rngs = tdist.gather_objects(_rng_state(self.device), self.info)
+        name = checkpoint_name(self.progress.global_step)
+        if self.info.is_main and self.checkpoints is not None:
+            state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+                     "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
+                     "rng": rngs, "data_gen": self.epoch_gen_state, "progress": asdict(self.progress),
+                     "best_model": self.best_state}
+            self.checkpoints.save(name, state, self._meta())
+        tdist.barrier(self.info)
+        return name if self.checkpoints is not None else None
+
+    def resume(self, which: str) -> str | None:
+        """``auto``: the latest complete checkpoint, if any; or a checkpoint's name."""
+        if self.checkpoints is None:
+            raise CheckpointError("resuming needs a checkpoint location")
+        name = self.checkpoints.latest() if which == "auto" else which
+        if name is None:
+            return None
+        state, meta = self.checkpoints.load(name)
+        self._check_compatible(meta)
+        self.model.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.scaler.load_state_dict(state["scaler"])
+        _set_rng_state(state["rng"][self.info.rank], self.device)
+        self.epoch_gen_state = state["data_gen"]
+        self.progress = Progress(**state["progress"])
+        self.best_state = state.get("best_model")
+        if self.info.is_main:
+            log.warning("resumed from %s (epoch %d, step %d of the epoch)", name, self.progress.epoch,
+                        self.progress.step_in_epoch)
+        return name
+
+    def _check_compatible(self, meta: dict) -> None:
+        if meta.get("dataset_fingerprint") != self.samples.fingerprint:
+            raise CheckpointError("checkpoint was made on different data (dataset fingerprint "
+                                  f"{meta.get('dataset_fingerprint')} != {self.samples.fingerprint})")
+        if meta.get("world_size") != self.info.world_size:
+            raise CheckpointError(f"checkpoint was made with {meta.get('world_size')} ranks, this run has "
+                                  f"{self.info.world_size}")
+        old, new = meta.get("settings", {}), json.loads(self.s.model_dump_json())
+        diffs = [f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in RESUME_KEYS if old.get(k) != new.get(k)]
+        if diffs:
+            raise CheckpointError("checkpoint settings differ: " + "; ".join(diffs))
+
+    # ------------------------------------------------------------------ the loop
+    def _train_step(self, idx: torch.Tensor) -> float:
+        local = idx[self.info.rank::self.info.world_size]  # this rank's share of the global batch
+        batch = self.train_t.batch(local)
+        with self.precision.autocast():
+            loss = self.step_fn(*batch.inputs(), batch.label)
+        self.opt.zero_grad(set_to_none=True)
+        self.scaler.scale(loss).backward()
+        self.scaler.step(self.opt)
+        self.scaler.update()
+        self.sched.step()
+        return float(loss.detach())
+
+    def run(self) -> TrainResult:
+        s, p = self.s, self.progress
+        n = len(self.train_t)
+        n_batches = (n + s.batch_size - 1) // s.batch_size
+        self.model.train()
+        while p.epoch < s.epochs:
+            self.gen.set_state(self.epoch_gen_state)
+            order = torch.randperm(n, generator=self.gen).to(self.device)  # the epoch's global order
+            next_epoch_gen = self.gen.get_state()
+            bar = tqdm(range(p.step_in_epoch, n_batches), total=n_batches, initial=p.step_in_epoch,
+                       disable=not (s.progress and self.info.is_main), desc=f"epoch {p.epoch + 1}/{s.epochs}",
+                       unit="batch", leave=False)
+            t0 = time.perf_counter()
+            for step in bar:
+                idx = order[step * s.batch_size:(step + 1) * s.batch_size]
+                p.loss_sum += self._train_step(idx)
+                p.step_in_epoch, p.global_step, p.samples_seen = step + 1, p.global_step + 1, p.samples_seen + len(idx)
+                if step % 20 == 0:
+                    bar.set_postfix(loss=f"{p.loss_sum / p.step_in_epoch:.4f}")
+                if tdist.any_rank(self.stop.is_set(), self.info):
+                    p.train_seconds += time.perf_counter() - t0
+                    raise TrainingInterrupted(self.save_checkpoint())
+                if s.checkpoint_every and p.global_step % s.checkpoint_every == 0:
+                    p.train_seconds += time.perf_counter() - t0
+                    self.save_checkpoint()
+                    t0 = time.perf_counter()
+            p.train_seconds += time.perf_counter() - t0
+            if self._end_epoch(n_batches, next_epoch_gen):
+                break
+        if s.patience and self.best_state is not None:
+            self.model.load_state_dict(self.best_state)  # early stopping keeps the best epoch's weights
+        test = evaluate(self.model, self.test_t, s.eval_batch_size, self.precision)
+        metrics = {**(p.history[-1] if p.history else {}), **{f"test_{k}": v for k, v in test.items()}}
+        metrics.update({"samples_per_s": p.samples_seen / p.train_seconds if p.train_seconds else 0.0,
+                        "train_samples": n, "seq_len": self.seq_len, "device": str(self.device),
+                        "precision": self.precision.name, "world_size": self.info.world_size,
+                        "best_epoch": p.best_epoch, "global_step": p.global_step,
+                        "weights_sha256": weights_sha256(self.model)})
+        return TrainResult(model=self.model, metrics=metrics)
+
+    def _end_epoch(self, n_batches: int, next_epoch_gen: torch.Tensor) -> bool:
+        """Evaluate, track the best epoch, checkpoint; True when early stopping ends training."""
+        s, p = self.s, self.progress
+        val = evaluate(self.model, self.val_t, s.eval_batch_size, self.precision)
+        p.epoch += 1
+        entry = {"epoch": p.epoch, "train_loss": p.loss_sum / max(n_batches, 1),
+                 "samples_per_s": p.samples_seen / p.train_seconds if p.train_seconds else 0.0,
+                 **{f"val_{k}": v for k, v in val.items()}}
+        p.history.append(entry)
+        p.step_in_epoch, p.loss_sum = 0, 0.0
+        self.epoch_gen_state = next_epoch_gen
+        improved = not math.isnan(val["gauc"]) and val["gauc"] > p.best_val_gauc
+        if improved:
+            p.best_val_gauc, p.best_epoch, p.bad_epochs = val["gauc"], p.epoch, 0
+            if s.patience:
+                self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        else:
+            p.bad_epochs += 1
+        if self.info.is_main:
+            log.info("epoch %d: %s", p.epoch, json.dumps(entry))
+            if s.progress:
+                tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in entry.items()}))
+        self.save_checkpoint()
+        return bool(s.patience) and p.bad_epochs >= s.patience
+
+
+def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, checkpoints: CheckpointStore | None = None,
+          resume: str | None = None, stop: threading.Event | None = None) -> TrainResult:
+    """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``."""
+    if checkpoints is None and out is not None:
+        from training.checkpoint import LocalCheckpointStore
+
+        checkpoints = LocalCheckpointStore(out / "checkpoints", keep=s.keep_checkpoints)
+    trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop)
+    if resume and resume != "none":
+        trainer.resume(resume)
+    return trainer.run()

@@ -20,8 +20,17 @@ class TrainSettings(BaseSettings):
     cat_dim: int = Field(16, ge=1, le=4096)
     mlp_hidden: tuple[int, ...] = (200, 80)
     attention_hidden: tuple[int, ...] = (80, 40)
+    attention_activation: Literal["prelu", "dice", "relu", "sigmoid"] = "prelu"
+    mlp_activation: Literal["prelu", "dice", "relu", "sigmoid"] = "dice"
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
+        "auto", description="auto: bf16 (or fp16 + GradScaler) on GPU, fp32 on CPU")
+    mba_l2: float = Field(0.0, ge=0, description="mini-batch-aware L2 on the embeddings (DIN paper)")
+    warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up")
+    patience: int = Field(0, ge=0, description="early stopping on validation GAUC after this many flat epochs; 0=off")
+    checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N steps (0: at epoch ends only)")
+    keep_checkpoints: int = Field(3, ge=1)
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores")
     eval_batch_size: int = Field(8192, ge=1)
     progress: bool = True

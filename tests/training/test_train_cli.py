@@ -27,7 +27,8 @@ def test_train_on_movielens_100k_prints_auc_and_gauc(tmp_path):
         assert key in m
     assert m["test_auc"] > 0.7 and m["test_gauc"] > 0.7  # far above chance (0.5) after one epoch
     assert (tmp_path / "bundle" / "manifest.json").is_file() and (tmp_path / "samples" / "samples.json").is_file()
-    assert list((tmp_path / "checkpoints").glob("epoch-0001/state.pt"))
+    latest = (tmp_path / "checkpoints" / "latest").read_text()
+    assert (tmp_path / "checkpoints" / latest / "meta.json").is_file()
 
 
 def test_same_seed_same_weights_and_samples_dir_reuse(tmp_path):

@@ -1,0 +1,34 @@
+"""`dinrec bench …` sub-commands (the peers live in the optional `bench` extra)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+bench_app = typer.Typer(help="Benchmarks that print JSON, the peer measured in the same run.", no_args_is_help=True)
+
+
+def _tuple(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in text.split(",") if x.strip())
+
+
+@bench_app.command("train")
+def bench_train_cmd(
+    data: Annotated[Path, typer.Option(help="dataset folder")],
+    vs: Annotated[str | None, typer.Option(help="peer to run side by side: deepctr")] = None,
+    epochs: int = 2, seq_len: Annotated[int, typer.Option("--seq-len")] = 50, batch_size: int = 1024,
+    item_dim: int = 16, cat_dim: int = 16, attention_hidden: str = "80,40", mlp_hidden: str = "200,80",
+    attention_activation: str = "dice", mlp_activation: str = "relu", seed: int = 0, device: str = "auto",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """Train DIN on a dataset and report samples/s, memory and test AUC/GAUC (and the peer's)."""
+    from benchmarks.train_bench import bench_train
+
+    result = bench_train(data, vs=vs, epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim,
+                         cat_dim=cat_dim, attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
+                         attention_activation=attention_activation, mlp_activation=mlp_activation, seed=seed,
+                         device=device)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

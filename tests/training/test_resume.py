@@ -1,0 +1,139 @@
+"""Exact resume: a run stopped at any step and resumed ends with bitwise the same weights."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from feature_store.datasets.synthetic import SyntheticConfig, generate
+from feature_store.schema import dumps_many
+from training.checkpoint import CheckpointError, LocalCheckpointStore
+from training.loop import Trainer, TrainingInterrupted, train
+from training.samples import build_samples
+from training.settings import TrainSettings
+from tests.conftest import REPO
+
+
+class StopAfter(threading.Event):
+    """An Event that reads as set from the n-th check on: a SIGTERM landing at a chosen step."""
+
+    def __init__(self, n: int) -> None:
+        super().__init__()
+        self.n = n
+
+    def is_set(self) -> bool:
+        self.n -= 1
+        return self.n < 0 or super().is_set()
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return build_samples(generate(SyntheticConfig(n_users=150, n_items=120, n_categories=8, seed=21)), seq_len=15)
+
+
+def settings(**kw) -> TrainSettings:
+    base = dict(epochs=3, batch_size=256, item_dim=8, cat_dim=4, progress=False, patience=2, mba_l2=1e-4,
+                warmup_steps=5, attention_activation="dice", mlp_activation="dice")
+    return TrainSettings(**{**base, **kw})
+
+
+def test_interrupted_and_resumed_equals_uninterrupted_bitwise(samples, tmp_path):
+    full = train(samples, settings(), checkpoints=LocalCheckpointStore(tmp_path / "a"))
+    n_steps = full.metrics["global_step"]
+    rng = random.Random(7)
+    for stop_at in sorted({rng.randrange(1, n_steps), rng.randrange(1, n_steps)}):
+        store = LocalCheckpointStore(tmp_path / f"b{stop_at}", keep=2)
+        with pytest.raises(TrainingInterrupted) as info:
+            train(samples, settings(), checkpoints=store, stop=StopAfter(stop_at))
+        assert info.value.checkpoint == store.latest() == f"step-{stop_at + 1:09d}"  # it finishes the step
+        resumed = train(samples, settings(), checkpoints=store, resume="auto")
+        assert resumed.metrics["weights_sha256"] == full.metrics["weights_sha256"], f"stopped at step {stop_at}"
+        assert resumed.metrics["test_gauc"] == full.metrics["test_gauc"]
+        assert len(store.names()) <= 2  # rotation keeps the newest N
+
+
+def test_resume_refuses_other_data_or_settings(samples, tmp_path):
+    store = LocalCheckpointStore(tmp_path)
+    train(samples, settings(epochs=1), checkpoints=store)
+    with pytest.raises(CheckpointError, match="lr: 0.001 -> 0.01"):
+        Trainer(samples, settings(lr=0.01), checkpoints=store).resume("auto")
+    other = build_samples(generate(SyntheticConfig(n_users=150, n_items=120, n_categories=8, seed=22)), seq_len=15)
+    with pytest.raises(CheckpointError, match="different data"):
+        Trainer(other, settings(), checkpoints=store).resume("auto")
+    # more epochs is fine: training continues from where it ended
+    longer = Trainer(samples, settings(epochs=2), checkpoints=store)
+    assert longer.resume("auto") is not None and longer.progress.epoch == 1
+
+
+def test_incomplete_and_foreign_checkpoints_are_never_used(samples, tmp_path):
+    store = LocalCheckpointStore(tmp_path)
+    train(samples, settings(epochs=1), checkpoints=store)
+    good = store.latest()
+    (tmp_path / "step-999999999").mkdir()  # a crash mid-write leaves a folder without meta.json
+    (tmp_path / "step-999999999" / "state.pt").write_bytes(b"partial")
+    assert store.latest() == good
+    # a state.pt that would run code when unpickled is refused (weights_only loading)
+    import pickle
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    (tmp_path / good / "state.pt").write_bytes(pickle.dumps({"model": Evil()}))
+    with pytest.raises(CheckpointError, match="cannot be loaded safely"):
+        store.load(good)
+    meta = json.loads((tmp_path / good / "meta.json").read_text())
+    (tmp_path / good / "meta.json").write_text(json.dumps({**meta, "format_version": 7}))
+    with pytest.raises(CheckpointError, match="version 7"):
+        store.load(good)
+
+
+def _cli_train(out, data, *extra, env=None):
+    return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
+                             "--epochs", "2", "--batch-size", "128", "--no-progress", *extra], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+@pytest.mark.slow
+def test_sigterm_then_resume_auto_from_the_command_line(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    log = generate(SyntheticConfig(n_users=400, n_items=300, n_categories=12, mean_events_per_user=30, seed=3))
+    (data / "events.jsonl").write_text(dumps_many(list(log.events())))
+
+    a = _cli_train(tmp_path / "A", data)
+    out_a, err_a = a.communicate(timeout=600)
+    assert a.returncode == 0, err_a[-2000:]
+    sha_a = json.loads(out_a.strip().splitlines()[-1])["weights_sha256"]
+
+    b = _cli_train(tmp_path / "B", data, "--checkpoint-every", "10")
+    ckpts = tmp_path / "B" / "checkpoints"
+    deadline = time.monotonic() + 300
+    while not (ckpts / "latest").exists():  # training has started once the first checkpoint lands
+        assert b.poll() is None and time.monotonic() < deadline, "training ended before it could be stopped"
+        time.sleep(0.05)
+    time.sleep(random.uniform(0.0, 1.0))  # then stop it at an arbitrary step
+    b.send_signal(signal.SIGTERM)
+    out_b, err_b = b.communicate(timeout=300)
+    assert b.returncode == 75, err_b[-2000:]
+    assert json.loads(out_b.strip().splitlines()[-1])["interrupted"] is True
+
+    c = _cli_train(tmp_path / "B", tmp_path / "B" / "samples", "--resume", "auto")
+    out_c, err_c = c.communicate(timeout=600)
+    assert c.returncode == 0, err_c[-2000:]
+    assert json.loads(out_c.strip().splitlines()[-1])["weights_sha256"] == sha_a
+
+
+def test_weights_hash_is_stable_for_identical_runs(samples):
+    a = train(samples, settings(epochs=1))
+    b = train(samples, settings(epochs=1))
+    assert a.metrics["weights_sha256"] == b.metrics["weights_sha256"]
+    assert torch.equal(a.model.item_emb.weight, b.model.item_emb.weight)
