@@ -29,9 +29,10 @@ def _peak_rss_mb() -> float:
 
 def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_size: int, item_dim: int,
                 cat_dim: int, attention_hidden: tuple[int, ...], mlp_hidden: tuple[int, ...],
-                attention_activation: str, mlp_activation: str, seed: int = 0, device: str = "auto") -> dict:
+                attention_activation: str, mlp_activation: str, seed: int = 0, device: str = "auto",
+                eval_negatives: int = 20) -> dict:
     t0 = time.perf_counter()
-    samples = build_samples(load_dataset(data), seq_len=seq_len, negatives=1, seed=seed)
+    samples = build_samples(load_dataset(data), seq_len=seq_len, negatives=1, eval_negatives=eval_negatives, seed=seed)
     prep_s = time.perf_counter() - t0
     settings = TrainSettings(epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim,
                              cat_dim=cat_dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
@@ -52,7 +53,7 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
         "config": {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size, "item_dim": item_dim,
                    "cat_dim": cat_dim, "attention_hidden": list(attention_hidden), "mlp_hidden": list(mlp_hidden),
                    "attention_activation": attention_activation, "mlp_activation": mlp_activation, "lr": settings.lr,
-                   "negatives": 1},
+                   "negatives": 1, "eval_negatives": eval_negatives},
         "dinrec": mine,
     }
     if vs == "deepctr":

@@ -64,7 +64,7 @@ def demo(
     t0 = time.perf_counter()
     data = generate(cfg)
     say(f"1/5 synthesized {len(data)} behaviours of {cfg.n_users} users over {cfg.n_items} items")
-    samples = build_samples(data, seq_len=50, negatives=1)
+    samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20)
     say(f"2/5 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
     settings = TrainSettings(epochs=3, progress=not smoke)
     result = train(samples, settings, out)

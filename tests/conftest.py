@@ -72,3 +72,43 @@ def tiny_run(tmp_path_factory):
     result = train(samples, TrainSettings(epochs=2, progress=False, item_dim=8, cat_dim=8), out)
     bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
     return data, samples, bundle, result.metrics
+
+
+@pytest.fixture(scope="session")
+def moto_endpoint(tmp_path_factory):
+    """A real moto server (boto3 talks HTTP to it, nothing is patched), on a free loopback port."""
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
+    if not Path(exe).exists():
+        pytest.fail("moto_server not found: pip install 'moto[server]' (in the dev extra)")
+    port = free_port()
+    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
+    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(url + "/moto-api/", timeout=1)
+            break
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"moto_server did not start (see {log.name})")
+            time.sleep(0.1)
+    yield url
+    proc.terminate()
+    proc.wait(timeout=10)
+    log.close()
+
+
+@pytest.fixture
+def aws_env(moto_endpoint, monkeypatch):
+    """Point boto3 at the moto server through its standard environment variables."""
+    for key, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_endpoint}.items():
+        monkeypatch.setenv(key, value)
+    return moto_endpoint

@@ -60,7 +60,7 @@ def train(
         samples = SampleSet.load(data)
     else:
         samples = build_samples(load_dataset(data), seq_len=settings.seq_len, negatives=settings.negatives,
-                                seed=settings.seed)
+                                eval_negatives=settings.eval_negatives, seed=settings.seed)
         samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
 

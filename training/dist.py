@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
@@ -51,11 +52,31 @@ def any_rank(flag: bool, info: DistInfo) -> bool:
     return bool(t.item())
 
 
-def gather_objects(obj, info: DistInfo) -> list:
+def _map(obj, fn):
+    if isinstance(obj, dict):
+        return {k: _map(v, fn) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return type(obj)(_map(v, fn) for v in obj)
+    return fn(obj)
+
+
+@dataclass(frozen=True)
+class _Array:
+    """A tensor in transit, as numpy (all_gather_object cannot unpickle tensor storages everywhere)."""
+
+    value: np.ndarray
+
+
+def gather_objects(obj, info: DistInfo, tensors: bool = False) -> list:
+    """Every rank's ``obj``, on every rank; with ``tensors``, tensors inside survive the trip."""
     if not info.enabled:
         return [obj]
+    if tensors:
+        obj = _map(obj, lambda v: _Array(v.cpu().numpy()) if isinstance(v, torch.Tensor) else v)
     out: list = [None] * info.world_size
     dist.all_gather_object(out, obj)
+    if tensors:
+        out = [_map(o, lambda v: torch.from_numpy(v.value) if isinstance(v, _Array) else v) for o in out]
     return out
 
 

@@ -35,6 +35,7 @@ from training.metrics import auc, gauc, logloss
 from training.model import DIN, DINConfig
 from training.samples import SampleSet
 from training.settings import TrainSettings
+from training.telemetry import GpuMonitor, ScalarLog, memory_stats
 
 log = logging.getLogger(__name__)
 
@@ -202,6 +203,8 @@ class Trainer:
         self.epoch_gen_state = self.gen.get_state()
         self.progress = Progress()
         self.best_state: dict | None = None
+        self.gpu = GpuMonitor(self.device)
+        self.scalars = ScalarLog(s.tensorboard_dir if self.info.is_main else None)
 
     # ------------------------------------------------------------------ checkpoints
     def _meta(self) -> dict:
@@ -210,7 +213,7 @@ class Trainer:
                 "global_step": self.progress.global_step, "epoch": self.progress.epoch}
 
     def save_checkpoint(self) -> str | None:
-        rngs = tdist.gather_objects(_rng_state(self.device), self.info)
+        rngs = tdist.gather_objects(_rng_state(self.device), self.info, tensors=True)
         name = checkpoint_name(self.progress.global_step)
         if self.info.is_main and self.checkpoints is not None:
             state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
@@ -297,6 +300,8 @@ class Trainer:
             p.train_seconds += time.perf_counter() - t0
             if self._end_epoch(n_batches, next_epoch_gen):
                 break
+        self.gpu.close()
+        self.scalars.close()
         if s.patience and self.best_state is not None:
             self.model.load_state_dict(self.best_state)  # early stopping keeps the best epoch's weights
         test = evaluate(self.model, self.test_t, s.eval_batch_size, self.precision)
@@ -315,8 +320,9 @@ class Trainer:
         p.epoch += 1
         entry = {"epoch": p.epoch, "train_loss": p.loss_sum / max(n_batches, 1),
                  "samples_per_s": p.samples_seen / p.train_seconds if p.train_seconds else 0.0,
-                 **{f"val_{k}": v for k, v in val.items()}}
+                 **{f"val_{k}": v for k, v in val.items()}, **memory_stats(self.device), **self.gpu.read()}
         p.history.append(entry)
+        self.scalars.write(entry, p.global_step)
         p.step_in_epoch, p.loss_sum = 0, 0.0
         self.epoch_gen_state = next_epoch_gen
         improved = not math.isnan(val["gauc"]) and val["gauc"] > p.best_val_gauc

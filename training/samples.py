@@ -104,7 +104,13 @@ def is_sample_dir(path: str | Path) -> bool:
     return (Path(path) / "samples.json").is_file()
 
 
-def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, seed: int = 0) -> SampleSet:
+def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, eval_negatives: int | None = None,
+                  seed: int = 0) -> SampleSet:
+    """``eval_negatives`` (default: ``negatives``) per validation/test positive: more of them make
+    AUC and GAUC far less noisy, since each user holds out a single positive."""
+    eval_negatives = negatives if eval_negatives is None else eval_negatives
+    if eval_negatives < 1:
+        raise ValueError("eval_negatives must be >= 1")
     if seq_len < 1:
         raise ValueError("seq_len must be >= 1")
     if negatives < 1:
@@ -152,8 +158,7 @@ def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, 
     rng = np.random.default_rng(seed)
     n_items = len(items) + 1
 
-    def make(split_pos: np.ndarray) -> Split:
-        k = negatives
+    def make(split_pos: np.ndarray, k: int) -> Split:
         rep = np.repeat(split_pos, 1 + k)  # each positive then its k negatives
         target = seq_items[rep].copy()
         is_neg = np.tile(np.r_[False, np.ones(k, dtype=bool)], len(split_pos))
@@ -169,5 +174,6 @@ def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, 
 
     return SampleSet(vocab=Vocab(["<pad>", *items.tolist()], ["<pad>", *cats.tolist()], item_category),
                      users=users.tolist(), seq_items=seq_items, seq_cats=seq_cats, seq_ts=ts,
-                     train=make(train_pos), val=make(val_pos), test=make(test_pos), seq_len=seq_len,
+                     train=make(train_pos, negatives), val=make(val_pos, eval_negatives),
+                     test=make(test_pos, eval_negatives), seq_len=seq_len,
                      negatives=negatives, source=data.source, fingerprint=data.fingerprint())

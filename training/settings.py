@@ -15,7 +15,8 @@ class TrainSettings(BaseSettings):
     batch_size: int = Field(1024, ge=1, le=1 << 20)
     lr: float = Field(1e-3, gt=0, le=1.0)
     seq_len: int = Field(50, ge=1, le=10_000, description="behaviours per history (L)")
-    negatives: int = Field(1, ge=1, le=100, description="sampled negatives per positive")
+    negatives: int = Field(1, ge=1, le=100, description="sampled negatives per training positive")
+    eval_negatives: int = Field(20, ge=1, le=1000, description="sampled negatives per validation/test positive")
     item_dim: int = Field(16, ge=1, le=4096)
     cat_dim: int = Field(16, ge=1, le=4096)
     mlp_hidden: tuple[int, ...] = (200, 80)
@@ -31,6 +32,7 @@ class TrainSettings(BaseSettings):
     patience: int = Field(0, ge=0, description="early stopping on validation GAUC after this many flat epochs; 0=off")
     checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N steps (0: at epoch ends only)")
     keep_checkpoints: int = Field(3, ge=1)
+    tensorboard_dir: str | None = Field(None, description="write TensorBoard scalars here (needs tensorboard)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores")
     eval_batch_size: int = Field(8192, ge=1)
     progress: bool = True

@@ -15,11 +15,11 @@ import torch
 
 from feature_store.datasets.synthetic import SyntheticConfig, generate
 from feature_store.schema import dumps_many
+from tests.conftest import REPO
 from training.checkpoint import CheckpointError, LocalCheckpointStore
 from training.loop import Trainer, TrainingInterrupted, train
 from training.samples import build_samples
 from training.settings import TrainSettings
-from tests.conftest import REPO
 
 
 class StopAfter(threading.Event):
