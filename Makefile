@@ -12,7 +12,7 @@ STAMP := $(VENV)/.dinrec-installed
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q -e '.[dev,bench]'
 	touch $(STAMP)
 
 install: $(STAMP)
