@@ -41,7 +41,8 @@ log = logging.getLogger(__name__)
 
 # Settings that change what a step computes: a checkpoint made under others cannot be resumed.
 RESUME_KEYS = ("batch_size", "lr", "seq_len", "negatives", "item_dim", "cat_dim", "mlp_hidden", "attention_hidden",
-               "attention_activation", "mlp_activation", "seed", "precision", "mba_l2", "warmup_steps")
+               "attention_activation", "mlp_activation", "seed", "precision", "mba_l2", "warmup_steps",
+               "sparse_embeddings")
 
 
 class TrainingInterrupted(Exception):
@@ -75,11 +76,10 @@ class DINWithLoss(nn.Module):
                                          + self._mba(m.cat_emb.weight, self.inv_cat_freq, hist_cats, target_cat))
         return loss
 
-    @staticmethod
-    def _mba(table: torch.Tensor, inv_freq: torch.Tensor, hist: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    def _mba(self, table: torch.Tensor, inv_freq: torch.Tensor, hist: torch.Tensor, target: torch.Tensor):
         used = torch.unique(torch.cat([hist.reshape(-1), target]))  # (U,) rows this batch touches
         used = used[used != 0]
-        rows = table.index_select(0, used)  # (U, E)
+        rows = F.embedding(used, table, sparse=self.model.cfg.sparse_embeddings)  # (U, E)
         return (rows.float().pow(2).sum(1) * inv_freq.index_select(0, used)).sum()
 
 
@@ -123,7 +123,7 @@ def model_config_for(samples: SampleSet, s: TrainSettings) -> DINConfig:
     return DINConfig(n_items=samples.vocab.n_items, n_categories=samples.vocab.n_categories,
                      item_dim=s.item_dim, cat_dim=s.cat_dim, mlp_hidden=tuple(s.mlp_hidden),
                      attention_hidden=tuple(s.attention_hidden), attention_activation=s.attention_activation,
-                     mlp_activation=s.mlp_activation)
+                     mlp_activation=s.mlp_activation, sparse_embeddings=s.sparse_embeddings)
 
 
 @dataclass
@@ -190,10 +190,12 @@ class Trainer:
         if self.info.enabled:
             self.step_fn = nn.parallel.DistributedDataParallel(
                 self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=s.lr)
+        if s.sparse_embeddings and self.info.enabled and self.device.type == "cuda":
+            raise ValueError("sparse embedding gradients are not supported by NCCL; use dense ones with DDP on GPU")
+        self.opts = self._optimizers()
         warmup = s.warmup_steps
-        self.sched = torch.optim.lr_scheduler.LambdaLR(
-            self.opt, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0)
+        self.scheds = [torch.optim.lr_scheduler.LambdaLR(
+            o, lambda step: min(1.0, (step + 1) / warmup) if warmup else 1.0) for o in self.opts]
         self.scaler = self.precision.grad_scaler()
         self.seq_len = min(s.seq_len, samples.seq_len)
         self.train_t = SplitTensors(samples, samples.train, self.seq_len, self.device)
@@ -206,6 +208,15 @@ class Trainer:
         self.gpu = GpuMonitor(self.device)
         self.scalars = ScalarLog(s.tensorboard_dir if self.info.is_main else None)
 
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """Adam; with sparse embeddings, SparseAdam (lazy: only touched rows' moments move) for the
+        tables and Adam for the dense rest."""
+        if not self.s.sparse_embeddings:
+            return [torch.optim.Adam(self.model.parameters(), lr=self.s.lr)]
+        tables = [self.model.item_emb.weight, self.model.cat_emb.weight]
+        dense = [p for p in self.model.parameters() if all(p is not t for t in tables)]
+        return [torch.optim.SparseAdam(tables, lr=self.s.lr), torch.optim.Adam(dense, lr=self.s.lr)]
+
     # ------------------------------------------------------------------ checkpoints
     def _meta(self) -> dict:
         return {"settings": json.loads(self.s.model_dump_json()), "code_version": code_version(),
@@ -216,8 +227,8 @@ class Trainer:
         rngs = tdist.gather_objects(_rng_state(self.device), self.info, tensors=True)
         name = checkpoint_name(self.progress.global_step)
         if self.info.is_main and self.checkpoints is not None:
-            state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
-                     "scheduler": self.sched.state_dict(), "scaler": self.scaler.state_dict(),
+            state = {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.opts],
+                     "schedulers": [sc.state_dict() for sc in self.scheds], "scaler": self.scaler.state_dict(),
                      "rng": rngs, "data_gen": self.epoch_gen_state, "progress": asdict(self.progress),
                      "best_model": self.best_state}
             self.checkpoints.save(name, state, self._meta())
@@ -234,8 +245,10 @@ class Trainer:
         state, meta = self.checkpoints.load(name)
         self._check_compatible(meta)
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
+        for o, o_state in zip(self.opts, state["optimizers"], strict=True):
+            o.load_state_dict(o_state)
+        for sc, sc_state in zip(self.scheds, state["schedulers"], strict=True):
+            sc.load_state_dict(sc_state)
         self.scaler.load_state_dict(state["scaler"])
         _set_rng_state(state["rng"][self.info.rank], self.device)
         self.epoch_gen_state = state["data_gen"]
@@ -264,11 +277,14 @@ class Trainer:
         batch = self.train_t.batch(local)
         with self.precision.autocast():
             loss = self.step_fn(*batch.inputs(), batch.label)
-        self.opt.zero_grad(set_to_none=True)
+        for o in self.opts:
+            o.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
-        self.scaler.step(self.opt)
+        for o in self.opts:
+            self.scaler.step(o)
         self.scaler.update()
-        self.sched.step()
+        for sc in self.scheds:
+            sc.step()
         return float(loss.detach())
 
     def run(self) -> TrainResult:

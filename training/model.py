@@ -31,6 +31,7 @@ class DINConfig:
     attention_activation: str = "prelu"  # per-position, so batch statistics cannot mix positions
     mlp_activation: str = "dice"
     dropout: float = 0.0
+    sparse_embeddings: bool = False  # row-wise (sparse) embedding gradients: only touched rows move
     extra: dict = field(default_factory=dict)  # room for future options without a format bump
 
     def to_json(self) -> dict:
@@ -97,8 +98,8 @@ class DIN(nn.Module):
         if not cfg.attention_hidden or not cfg.mlp_hidden:
             raise ValueError("attention_hidden and mlp_hidden need at least one layer each")
         self.cfg = cfg
-        self.item_emb = nn.Embedding(cfg.n_items, cfg.item_dim, padding_idx=0)
-        self.cat_emb = nn.Embedding(cfg.n_categories, cfg.cat_dim, padding_idx=0)
+        self.item_emb = nn.Embedding(cfg.n_items, cfg.item_dim, padding_idx=0, sparse=cfg.sparse_embeddings)
+        self.cat_emb = nn.Embedding(cfg.n_categories, cfg.cat_dim, padding_idx=0, sparse=cfg.sparse_embeddings)
         d = self.dim = cfg.item_dim + cfg.cat_dim
         h1 = cfg.attention_hidden[0]
         # The activation unit's first layer sees [q, h, q−h, q⊙h]; see interest_jagged for how it is computed.

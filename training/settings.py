@@ -27,6 +27,7 @@ class TrainSettings(BaseSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 (or fp16 + GradScaler) on GPU, fp32 on CPU")
+    sparse_embeddings: bool = Field(False, description="sparse embedding gradients + SparseAdam (large tables)")
     mba_l2: float = Field(0.0, ge=0, description="mini-batch-aware L2 on the embeddings (DIN paper)")
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up")
     patience: int = Field(0, ge=0, description="early stopping on validation GAUC after this many flat epochs; 0=off")

@@ -137,3 +137,14 @@ def test_weights_hash_is_stable_for_identical_runs(samples):
     b = train(samples, settings(epochs=1))
     assert a.metrics["weights_sha256"] == b.metrics["weights_sha256"]
     assert torch.equal(a.model.item_emb.weight, b.model.item_emb.weight)
+
+
+def test_sparse_embeddings_train_and_resume_exactly(samples, tmp_path):
+    kw = dict(sparse_embeddings=True, epochs=2)
+    full = train(samples, settings(**kw))
+    assert full.model.item_emb.sparse and full.metrics["test_auc"] > 0.5
+    store = LocalCheckpointStore(tmp_path)
+    with pytest.raises(TrainingInterrupted):
+        train(samples, settings(**kw), checkpoints=store, stop=StopAfter(30))
+    resumed = train(samples, settings(**kw), checkpoints=store, resume="auto")
+    assert resumed.metrics["weights_sha256"] == full.metrics["weights_sha256"]
