@@ -51,6 +51,30 @@ def shared_dataset(name: str) -> Path:
     return path
 
 
+def online_store(kind: str, request, prefix: str, history_cap: int):
+    """A fresh online store of ``kind`` (memory, or redis under its own key prefix); close it after."""
+    from feature_store.online.memory import MemoryStore
+    from feature_store.online.redis_store import RedisStore
+
+    if kind == "memory":
+        yield MemoryStore(history_cap=history_cap)
+        return
+    store = RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, history_cap=history_cap)
+    yield store
+    store.flush_prefix()
+    store.close()
+
+
+def synthetic_dataset_dir(folder: Path, **config) -> Path:
+    """Write a synthetic behaviour log as ``folder/events.jsonl`` (a dataset `dinrec train` reads)."""
+    from feature_store.datasets.synthetic import SyntheticConfig, generate
+    from feature_store.schema import dumps_many
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "events.jsonl").write_text(dumps_many(list(generate(SyntheticConfig(**config)).events())))
+    return folder
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -5,20 +5,14 @@ from __future__ import annotations
 import pytest
 
 from feature_store.errors import StoreUnavailable
-from feature_store.online.memory import MemoryStore
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
+from tests.conftest import online_store
 
 
 @pytest.fixture(params=["memory", "redis"])
 def store(request, unique):
-    if request.param == "memory":
-        yield MemoryStore(history_cap=5)
-        return
-    s = RedisStore(request.getfixturevalue("redis_url"), prefix=unique, history_cap=5)
-    yield s
-    s.flush_prefix()
-    s.close()
+    yield from online_store(request.param, request, unique, history_cap=5)
 
 
 def ev(user: str, item: str, ts: float, eid: str | None = None, **kw) -> BehaviourEvent:

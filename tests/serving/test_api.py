@@ -9,18 +9,13 @@ from feature_store.online.redis_store import RedisStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.settings import ServingSettings
+from tests.conftest import online_store
 from tests.serving.conftest import live_server, wait_until
 
 
 @pytest.fixture(params=["memory", "redis"])
 def store(request, unique):
-    if request.param == "memory":
-        yield MemoryStore(history_cap=50)
-        return
-    s = RedisStore(request.getfixturevalue("redis_url"), prefix=unique, history_cap=50)
-    yield s
-    s.flush_prefix()
-    s.close()
+    yield from online_store(request.param, request, unique, history_cap=50)
 
 
 @pytest.fixture

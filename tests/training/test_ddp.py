@@ -10,9 +10,7 @@ import sys
 import pytest
 import torch
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.schema import dumps_many
-from tests.conftest import REPO, free_port
+from tests.conftest import REPO, free_port, synthetic_dataset_dir
 from training.bundle import load_bundle
 
 # No BatchNorm (Dice) here: DDP ranks normalise over their own half-batch, one process over the whole.
@@ -30,10 +28,8 @@ def _run(cmd: list[str], out) -> dict:
 
 @pytest.mark.slow
 def test_two_gloo_ranks_match_one_process(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    log = generate(SyntheticConfig(n_users=200, n_items=150, n_categories=8, mean_events_per_user=20, seed=5))
-    (data / "events.jsonl").write_text(dumps_many(list(log.events())))
+    data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=150, n_categories=8,
+                                 mean_events_per_user=20, seed=5)
     train = ["-m", "dinrec_cli.main", "train", "--data", str(data)]
     one = _run([sys.executable, *train], tmp_path / "one")
     two = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",

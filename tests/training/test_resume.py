@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.schema import dumps_many
-from tests.conftest import REPO
+from tests.conftest import REPO, synthetic_dataset_dir
 from training.checkpoint import CheckpointError, LocalCheckpointStore
 from training.loop import Trainer, TrainingInterrupted, train
 from training.samples import build_samples
@@ -104,10 +103,8 @@ def _cli_train(out, data, *extra, env=None):
 
 @pytest.mark.slow
 def test_sigterm_then_resume_auto_from_the_command_line(tmp_path):
-    data = tmp_path / "data"
-    data.mkdir()
-    log = generate(SyntheticConfig(n_users=400, n_items=300, n_categories=12, mean_events_per_user=30, seed=3))
-    (data / "events.jsonl").write_text(dumps_many(list(log.events())))
+    data = synthetic_dataset_dir(tmp_path / "data", n_users=400, n_items=300, n_categories=12,
+                                 mean_events_per_user=30, seed=3)
 
     a = _cli_train(tmp_path / "A", data)
     out_a, err_a = a.communicate(timeout=600)
