@@ -10,7 +10,6 @@ excluded) — the peer is measured in the same run, never remembered from an ear
 from __future__ import annotations
 
 import platform
-import resource
 import time
 from pathlib import Path
 
@@ -21,10 +20,7 @@ from training.loop import train
 from training.metrics import auc, gauc, logloss
 from training.samples import build_samples
 from training.settings import TrainSettings
-
-
-def _peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+from training.telemetry import peak_rss_mb
 
 
 def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_size: int, item_dim: int,
@@ -42,7 +38,7 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
         torch.cuda.reset_peak_memory_stats()
     m = train(samples, settings).metrics
     mine = {"samples_per_s": m["samples_per_s"], "test_auc": m["test_auc"], "test_gauc": m["test_gauc"],
-            "test_logloss": m["test_logloss"], "val_gauc": m["val_gauc"], "peak_rss_mb": _peak_rss_mb(),
+            "test_logloss": m["test_logloss"], "val_gauc": m["val_gauc"], "peak_rss_mb": peak_rss_mb(),
             "device": m["device"], "precision": m.get("precision", "fp32")}
     for key in ("gpu_peak_mem_mb", "gpu_sm_util", "gpu_mem_bw_util"):
         if key in m:

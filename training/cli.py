@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -72,9 +73,7 @@ def train(
     except TrainingInterrupted as exc:
         typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
         sys.exit(EXIT_INTERRUPTED)
-    import os
-
-    if int(os.environ.get("RANK", "0")) == 0:
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 exports
         bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
         final = _clean(result.metrics)
         final["bundle"] = str(bundle)

@@ -10,6 +10,7 @@ steps, in the same order, as one that never stopped (bitwise on CPU).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -109,8 +110,7 @@ def evaluate(model: DIN, split: SplitTensors, batch_size: int, precision: Precis
         return {"auc": float("nan"), "gauc": float("nan"), "logloss": float("nan"), "n": 0}
     was_training = model.training
     model.eval()
-    ctx = precision.autocast if precision else (lambda: torch.autocast("cpu", enabled=False))
-    with ctx():
+    with precision.autocast() if precision else contextlib.nullcontext():
         logits = torch.cat([model(*b.inputs()).float().cpu() for b in split.batches(batch_size)]).numpy()
     model.train(was_training)
     labels, users = split.label.cpu().numpy(), split.user.cpu().numpy()

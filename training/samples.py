@@ -19,7 +19,7 @@ with one fancy-index per batch.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -95,9 +95,6 @@ class SampleSet:
                    seq_items=np.load(folder / "seq_items.npy"), seq_cats=np.load(folder / "seq_cats.npy"),
                    seq_ts=np.load(folder / "seq_ts.npy"), **splits, seq_len=meta["seq_len"],
                    negatives=meta["negatives"], source=meta["source"], fingerprint=meta["fingerprint"])
-
-    def config(self) -> dict:
-        return asdict(self)  # pragma: no cover - convenience
 
 
 def is_sample_dir(path: str | Path) -> bool:
