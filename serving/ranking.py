@@ -5,6 +5,7 @@ Built once per bundle (the service swaps the whole Recommender when a new bundle
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,11 +51,13 @@ class Recommender:
         return ([self._item_idx.get(h.item_id, 0) for h in hist], [self._cat_idx.get(h.category_id, 0) for h in hist])
 
     @torch.inference_mode()
-    def rank(self, history: list[HistoryItem], k: int, popular: list[tuple[str, float]]) -> Ranking:
+    def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]]) -> Ranking:
+        """``popular(n)``: the n most popular (item, count), called only when no behaviour is usable."""
         items, cats = self._encode(history)
-        seen_ids = {h.item_id for h in history}
         known = [i for i in items if i]
         if not known:
+            seen_ids = {h.item_id for h in history}
+            popular = popular(k + len(seen_ids))
             top = [(i, s) for i, s in popular if i not in seen_ids][:k]
             peak = max((s for _, s in popular), default=1.0) or 1.0  # score: popularity relative to the top item
             return Ranking([Scored(i, self._category_of(i), s / peak) for i, s in top], "popular", 0)

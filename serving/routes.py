@@ -30,8 +30,12 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None) -> R
             "error": "invalid_request", "message": f"k: must be <= {s.max_k}", "request_id": request.state.request_id})
     rec = state.recommender
     history = state.store.history(user_id, rec.seq_len)
-    # Live popularity from the store (fresh, knows new items); the bundle's when the store has none.
-    popular = state.store.popular(k + len(history)) or rec.bundle.popularity
+
+    def popular(n: int) -> list[tuple[str, float]]:
+        # Live popularity from the store (fresh, knows new items); the bundle's when the store has none.
+        # Asked for only when the fallback is taken, so ranked requests make one store round trip.
+        return state.store.popular(n) or rec.bundle.popularity
+
     ranking = rec.rank(history, k, popular)
     return RecommendResponse(
         request_id=request.state.request_id, user_id=user_id, model_version=rec.model_version,
