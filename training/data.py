@@ -46,9 +46,13 @@ class Batch:
 class SplitTensors:
     """One split's arrays as tensors on ``device``, plus the shared behaviour sequence."""
 
-    def __init__(self, samples: SampleSet, split: Split, seq_len: int, device: torch.device | str = "cpu") -> None:
+    def __init__(self, samples: SampleSet, split: Split, seq_len: int, device: torch.device | str = "cpu",
+                 share_seq_with: SplitTensors | None = None) -> None:
         as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731
-        self.seq_items, self.seq_cats = as_t(samples.seq_items), as_t(samples.seq_cats)
+        if share_seq_with is not None:  # one copy of the behaviour sequence on the device for all splits
+            self.seq_items, self.seq_cats = share_seq_with.seq_items, share_seq_with.seq_cats
+        else:
+            self.seq_items, self.seq_cats = as_t(samples.seq_items), as_t(samples.seq_cats)
         self.user, self.hist_end = as_t(split.user), as_t(split.hist_end)
         self.hist_len = as_t(np.minimum(split.hist_len, seq_len))
         self.target_item, self.target_cat = as_t(split.target_item), as_t(split.target_cat)

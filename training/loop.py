@@ -139,6 +139,10 @@ class Progress:
     bad_epochs: int = 0
     history: list = field(default_factory=list)
 
+    @property
+    def samples_per_s(self) -> float:
+        return self.samples_seen / self.train_seconds if self.train_seconds else 0.0
+
 
 @dataclass
 class TrainResult:
@@ -199,8 +203,8 @@ class Trainer:
         self.scaler = self.precision.grad_scaler()
         self.seq_len = min(s.seq_len, samples.seq_len)
         self.train_t = SplitTensors(samples, samples.train, self.seq_len, self.device)
-        self.val_t = SplitTensors(samples, samples.val, self.seq_len, self.device)
-        self.test_t = SplitTensors(samples, samples.test, self.seq_len, self.device)
+        self.val_t = SplitTensors(samples, samples.val, self.seq_len, self.device, share_seq_with=self.train_t)
+        self.test_t = SplitTensors(samples, samples.test, self.seq_len, self.device, share_seq_with=self.train_t)
         self.gen = torch.Generator().manual_seed(s.seed)  # data order, identical on every rank
         self.epoch_gen_state = self.gen.get_state()
         self.progress = Progress()
@@ -292,42 +296,51 @@ class Trainer:
         n = len(self.train_t)
         n_batches = (n + s.batch_size - 1) // s.batch_size
         self.model.train()
-        while p.epoch < s.epochs:
-            self.gen.set_state(self.epoch_gen_state)
-            order = torch.randperm(n, generator=self.gen).to(self.device)  # the epoch's global order
-            next_epoch_gen = self.gen.get_state()
-            bar = tqdm(range(p.step_in_epoch, n_batches), total=n_batches, initial=p.step_in_epoch,
-                       disable=not (s.progress and self.info.is_main), desc=f"epoch {p.epoch + 1}/{s.epochs}",
-                       unit="batch", leave=False)
-            t0 = time.perf_counter()
-            for step in bar:
-                idx = order[step * s.batch_size:(step + 1) * s.batch_size]
-                p.loss_sum += self._train_step(idx)
-                p.step_in_epoch, p.global_step, p.samples_seen = step + 1, p.global_step + 1, p.samples_seen + len(idx)
-                if step % 20 == 0:
-                    bar.set_postfix(loss=f"{p.loss_sum / p.step_in_epoch:.4f}")
-                if tdist.any_rank(self.stop.is_set(), self.info):
-                    p.train_seconds += time.perf_counter() - t0
-                    raise TrainingInterrupted(self.save_checkpoint())
-                if s.checkpoint_every and p.global_step % s.checkpoint_every == 0:
-                    p.train_seconds += time.perf_counter() - t0
-                    self.save_checkpoint()
-                    t0 = time.perf_counter()
-            p.train_seconds += time.perf_counter() - t0
-            if self._end_epoch(n_batches, next_epoch_gen):
-                break
-        self.gpu.close()
-        self.scalars.close()
+        try:
+            while p.epoch < s.epochs:
+                next_epoch_gen = self._run_epoch(n, n_batches)
+                if self._end_epoch(n_batches, next_epoch_gen):
+                    break
+        finally:  # also when interrupted: stop the NVML sampler, flush TensorBoard
+            self.gpu.close()
+            self.scalars.close()
         if s.patience and self.best_state is not None:
             self.model.load_state_dict(self.best_state)  # early stopping keeps the best epoch's weights
         test = evaluate(self.model, self.test_t, s.eval_batch_size, self.precision)
         metrics = {**(p.history[-1] if p.history else {}), **{f"test_{k}": v for k, v in test.items()}}
-        metrics.update({"samples_per_s": p.samples_seen / p.train_seconds if p.train_seconds else 0.0,
+        metrics.update({"samples_per_s": p.samples_per_s,
                         "train_samples": n, "seq_len": self.seq_len, "device": str(self.device),
                         "precision": self.precision.name, "world_size": self.info.world_size,
                         "best_epoch": p.best_epoch, "global_step": p.global_step,
                         "weights_sha256": weights_sha256(self.model)})
         return TrainResult(model=self.model, metrics=metrics)
+
+    def _run_epoch(self, n: int, n_batches: int) -> torch.Tensor:
+        """The rest of the current epoch (all of it, or from a resumed position); returns the data
+        generator's state for the next epoch."""
+        s, p = self.s, self.progress
+        self.gen.set_state(self.epoch_gen_state)
+        order = torch.randperm(n, generator=self.gen).to(self.device)  # the epoch's global order
+        next_epoch_gen = self.gen.get_state()
+        bar = tqdm(range(p.step_in_epoch, n_batches), total=n_batches, initial=p.step_in_epoch,
+                   disable=not (s.progress and self.info.is_main), desc=f"epoch {p.epoch + 1}/{s.epochs}",
+                   unit="batch", leave=False)
+        t0 = time.perf_counter()
+        for step in bar:
+            idx = order[step * s.batch_size:(step + 1) * s.batch_size]
+            p.loss_sum += self._train_step(idx)
+            p.step_in_epoch, p.global_step, p.samples_seen = step + 1, p.global_step + 1, p.samples_seen + len(idx)
+            if step % 20 == 0:
+                bar.set_postfix(loss=f"{p.loss_sum / p.step_in_epoch:.4f}")
+            if tdist.any_rank(self.stop.is_set(), self.info):
+                p.train_seconds += time.perf_counter() - t0
+                raise TrainingInterrupted(self.save_checkpoint())
+            if s.checkpoint_every and p.global_step % s.checkpoint_every == 0:
+                p.train_seconds += time.perf_counter() - t0
+                self.save_checkpoint()
+                t0 = time.perf_counter()
+        p.train_seconds += time.perf_counter() - t0
+        return next_epoch_gen
 
     def _end_epoch(self, n_batches: int, next_epoch_gen: torch.Tensor) -> bool:
         """Evaluate, track the best epoch, checkpoint; True when early stopping ends training."""
@@ -335,7 +348,7 @@ class Trainer:
         val = evaluate(self.model, self.val_t, s.eval_batch_size, self.precision)
         p.epoch += 1
         entry = {"epoch": p.epoch, "train_loss": p.loss_sum / max(n_batches, 1),
-                 "samples_per_s": p.samples_seen / p.train_seconds if p.train_seconds else 0.0,
+                 "samples_per_s": p.samples_per_s,
                  **{f"val_{k}": v for k, v in val.items()}, **memory_stats(self.device), **self.gpu.read()}
         p.history.append(entry)
         self.scalars.write(entry, p.global_step)
