@@ -80,7 +80,7 @@ def demo(
     server, thread = _start_server(app, port)
     stream.publish(list(data.events()))  # the service's ingest thread moves them into the store
     deadline = time.monotonic() + 60
-    while store.popular(1) == [] or sum(c for _, c in store.popular(10**6)) < len(data):
+    while sum(c for _, c in store.popular(10**6)) < len(data):
         if time.monotonic() > deadline:
             raise RuntimeError("ingestion did not finish")
         time.sleep(0.05)
@@ -105,7 +105,9 @@ def demo(
         show("POST", "/events", json={"events": [
             {"user_id": "someone-new", "item_id": it, "category_id": "?", "event_type": "click", "ts": last_ts + j}
             for j, it in enumerate(new_items)]})
-        time.sleep(0.5)  # the events travel stream → ingest thread → store
+        deadline = time.monotonic() + 30  # the events travel stream → ingest thread → store
+        while len(store.history("someone-new", 10)) < len(new_items) and time.monotonic() < deadline:
+            time.sleep(0.05)
         show("GET", "/recommend?user_id=someone-new&k=3")
         show("GET", "/recommend?user_id=&k=3")
         show("GET", "/readyz")
