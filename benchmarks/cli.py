@@ -21,7 +21,9 @@ def bench_train_cmd(
     vs: Annotated[str | None, typer.Option(help="peer to run side by side: deepctr")] = None,
     epochs: int = 2, seq_len: Annotated[int, typer.Option("--seq-len")] = 50, batch_size: int = 1024,
     item_dim: int = 16, cat_dim: int = 16, attention_hidden: str = "80,40", mlp_hidden: str = "200,80",
-    attention_activation: str = "dice", mlp_activation: str = "relu", seed: int = 0, device: str = "auto",
+    attention_activation: str = "dice", mlp_activation: str = "relu",
+    seeds: Annotated[str, typer.Option(help="training seeds, e.g. 0,1,2,3,4: both sides train once per seed")] = "0",
+    device: str = "auto",
     eval_negatives: Annotated[int, typer.Option(help="negatives per val/test positive")] = 20,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
@@ -30,6 +32,6 @@ def bench_train_cmd(
 
     result = bench_train(data, vs=vs, epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim,
                          cat_dim=cat_dim, attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
-                         attention_activation=attention_activation, mlp_activation=mlp_activation, seed=seed,
+                         attention_activation=attention_activation, mlp_activation=mlp_activation, seeds=_tuple(seeds),
                          device=device, eval_negatives=eval_negatives)
     typer.echo(json.dumps(result, indent=None if as_json else 1))

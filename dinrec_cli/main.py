@@ -14,6 +14,7 @@ from dinrec_cli.demo import demo
 from feature_store.cli import data_app, events_app, ingest
 from serving.cli import serve
 from training.cli import train
+from training.spot.cli import plan
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -21,6 +22,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(events_app, name="events")
 app.command("ingest")(ingest)
 app.command("train")(train)
+app.command("plan")(plan)
 app.command("serve")(serve)
 app.command("demo")(demo)
 app.add_typer(bench_app, name="bench")

@@ -313,6 +313,8 @@ class Trainer:
                         "precision": self.precision.name, "world_size": self.info.world_size,
                         "best_epoch": p.best_epoch, "global_step": p.global_step,
                         "weights_sha256": weights_sha256(self.model)})
+        if self.device.type == "cuda":
+            metrics["gpu_name"] = torch.cuda.get_device_name(self.device)  # what `dinrec plan --calibrate` matches
         return TrainResult(model=self.model, metrics=metrics)
 
     def _run_epoch(self, n: int, n_batches: int) -> torch.Tensor:

@@ -1,0 +1,80 @@
+"""The boto3 boundary: clients from settings, and AWS errors mapped once into `CloudError`.
+
+Everything else in `training.spot` calls AWS through `call()`, so a missing credential, an
+unreachable endpoint or an API refusal reaches the user as one clear message, never a botocore
+traceback. ``endpoint_url`` points every client at a local endpoint (moto's server in tests).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class CloudError(RuntimeError):
+    """An AWS call failed; the message says which call and why."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def call(what: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(**kwargs)
+    except ClientError as exc:
+        err = exc.response.get("Error", {})
+        raise CloudError(f"{what}: {err.get('Code', 'error')}: {err.get('Message', exc)}", err.get("Code")) from exc
+    except BotoCoreError as exc:  # no credentials, endpoint unreachable, bad region, …
+        raise CloudError(f"{what}: {exc}") from exc
+
+
+class Aws:
+    """boto3 clients for one region (and optionally one endpoint), created lazily."""
+
+    def __init__(self, region: str, endpoint_url: str | None = None) -> None:
+        self.region, self.endpoint_url = region, endpoint_url
+        self._clients: dict[str, Any] = {}
+
+    def client(self, service: str) -> Any:
+        if service not in self._clients:
+            import boto3
+            from botocore.config import Config
+
+            self._clients[service] = boto3.client(
+                service, region_name=self.region, endpoint_url=self.endpoint_url,
+                config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=30))
+        return self._clients[service]
+
+
+def live_spot_prices(aws: Aws, instance_types: list[str], now: dt.datetime | None = None) -> dict[str, float]:
+    """The current Linux spot price per instance type: the median over availability zones of each
+    zone's latest price (the fleet may land in any of them). Types without a quote are left out."""
+    ec2 = aws.client("ec2")
+    now = now or dt.datetime.now(dt.UTC)
+    latest: dict[tuple[str, str], tuple[dt.datetime, float]] = {}
+    token: str | None = None
+    while True:
+        kwargs: dict[str, Any] = {"InstanceTypes": instance_types, "ProductDescriptions": ["Linux/UNIX"],
+                                  "StartTime": now - dt.timedelta(hours=6), "EndTime": now, "MaxResults": 1000}
+        if token:
+            kwargs["NextToken"] = token
+        page = call("ec2.describe_spot_price_history", ec2.describe_spot_price_history, **kwargs)
+        for rec in page.get("SpotPriceHistory", []):
+            key = (rec["InstanceType"], rec.get("AvailabilityZone", ""))
+            stamp, price = rec["Timestamp"], float(rec["SpotPrice"])
+            if key not in latest or stamp > latest[key][0]:
+                latest[key] = (stamp, price)
+        token = page.get("NextToken")
+        if not token:
+            break
+    per_type: dict[str, list[float]] = {}
+    for (itype, _zone), (_stamp, price) in latest.items():
+        per_type.setdefault(itype, []).append(price)
+    return {t: statistics.median(p) for t, p in per_type.items() if p}

@@ -1,0 +1,267 @@
+"""Choose the instance for a DIN training job from the model's memory, bandwidth and FLOPs.
+
+For each catalog instance the planner estimates, per GPU:
+
+* **memory** — embedding tables (parameters, gradients, Adam's two moments, the temporary the
+  multi-tensor Adam step allocates), activations of one batch, the samples our trainer keeps on the
+  device, CUDA context; and on the host: runtime, samples, a staged checkpoint and a resumed one.
+  An instance whose GPU or host memory is too small, or whose network cannot get a checkpoint to S3
+  inside the 2-minute spot notice, does not fit.
+* **time per step** — ``overhead + max(FLOPs / (peak × e_c), bytes / (bandwidth × e_b)) + all-reduce``.
+  Bytes include, with dense embedding gradients, a sweep over *every* table element each step
+  (gradient, Adam moments, weights) — which is why big tables make bandwidth, not FLOPs, the limit,
+  and why fp16 loss scaling (T4, V100: no bf16) costs an extra pass over the gradients. The overhead
+  (kernel launches, Python) is the same on every GPU, so small models run equally fast everywhere
+  and the cheapest instance wins; big tables reward bandwidth per dollar.
+* **cost** — spot hours (plus the expected re-work after interruptions) × spot price, and the same
+  hours on-demand.
+
+Options are ranked by spot cost among those that fit (and meet ``max_hours`` if given); an option
+another one beats on both time and cost is marked dominated. Nothing here names an instance: rules
+of thumb such as "a table over ~500 MB or 100M rows rules out g4dn.xlarge" come out of the numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from training.spot.catalog import InstanceType
+
+GB = 1e9
+CUDA_CONTEXT_BYTES = 1.0 * GB  # context, cuBLAS workspace, allocator slack
+HOST_RUNTIME_BYTES = 4.0 * GB  # Python, torch, CUDA libraries
+DEVICE_BYTES_PER_SAMPLE = 48  # our trainer keeps every split's index tensors on the device
+SPOT_NOTICE_S = 120.0
+
+
+class Workload(BaseModel):
+    """What is trained: the model's shape and how much data (a JSON file for ``dinrec plan``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = "job"
+    n_items: int = Field(gt=0, description="item embedding rows")
+    n_categories: int = Field(1000, gt=0)
+    item_dim: int = Field(16, gt=0)
+    cat_dim: int = Field(16, gt=0)
+    seq_len: int = Field(50, gt=0)
+    attention_hidden: tuple[int, ...] = (80, 40)
+    mlp_hidden: tuple[int, ...] = (200, 80)
+    batch_size: int = Field(1024, gt=0, description="global batch (over all GPUs)")
+    train_samples: int = Field(gt=0, description="training samples per epoch")
+    epochs: int = Field(2, gt=0)
+    sparse_embeddings: bool = False
+
+    @property
+    def table_elements(self) -> int:
+        return self.n_items * self.item_dim + self.n_categories * self.cat_dim
+
+    @property
+    def table_bytes(self) -> int:
+        return 4 * self.table_elements
+
+
+class Efficiency(BaseModel):
+    """Fractions of peak reached in practice, and the fixed cost per step; calibrate from a bench run."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    compute: float = Field(0.35, gt=0, le=1)  # small matmuls rarely exceed a third of peak
+    bandwidth: float = Field(0.6, gt=0, le=1)  # gathers and scatters, not streaming copies
+    interconnect: float = Field(0.7, gt=0, le=1)
+    network: float = Field(0.5, gt=0, le=1)  # of the instance's network bandwidth, to S3
+    step_overhead_s: float = Field(0.005, ge=0)  # launches + Python + one host sync (jagged nonzero)
+
+
+class SpotModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    interruptions_per_hour: float = Field(0.05, ge=0)
+    restart_s: float = Field(420, ge=0, description="boot, install, load the checkpoint")
+    checkpoint_every_s: float = Field(600, gt=0, description="work lost per interruption is half this")
+
+
+@dataclass(frozen=True)
+class StepCost:
+    flops: float  # per step, per GPU
+    bytes: float  # HBM traffic per step, per GPU
+    allreduce_bytes: float  # per GPU
+
+
+@dataclass
+class Option:
+    instance: str
+    gpu: str
+    gpus: int
+    fits: bool
+    why_not: str | None
+    bound: str  # compute | bandwidth | overhead | interconnect
+    gpu_mem_gb: float  # needed per GPU
+    host_mem_gb: float
+    step_ms: float
+    est_hours: float  # training time, no interruptions
+    spot_usd: float  # expected, interruptions included
+    on_demand_usd: float
+    spot_price_usd: float
+    on_demand_price_usd: float
+    spot_price_source: str
+    dominated_by: str | None = None
+    recommended: bool = False
+    rank: int | None = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def step_cost(w: Workload, itype: InstanceType) -> StepCost:
+    """FLOPs and bytes one GPU spends on one step (its share of the global batch)."""
+    b = math.ceil(w.batch_size / itype.gpus)
+    d, L = w.item_dim + w.cat_dim, w.seq_len
+    att = (*w.attention_hidden, 1)
+    # forward FLOPs per sample: activation unit per behaviour (first layer sees h and q⊙h: 2D inputs;
+    # the query's part is once per sample), pooling, then the MLP over [interest, query]
+    per_behaviour = 2 * 2 * d * att[0] + sum(2 * a * b_ for a, b_ in zip(att[:-1], att[1:], strict=True)) + 2 * d
+    mlp = (2 * d, *w.mlp_hidden, 1)
+    per_sample = L * per_behaviour + 2 * d * att[0] + sum(2 * a * b_ for a, b_ in zip(mlp[:-1], mlp[1:], strict=True))
+    flops = 3 * per_sample * b  # backward ≈ 2 × forward
+    act = 2  # every catalog GPU trains in bf16 or fp16 (mixed precision)
+    # HBM traffic per sample: gather (L+1) embeddings and scatter their gradients (read-modify-write),
+    # and each activation-unit layer's output written, read back and its gradient (≈ 6 passes)
+    gather = 5 * (L + 1) * d * 4
+    activations = 6 * L * (4 * d + sum(w.attention_hidden)) * act
+    per_step = b * (gather + activations)
+    if w.sparse_embeddings:
+        touched = min(w.table_elements, b * (L + 1) * d)  # at most every behaviour a distinct row
+        per_step += 32 * touched  # SparseAdam on touched rows: read p, g, m, v; write p, m, v (+ coalesce)
+    else:
+        per_step += 32 * w.table_elements  # zero the dense gradient, Adam reads p, g, m, v, writes p, m, v
+        if not itype.gpu.bf16:
+            per_step += 8 * w.table_elements  # fp16 loss scaling: unscale + inf check pass over the gradient
+    dense_grad = w.table_bytes if not w.sparse_embeddings else 0
+    allreduce = 2 * (itype.gpus - 1) / itype.gpus * dense_grad if itype.gpus > 1 else 0.0
+    return StepCost(flops=flops, bytes=per_step, allreduce_bytes=allreduce)
+
+
+def gpu_memory_bytes(w: Workload, itype: InstanceType) -> float:
+    b = math.ceil(w.batch_size / itype.gpus)
+    e = w.table_elements
+    # weights + Adam's two moments (SparseAdam keeps them dense too); dense: + gradient + the step's temporary
+    tables = 12 * e + (0 if w.sparse_embeddings else 8 * e)
+    if w.sparse_embeddings:
+        tables += 3 * 4 * b * (w.seq_len + 1) * (w.item_dim + w.cat_dim)  # sparse grad, coalesced copy, temp
+    d = w.item_dim + w.cat_dim
+    activations = b * w.seq_len * (4 * d + 3 * sum(w.attention_hidden)) * 4  # saved for backward (fp32 worst case)
+    data = DEVICE_BYTES_PER_SAMPLE * w.train_samples * 1.2  # + validation/test splits
+    return (tables + activations + data) * 1.1 + CUDA_CONTEXT_BYTES
+
+
+def host_memory_bytes(w: Workload) -> float:
+    # samples (built on the host, then copied), a checkpoint staged for writing and one being loaded
+    return HOST_RUNTIME_BYTES + 2 * DEVICE_BYTES_PER_SAMPLE * w.train_samples * 1.2 + 24 * w.table_elements
+
+
+def checkpoint_bytes(w: Workload) -> float:
+    return 12 * w.table_elements  # weights + two Adam moments; the dense layers are negligible
+
+
+def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, float] | None = None,
+         efficiency: Efficiency | None = None, spot: SpotModel | None = None,
+         max_hours: float | None = None) -> list[Option]:
+    """Every catalog instance, evaluated and ranked (best first); see the module docstring."""
+    eff, sm = efficiency or Efficiency(), spot or SpotModel()
+    spot_prices = spot_prices or {}
+    options: list[Option] = []
+    for it in catalog:
+        sc = step_cost(w, it)
+        peak = it.gpu.tflops_mixed * 1e12
+        compute_s = sc.flops / (peak * eff.compute)
+        memory_s = sc.bytes / (it.gpu.bandwidth_gbs * GB * eff.bandwidth)
+        comm_s = sc.allreduce_bytes / (it.interconnect_gbs * GB * eff.interconnect) if sc.allreduce_bytes else 0.0
+        parts = {"compute": compute_s, "bandwidth": memory_s, "overhead": eff.step_overhead_s, "interconnect": comm_s}
+        step_s = eff.step_overhead_s + max(compute_s, memory_s) + comm_s
+        bound = max(parts, key=parts.get)
+        steps = math.ceil(w.train_samples / w.batch_size) * w.epochs
+        hours = steps * step_s / 3600
+        lost_h = sm.interruptions_per_hour * hours * (sm.restart_s + sm.checkpoint_every_s / 2) / 3600
+        price_spot = spot_prices.get(it.name)
+        source = "ec2" if price_spot is not None else "catalog"
+        price_spot = price_spot if price_spot is not None else it.spot_usd
+        gpu_need, host_need = gpu_memory_bytes(w, it), host_memory_bytes(w)
+        why = []
+        if gpu_need > it.gpu.memory_gb * GB * 0.95:
+            why.append(f"needs {gpu_need / GB:.1f} GB per GPU, {it.gpu.name} has {it.gpu.memory_gb:g}")
+        if host_need > it.host_memory_gib * 2**30 * 0.9:
+            why.append(f"needs {host_need / 2**30:.1f} GiB host memory, has {it.host_memory_gib:g}")
+        ckpt_s = checkpoint_bytes(w) / (it.network_gbps / 8 * GB * eff.network)
+        if ckpt_s > SPOT_NOTICE_S * 0.75:
+            why.append(f"a checkpoint takes {ckpt_s:.0f} s to reach S3, over the 2-minute spot notice")
+        if w.sparse_embeddings and it.gpus > 1:
+            why.append("sparse embedding gradients cannot be all-reduced by NCCL (use dense ones with DDP)")
+        if not why and max_hours is not None and hours + lost_h > max_hours:
+            why.append(f"takes {hours + lost_h:.1f} h, over the {max_hours:g} h limit")
+        options.append(Option(
+            instance=it.name, gpu=it.gpu.name, gpus=it.gpus, fits=not why, why_not="; ".join(why) or None,
+            bound=bound, gpu_mem_gb=round(gpu_need / GB, 2), host_mem_gb=round(host_need / 2**30, 2),
+            step_ms=round(step_s * 1e3, 3), est_hours=hours, spot_usd=(hours + lost_h) * price_spot,
+            on_demand_usd=hours * it.on_demand_usd, spot_price_usd=price_spot, on_demand_price_usd=it.on_demand_usd,
+            spot_price_source=source))
+    fitting = [o for o in options if o.fits]
+    for o in fitting:
+        better = [p for p in fitting if p is not o and p.est_hours <= o.est_hours and p.spot_usd <= o.spot_usd
+                  and (p.est_hours < o.est_hours or p.spot_usd < o.spot_usd)]
+        if better:
+            o.dominated_by = min(better, key=lambda p: p.spot_usd).instance
+    ranked = sorted(fitting, key=lambda o: (o.spot_usd, o.est_hours)) + \
+        sorted((o for o in options if not o.fits), key=lambda o: o.spot_usd)
+    for i, o in enumerate(ranked):
+        o.rank = i + 1 if o.fits else None
+    if fitting:
+        ranked[0].recommended = True
+    return ranked
+
+
+def calibrate(bench: dict, catalog: list[InstanceType], base: Efficiency | None = None) -> Efficiency:
+    """Fit the efficiency that makes the model reproduce a measured ``dinrec bench train`` GPU run.
+
+    The measured step time is ``batch / samples_per_s``. If the model says that run was limited
+    by launch overhead, the overhead is what gets fitted; otherwise the efficiency of the resource
+    that bound it (bandwidth or compute). One GPU run, one number: the rest keep their defaults.
+    """
+    base = base or Efficiency()
+    mine = bench.get("dinrec", {})
+    name = str(mine.get("gpu_name") or "")
+    if not name:
+        raise ValueError("calibration needs a `dinrec bench train` result from a GPU run (no gpu_name in it)")
+    single = [it for it in catalog if it.gpus == 1 and _gpu_matches(it.gpu.name, name)]
+    if not single:
+        raise ValueError(f"no single-GPU catalog instance has a {name!r}; cannot calibrate from this run")
+    try:
+        cfg = bench["config"]
+        w = Workload(n_items=bench["n_items"], n_categories=bench["n_categories"], item_dim=cfg["item_dim"],
+                     cat_dim=cfg["cat_dim"], seq_len=cfg["seq_len"], attention_hidden=tuple(cfg["attention_hidden"]),
+                     mlp_hidden=tuple(cfg["mlp_hidden"]), batch_size=cfg["batch_size"],
+                     train_samples=bench["train_samples"], epochs=cfg["epochs"])
+        measured = cfg["batch_size"] / float(mine["samples_per_s"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not a `dinrec bench train --json` result: {exc}") from exc
+    it = single[0]
+    sc = step_cost(w, it)
+    compute = sc.flops / (it.gpu.tflops_mixed * 1e12)  # at 100% of peak
+    memory = sc.bytes / (it.gpu.bandwidth_gbs * GB)
+    modelled = max(compute / base.compute, memory / base.bandwidth)
+    if modelled < base.step_overhead_s:  # overhead-bound: fit the overhead
+        return base.model_copy(update={"step_overhead_s": max(measured - modelled, 0.0)})
+    busy = max(measured - base.step_overhead_s, 1e-6)
+    if memory / base.bandwidth >= compute / base.compute:
+        return base.model_copy(update={"bandwidth": min(1.0, max(0.01, memory / busy))})
+    return base.model_copy(update={"compute": min(1.0, max(0.01, compute / busy))})
+
+
+def _gpu_matches(catalog_name: str, device_name: str) -> bool:
+    """'A100-40GB' matches 'NVIDIA A100-SXM4-40GB'; 'T4' matches 'Tesla T4' (not 'L4' or 'T40')."""
+    family = catalog_name.split("-")[0].upper()
+    tokens = device_name.upper().replace("-", " ").split()
+    return family in tokens

@@ -1,0 +1,29 @@
+"""Spot job settings (env prefix ``DINREC_SPOT_``; CLI flags override), validated at start-up."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class SpotSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DINREC_SPOT_", extra="ignore", validate_default=True)
+
+    region: str = "us-east-1"
+    endpoint_url: str | None = Field(None, description="one endpoint for every AWS service (a local moto server)")
+    live_prices: bool = Field(True, description="ask EC2 for current spot prices; fall back to the catalog")
+    state_uri: str | None = Field(None, description="s3://bucket/prefix where jobs keep their state and checkpoints")
+    backend: Literal["ec2", "sagemaker"] = "ec2"
+    image_id: str | None = Field(None, description="AMI with the NVIDIA driver (EC2 backend)")
+    subnet_ids: list[str] = Field(default_factory=list, description="one per availability zone to spread over")
+    security_group_ids: list[str] = Field(default_factory=list)
+    instance_profile_arn: str | None = Field(None, description="lets the instance read/write the job's S3 prefix")
+    key_name: str | None = None
+    install: str = Field("pip install 'dinrec[gpu]'", description="shell line that installs dinrec on the instance")
+    sagemaker_role_arn: str | None = None
+    sagemaker_image_uri: str | None = Field(None, description="training image with dinrec installed")
+    max_relaunches: int = Field(20, ge=0)
+    budget_usd: float | None = Field(None, gt=0, description="stop relaunching once this much is spent")
+    poll_s: float = Field(15.0, gt=0, description="supervisor poll interval")
