@@ -14,7 +14,7 @@ from dinrec_cli.demo import demo
 from feature_store.cli import data_app, events_app, ingest
 from serving.cli import serve
 from training.cli import train
-from training.spot.cli import plan
+from training.spot.cli import plan, spot_app
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -23,6 +23,7 @@ app.add_typer(events_app, name="events")
 app.command("ingest")(ingest)
 app.command("train")(train)
 app.command("plan")(plan)
+app.add_typer(spot_app, name="spot")
 app.command("serve")(serve)
 app.command("demo")(demo)
 app.add_typer(bench_app, name="bench")
@@ -31,10 +32,12 @@ app.add_typer(bench_app, name="bench")
 def main() -> None:
     from feature_store.errors import FeatureStoreError
     from retrieval.errors import RetrievalError
+    from training.spot.aws import CloudError
 
     try:
         app()
-    except (FeatureStoreError, RetrievalError, ValueError) as exc:  # expected failures: a message, not a traceback
+    # expected failures: a message, not a traceback
+    except (FeatureStoreError, RetrievalError, CloudError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

@@ -136,3 +136,45 @@ def aws_env(moto_endpoint, monkeypatch):
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_endpoint}.items():
         monkeypatch.setenv(key, value)
     return moto_endpoint
+
+
+@pytest.fixture
+def metadata_mock(tmp_path):
+    """Start AWS's amazon-ec2-metadata-mock (IMDSv2 only) with the given sub-command and flags on a
+    free loopback port; returns its base URL. Built by deploy/local/services.sh (DINREC_AEMM)."""
+    import subprocess
+    import time
+    import urllib.request
+
+    exe = _need("DINREC_AEMM")
+    if not Path(exe).exists():
+        pytest.fail(f"DINREC_AEMM={exe} does not exist: run deploy/local/services.sh start")
+    procs: list[subprocess.Popen] = []
+    logs = []
+
+    def start(*args: str, port: int | None = None) -> str:
+        port = port or free_port()
+        log = (tmp_path / f"aemm-{port}.log").open("w")
+        logs.append(log)
+        proc = subprocess.Popen([exe, "--imdsv2", "--hostname", "127.0.0.1", "--port", str(port), *args],
+                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
+        procs.append(proc)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                req = urllib.request.Request(url + "/latest/api/token", method="PUT",
+                                             headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+                urllib.request.urlopen(req, timeout=1)
+                return url
+            except OSError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    pytest.fail(f"ec2-metadata-mock did not start (see {log.name})")
+                time.sleep(0.1)
+
+    yield start
+    for proc in procs:
+        proc.terminate()
+        proc.wait(timeout=10)
+    for log in logs:
+        log.close()

@@ -1,7 +1,8 @@
 """`dinrec train`: dataset (or prepared samples) in, checkpoints + bundle + one JSON line out.
 
 Exit codes: 0 done; 2 bad input; 75 interrupted by SIGTERM/SIGINT after writing a checkpoint
-(rerun with ``--resume auto`` to continue exactly where it stopped).
+(rerun with ``--resume auto`` to continue exactly where it stopped). SIGUSR1 asks for one extra
+checkpoint after the current step (the spot agent sends it on a rebalance recommendation).
 """
 
 from __future__ import annotations
@@ -65,11 +66,13 @@ def train(
         samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
 
-    stop = threading.Event()
+    stop, checkpoint_now = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the step, checkpoint, exit 75
         signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGUSR1, lambda *_: checkpoint_now.set())  # checkpoint after this step, keep training
     try:
-        result = run_training(samples, settings, checkpoints=store, resume=resume, stop=stop)
+        result = run_training(samples, settings, checkpoints=store, resume=resume, stop=stop,
+                              checkpoint_now=checkpoint_now)
     except TrainingInterrupted as exc:
         typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
         sys.exit(EXIT_INTERRUPTED)

@@ -36,20 +36,23 @@ def init_distributed(use_cuda: bool) -> DistInfo:
     if world <= 1:
         return DistInfo()
     if not dist.is_initialized():
-        dist.init_process_group(backend="nccl" if use_cuda else "gloo")
+        # NCCL for the gradients on GPU, gloo alongside it for the small CPU-side collectives
+        # (stop/checkpoint flags, metric gathering): NCCL alone rejects CPU tensors.
+        dist.init_process_group(backend="cpu:gloo,cuda:nccl" if use_cuda else "gloo")
     info = DistInfo(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", "0")))
     if use_cuda:
         torch.cuda.set_device(info.local_rank)
     return info
 
 
-def any_rank(flag: bool, info: DistInfo) -> bool:
-    """True on every rank if it is true on any (so all ranks stop at the same step)."""
+def any_rank(flags: tuple[bool, ...], info: DistInfo) -> tuple[bool, ...]:
+    """Each flag true on every rank if it is true on any (so all ranks act at the same step); one
+    collective for all of them."""
     if not info.enabled:
-        return flag
-    t = torch.tensor([1 if flag else 0], dtype=torch.int32)
+        return flags
+    t = torch.tensor([1 if f else 0 for f in flags], dtype=torch.int32)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return tuple(bool(v) for v in t.tolist())
 
 
 def _map(obj, fn):

@@ -174,9 +174,11 @@ def _frequencies(samples: SampleSet) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Trainer:
     def __init__(self, samples: SampleSet, s: TrainSettings, *, checkpoints: CheckpointStore | None = None,
-                 stop: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None) -> None:
         self.samples, self.s, self.checkpoints = samples, s, checkpoints
         self.stop = stop or threading.Event()
+        # set from outside (SIGUSR1: a spot rebalance recommendation) → one extra checkpoint, keep going
+        self.checkpoint_now = checkpoint_now or threading.Event()
         if s.threads:
             torch.set_num_threads(s.threads)
         want_cuda = s.device == "cuda" or (s.device == "auto" and torch.cuda.is_available())
@@ -334,10 +336,12 @@ class Trainer:
             p.step_in_epoch, p.global_step, p.samples_seen = step + 1, p.global_step + 1, p.samples_seen + len(idx)
             if step % 20 == 0:
                 bar.set_postfix(loss=f"{p.loss_sum / p.step_in_epoch:.4f}")
-            if tdist.any_rank(self.stop.is_set(), self.info):
+            stop, asked = tdist.any_rank((self.stop.is_set(), self.checkpoint_now.is_set()), self.info)
+            if stop:
                 p.train_seconds += time.perf_counter() - t0
                 raise TrainingInterrupted(self.save_checkpoint())
-            if s.checkpoint_every and p.global_step % s.checkpoint_every == 0:
+            if asked or (s.checkpoint_every and p.global_step % s.checkpoint_every == 0):
+                self.checkpoint_now.clear()
                 p.train_seconds += time.perf_counter() - t0
                 self.save_checkpoint()
                 t0 = time.perf_counter()
@@ -372,13 +376,14 @@ class Trainer:
 
 
 def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, checkpoints: CheckpointStore | None = None,
-          resume: str | None = None, stop: threading.Event | None = None) -> TrainResult:
+          resume: str | None = None, stop: threading.Event | None = None,
+          checkpoint_now: threading.Event | None = None) -> TrainResult:
     """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``."""
     if checkpoints is None and out is not None:
         from training.checkpoint import LocalCheckpointStore
 
         checkpoints = LocalCheckpointStore(out / "checkpoints", keep=s.keep_checkpoints)
-    trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop)
+    trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now)
     if resume and resume != "none":
         trainer.resume(resume)
     return trainer.run()

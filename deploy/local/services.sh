@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Local Redis + single-node Apache Kafka (KRaft) on loopback, for tests and demos.
+# Local Redis + single-node Apache Kafka (KRaft) on loopback, for tests and demos, and AWS's
+# amazon-ec2-metadata-mock (built once with `go install`; tests start it per case).
 #
 #   deploy/local/services.sh start|stop|status|env
 #
@@ -132,14 +133,27 @@ kafka_stop() {
   rm -f "$RUN/kafka.pid"
 }
 
+# ---------------------------------------------------------------- ec2 metadata mock
+AEMM_VERSION=v1.13.0
+AEMM="$STATE/bin-aemm-$AEMM_VERSION/ec2-metadata-mock"
+
+aemm_install() {
+  if [[ -n "${DINREC_AEMM:-}" ]]; then log "metadata mock: using DINREC_AEMM=$DINREC_AEMM"; return; fi
+  if [[ -x "$AEMM" ]]; then return; fi
+  log "building amazon-ec2-metadata-mock $AEMM_VERSION with go install (once)"
+  GOBIN="$(dirname "$AEMM")" GOFLAGS=-modcacherw GOMODCACHE="$STATE/go-mod" \
+    go install "github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock@$AEMM_VERSION" >&2
+}
+
 # ---------------------------------------------------------------- commands
 print_env() {
   echo "export DINREC_REDIS_URL=${DINREC_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
   echo "export DINREC_KAFKA_BOOTSTRAP=${DINREC_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
+  echo "export DINREC_AEMM=${DINREC_AEMM:-$AEMM}"
 }
 
 case "${1:-}" in
-  start) redis_start; kafka_start; print_env ;;
+  start) redis_start; kafka_start; aemm_install; print_env ;;
   stop) kafka_stop; redis_stop ;;
   status)
     if redis_ping; then echo "redis: up (127.0.0.1:$REDIS_PORT)"; else echo "redis: down"; fi

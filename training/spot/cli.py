@@ -84,3 +84,175 @@ def plan(
                                "options": [o.to_json() for o in options]}))
     else:
         typer.echo(_table(options, workload))
+
+
+spot_app = typer.Typer(help="Training jobs on spot GPUs: launch, supervise, watch, cancel, cost.",
+                       no_args_is_help=True)
+
+
+def _aws(settings):
+    from training.spot.aws import Aws
+
+    return Aws(settings.region, settings.endpoint_url)
+
+
+def _store(settings, job_id: str):
+    from training.spot.jobstore import open_job_store
+
+    if not settings.state_uri:
+        raise ValueError("set DINREC_SPOT_STATE_URI (s3://bucket/prefix, or a local folder for --backend local)")
+    return open_job_store(f"{settings.state_uri.rstrip('/')}/jobs/{job_id}", _aws(settings))
+
+
+def _backend(name: str, settings, imds_urls: list[str] | None):
+    from training.spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
+
+    if name == "ec2":
+        return Ec2Backend(_aws(settings), settings)
+    if name == "sagemaker":
+        return SageMakerBackend(_aws(settings), settings)
+    if name == "local":
+        return LocalBackend(Path(settings.workdir).expanduser(), imds_urls)
+    raise ValueError(f"unknown backend {name!r}: ec2, sagemaker or local")
+
+
+def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> list[str]:
+    from training.spot.planner import Workload
+    from training.spot.planner import plan as make_plan
+
+    options = make_plan(Workload.model_validate_json(plan_file.read_text()), catalog)
+    fitting = [o.instance for o in options if o.fits and o.gpus == 1] or [o.instance for o in options if o.fits]
+    if not fitting:
+        raise ValueError(f"{plan_file}: no instance in the catalog fits this job (see `dinrec plan`)")
+    return fitting[:top]
+
+
+@spot_app.command("run")
+def spot_run(
+    data: Annotated[Path | None, typer.Option(help="dataset folder (uploaded to the job); new jobs only")] = None,
+    job_id: Annotated[str | None, typer.Option(help="continue this job instead of creating one")] = None,
+    instance_type: Annotated[list[str] | None, typer.Option(help="candidate types, best first (repeatable)")] = None,
+    plan_config: Annotated[Path | None, typer.Option("--plan", help="take the candidates from `dinrec plan`")] = None,
+    backend: Annotated[str | None, typer.Option(help="ec2, sagemaker or local")] = None,
+    train_args: Annotated[str, typer.Option(help="extra `dinrec train` flags, e.g. '--epochs 3'")] = "",
+    budget_usd: Annotated[float | None, typer.Option(help="stop relaunching past this spend")] = None,
+    max_relaunches: Annotated[int | None, typer.Option(help="stop after this many relaunches")] = None,
+    imds_url: Annotated[list[str] | None, typer.Option(help="local backend: metadata endpoint per attempt")] = None,
+    detach: Annotated[bool, typer.Option(help="launch the first attempt and return (supervise later)")] = False,
+) -> None:
+    """Create (or continue) a spot training job and supervise it to the end; prints its cost report."""
+    import shlex
+
+    from training.spot.aws import live_spot_prices
+    from training.spot.catalog import load_catalog
+    from training.spot.job import JobSpec, new_job_id
+    from training.spot.settings import SpotSettings
+    from training.spot.supervisor import SPEC, Supervisor, cost_report
+
+    settings = SpotSettings()
+    catalog = load_catalog()
+    if job_id is None:
+        if data is None or not data.is_dir():
+            raise ValueError("a new job needs --data DIR (an existing dataset folder)")
+        types = instance_type or (_types_from_plan(plan_config, catalog) if plan_config else None)
+        if not types:
+            raise ValueError("say where to run: --instance-type T (repeatable) or --plan JOB.json")
+        job_id = new_job_id()
+        store = _store(settings, job_id)
+        spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=backend or settings.backend,
+                       instance_types=list(types), train_args=shlex.split(train_args),
+                       max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
+                       budget_usd=budget_usd or settings.budget_usd, region=settings.region, install=settings.install)
+        store.upload_dir(data, "data")
+        store.put_json(SPEC, spec.model_dump(mode="json"))
+        typer.echo(json.dumps({"job_id": job_id, "job_uri": store.uri}), err=True)
+    else:
+        store = _store(settings, job_id)
+        doc = store.get_json(SPEC)
+        if doc is None:
+            raise ValueError(f"no job {job_id!r} under {settings.state_uri}")
+        spec = JobSpec.model_validate(doc)
+    prices = {}
+    if settings.live_prices and spec.backend == "ec2":
+        prices = live_spot_prices(_aws(settings), spec.instance_types)
+    supervisor = Supervisor(store, spec, _backend(spec.backend, settings, imds_url), {t.name: t for t in catalog},
+                            prices, poll_s=settings.poll_s)
+    if detach:
+        if supervisor.state.current is None:
+            supervisor._launch()
+        typer.echo(json.dumps({"job_id": job_id, "status": supervisor.state.status}))
+        return
+    state = supervisor.run()
+    typer.echo(json.dumps(cost_report(spec, state)))
+    if state.status != "done":
+        raise typer.Exit(1)
+
+
+@spot_app.command("status")
+def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
+    """The job's state, attempts and cost so far (JSON)."""
+    from training.spot.job import JobSpec
+    from training.spot.settings import SpotSettings
+    from training.spot.supervisor import SPEC, cost_report, load_state
+
+    store = _store(SpotSettings(), job_id)
+    doc = store.get_json(SPEC)
+    if doc is None:
+        raise ValueError(f"no job {job_id!r}")
+    state = load_state(store)
+    typer.echo(json.dumps({**cost_report(JobSpec.model_validate(doc), state),
+                           "attempt_list": [a.model_dump(mode="json") for a in state.attempts]}))
+
+
+@spot_app.command("cancel")
+def spot_cancel(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
+    """Stop the job: a running supervisor stops at its next poll; the current attempt is terminated."""
+    from training.spot.job import FINAL, JobSpec, now
+    from training.spot.settings import SpotSettings
+    from training.spot.supervisor import SPEC, STATE, load_state, request_cancel
+
+    settings = SpotSettings()
+    store = _store(settings, job_id)
+    doc = store.get_json(SPEC)
+    if doc is None:
+        raise ValueError(f"no job {job_id!r}")
+    spec = JobSpec.model_validate(doc)
+    request_cancel(store)
+    state = load_state(store)
+    current = state.current
+    if current is not None:
+        _backend(spec.backend, settings, None).terminate(current)
+        current.ended, current.outcome = now(), "cancelled"
+    if state.status not in FINAL:
+        state.status, state.reason = "cancelled", "cancel requested"
+    store.put_json(STATE, state.model_dump(mode="json"))
+    typer.echo(json.dumps({"job_id": job_id, "status": state.status}))
+
+
+@spot_app.command("agent", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def spot_agent(
+    ctx: typer.Context,
+    job_uri: Annotated[str, typer.Option(help="the job's store (s3://… or a folder)")],
+    attempt: Annotated[int, typer.Option(help="attempt number")],
+    data_dir: Annotated[Path | None, typer.Option(help="fetch the job's data/ here first")] = None,
+    results: Annotated[Path | None, typer.Option(help="upload this folder to results/ when done")] = None,
+) -> None:
+    """On the instance: run the command after `--` (dinrec train …) under the interruption watcher."""
+    import logging
+    import sys
+
+    from training.spot.agent import fetch_data, run_agent
+    from training.spot.imds import Imds
+    from training.spot.jobstore import open_job_store
+    from training.spot.settings import SpotSettings
+
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    command = [a for a in ctx.args if a != "--"]
+    if not command:
+        raise ValueError("give the command to run after `--`, e.g. -- dinrec train --data …")
+    settings = SpotSettings()
+    store = open_job_store(job_uri, _aws(settings))
+    if data_dir is not None and not (data_dir.exists() and any(data_dir.iterdir())):
+        fetch_data(store, "data", data_dir)
+    imds = None if settings.imds_url == "none" else Imds(settings.imds_url)
+    sys.exit(run_agent(store, attempt, command, imds=imds, results=results, poll_s=settings.imds_poll_s))

@@ -1,0 +1,55 @@
+"""The IMDSv2 client and interruption watcher against AWS's amazon-ec2-metadata-mock."""
+
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from training.spot.imds import Imds, ImdsError, InterruptionWatcher
+
+
+def test_no_notice_until_the_mock_announces_one(metadata_mock):
+    url = metadata_mock("spot", "--mock-delay-sec", "2")  # IMDSv2 only: every read needs a token
+    with pytest.raises(urllib.error.HTTPError) as v1:
+        urllib.request.urlopen(url + "/latest/meta-data/instance-id", timeout=2)
+    v1.value.close()
+    assert v1.value.code == 401  # the mock refuses IMDSv1, as a launch template with HttpTokens=required does
+    imds = Imds(url)
+    assert imds.instance_id().startswith("i-")
+    assert imds.interruption() is None
+    time.sleep(2.5)
+    notice = imds.interruption()
+    assert notice is not None and notice.action == "terminate" and notice.time.endswith("Z")
+
+
+def test_expired_token_is_renewed_once(metadata_mock):
+    imds = Imds(metadata_mock("events"))
+    assert imds.instance_id()
+    imds._token = "expired-or-foreign"  # the mock answers 401, as IMDS does for a stale token
+    assert imds.instance_id().startswith("i-") and imds._token != "expired-or-foreign"
+    assert imds.interruption() is None and not imds.rebalance_recommended()  # events mode: no spot notice
+
+
+def test_watcher_calls_back_once_for_rebalance_and_interruption(metadata_mock):
+    imds = Imds(metadata_mock("spot", "--mock-delay-sec", "1", "--rebalance-delay-sec", "0"))
+    rebalances, notices, done = [], [], threading.Event()
+    watcher = InterruptionWatcher(imds, on_rebalance=lambda: rebalances.append(1),
+                                  on_interruption=lambda n: (notices.append(n), done.set()), poll_s=0.2).start()
+    assert done.wait(15), "no interruption notice seen"
+    time.sleep(0.6)  # more polls would happen here if the watcher kept going
+    watcher.stop()
+    assert len(rebalances) == 1 and len(notices) == 1 and notices[0].action == "terminate"
+
+
+def test_unreachable_imds_is_a_clear_error_and_the_watcher_keeps_polling():
+    from tests.conftest import free_port
+
+    imds = Imds(f"http://127.0.0.1:{free_port()}", timeout_s=0.5)
+    with pytest.raises(ImdsError, match="token request"):
+        imds.interruption()
+    watcher = InterruptionWatcher(imds, on_interruption=lambda n: None, poll_s=0.1).start()
+    time.sleep(0.5)
+    assert watcher._thread.is_alive()  # errors are logged, not fatal: IMDS may come back
+    watcher.stop()

@@ -1,0 +1,90 @@
+"""`dinrec spot agent`: runs on the spot instance around `dinrec train`.
+
+It starts the trainer as a child process and watches IMDSv2: a rebalance recommendation sends the
+trainer SIGUSR1 (one extra checkpoint, keep going); an interruption notice sends SIGTERM (finish
+the step, checkpoint to S3, exit 75) well inside the 2-minute notice. It reports each attempt's
+outcome to the job store (``attempts/<n>/status.json``) — that is how the supervisor tells an
+interruption from completion or failure — and uploads the results when training is done.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import signal
+import subprocess
+from pathlib import Path
+
+from training.spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
+from training.spot.jobstore import JobStore
+
+log = logging.getLogger(__name__)
+
+EXIT_INTERRUPTED = 75  # what `dinrec train` exits with after checkpointing on SIGTERM
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+
+
+def outcome(exit_code: int) -> str:
+    if exit_code == 0:
+        return "done"
+    return "interrupted" if exit_code == EXIT_INTERRUPTED else "failed"
+
+
+def fetch_data(store: JobStore, prefix: str, into: Path) -> int:
+    """Copy the job's dataset (uploaded under ``prefix``) to a local folder; returns the file count."""
+    keys = store.keys(prefix)
+    for key in keys:
+        data = store.get_bytes(key)
+        if data is None:
+            continue
+        path = into / key[len(prefix):].lstrip("/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return len(keys)
+
+
+def run_agent(store: JobStore, attempt: int, command: list[str], *, imds: Imds | None,
+              results: Path | None = None, poll_s: float = 5.0) -> int:
+    """Run ``command`` under the watcher; returns its exit code after reporting the outcome."""
+    status_key = f"attempts/{attempt}/status.json"
+    instance_id = None
+    if imds is not None:
+        try:
+            instance_id = imds.instance_id()
+        except ImdsError as exc:
+            log.warning("%s", exc)
+    status = {"attempt": attempt, "state": "running", "instance_id": instance_id, "started": _now()}
+    store.put_json(status_key, status)
+    child = subprocess.Popen(command)
+
+    def forward(sig: int) -> None:
+        if child.poll() is None:
+            child.send_signal(sig)
+
+    def on_interruption(notice: InterruptionNotice) -> None:
+        status["notice"] = {"action": notice.action, "time": notice.time, "seen": _now()}
+        forward(signal.SIGTERM)
+
+    # the OS (shutdown) or a person may stop the agent itself: pass it on so the trainer checkpoints
+    previous = {sig: signal.signal(sig, lambda s, _f: forward(s)) for sig in (signal.SIGTERM, signal.SIGINT)}
+    watcher = None
+    if imds is not None:
+        watcher = InterruptionWatcher(imds, on_interruption=on_interruption,
+                                      on_rebalance=lambda: forward(signal.SIGUSR1), poll_s=poll_s).start()
+    try:
+        code = child.wait()
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    status.update(state=outcome(code), exit_code=code, ended=_now())
+    if code == 0 and results is not None and results.exists():
+        store.upload_dir(results, "results")
+        status["results"] = store.child_uri("results")
+    store.put_json(status_key, status)
+    log.warning("attempt %d: %s (exit %d)", attempt, status["state"], code)
+    return code
