@@ -45,6 +45,8 @@ def test_a_table_over_500_mb_rules_out_g4dn_xlarge_by_bandwidth_per_dollar():
         options = plan(Workload(n_items=_rows_for(mb), train_samples=20_000_000), cat)
         g4 = _option(options, "g4dn.xlarge")
         verdicts[mb] = (g4.recommended, g4.dominated_by, g4.bound)
+        if mb == 1000:
+            assert g4.note.startswith(f"ruled out: {g4.dominated_by} is faster and cheaper") and "bandwidth" in g4.note
     assert verdicts[100][0] and verdicts[300][0]  # small tables: the T4 is the cheapest way
     for mb in (600, 1000):
         recommended, dominated_by, bound = verdicts[mb]

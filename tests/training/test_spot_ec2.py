@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import boto3
@@ -29,7 +30,8 @@ def ec2_env(aws_env, tmp_path):
     ec2 = boto3.client("ec2", endpoint_url=aws_env, region_name="us-east-1")
     subnets = ec2.describe_subnets()["Subnets"][:2]
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    env = {**os.environ, "DINREC_SPOT_STATE_URI": f"s3://{BUCKET}/spot", "DINREC_SPOT_IMAGE_ID": ami,
+    env = {**os.environ, "DINREC_SPOT_BACKEND": "ec2", "DINREC_SPOT_STATE_URI": f"s3://{BUCKET}/spot",
+           "DINREC_SPOT_IMAGE_ID": ami,
            "DINREC_SPOT_SUBNET_IDS": json.dumps([s["SubnetId"] for s in subnets]),
            "DINREC_SPOT_ENDPOINT_URL": aws_env, "DINREC_SPOT_INSTALL": "true", "DINREC_SPOT_POLL_S": "0.5"}
     return {"s3": s3, "ec2": ec2, "env": env, "endpoint": aws_env}
@@ -136,6 +138,8 @@ def test_interrupted_spot_job_is_relaunched_resumes_and_ends_with_the_uninterrup
     prefix = f"spot/jobs/{job_id}"
     first = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}/attempts/1/status.json")["Body"].read())
     assert first["state"] == "interrupted" and first["exit_code"] == 75 and first["notice"]["action"] == "terminate"
+    seen, ended = (datetime.fromisoformat(first["notice"]["seen"]), datetime.fromisoformat(first["ended"]))
+    assert (ended - seen).total_seconds() < 60  # checkpointed to S3 and out well inside the 2-minute notice
     metrics = json.loads(s3.get_object(Bucket=BUCKET, Key=f"{prefix}/results/metrics.json")["Body"].read())
     assert metrics["weights_sha256"] == ref_sha  # resumed exactly: same weights as the uninterrupted run
     assert metrics["global_step"] == json.loads(reference.stdout.strip().splitlines()[-1])["global_step"]

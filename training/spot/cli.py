@@ -25,14 +25,12 @@ def _table(options: list, workload) -> str:
     lines = [f"{workload.name}: embedding tables {workload.table_bytes / 1e6:,.1f} MB "
              f"({workload.n_items:,} item rows), {workload.train_samples:,} samples × {workload.epochs} epochs", head]
     for o in options:
-        if o.recommended:
-            note = "← recommended"
-        elif not o.fits:
+        if not o.fits:
             note = o.why_not or ""
-        elif o.dominated_by:
-            note = f"dominated by {o.dominated_by} (faster and cheaper)"
-        else:
-            note = ""
+        elif o.recommended:
+            note = "← recommended"
+        else:  # the verdict clause of the planner's note ("ruled out: …", "1.5× faster … for 15× the cost")
+            note = o.note.split(";")[0] if ";" in o.note else ""
         gpus, fits = f"{o.gpus}× {o.gpu}", "yes" if o.fits else "no"
         lines.append(f"{o.rank or '-':>2}  {o.instance:<14} {gpus:<14} {fits:<4}  {o.bound:<12} "
                      f"{_duration(o.est_hours):>9} {_usd(o.spot_usd):>9} {_usd(o.on_demand_usd):>10}  {note}")
@@ -99,9 +97,11 @@ def _aws(settings):
 def _store(settings, job_id: str):
     from training.spot.jobstore import open_job_store
 
-    if not settings.state_uri:
-        raise ValueError("set DINREC_SPOT_STATE_URI (s3://bucket/prefix, or a local folder for --backend local)")
-    return open_job_store(f"{settings.state_uri.rstrip('/')}/jobs/{job_id}", _aws(settings))
+    root = settings.state_uri if settings.state_uri.startswith("s3://") else str(Path(settings.state_uri).expanduser())
+    if settings.backend != "local" and not root.startswith("s3://"):
+        raise ValueError(f"the {settings.backend} backend needs DINREC_SPOT_STATE_URI=s3://bucket/prefix "
+                         "(instances keep checkpoints and state there)")
+    return open_job_store(f"{root.rstrip('/')}/jobs/{job_id}", _aws(settings))
 
 
 def _backend(name: str, settings, imds_urls: list[str] | None):
@@ -149,7 +149,7 @@ def spot_run(
     from training.spot.settings import SpotSettings
     from training.spot.supervisor import SPEC, Supervisor, cost_report
 
-    settings = SpotSettings()
+    settings = SpotSettings(**({"backend": backend} if backend else {}))
     catalog = load_catalog()
     if job_id is None:
         if data is None or not data.is_dir():
@@ -159,10 +159,11 @@ def spot_run(
             raise ValueError("say where to run: --instance-type T (repeatable) or --plan JOB.json")
         job_id = new_job_id()
         store = _store(settings, job_id)
-        spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=backend or settings.backend,
+        spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend,
                        instance_types=list(types), train_args=shlex.split(train_args),
                        max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
-                       budget_usd=budget_usd or settings.budget_usd, region=settings.region, install=settings.install)
+                       budget_usd=budget_usd or settings.budget_usd, region=settings.region,
+                       install="true" if settings.backend == "local" else settings.install)  # local: this dinrec
         store.upload_dir(data, "data")
         store.put_json(SPEC, spec.model_dump(mode="json"))
         typer.echo(json.dumps({"job_id": job_id, "job_uri": store.uri}), err=True)
@@ -186,6 +187,20 @@ def spot_run(
     typer.echo(json.dumps(cost_report(spec, state)))
     if state.status != "done":
         raise typer.Exit(1)
+
+
+@spot_app.command("launch")
+def spot_launch(
+    data: Annotated[Path, typer.Option(help="dataset folder (uploaded to the job)")],
+    instance_type: Annotated[list[str] | None, typer.Option(help="candidate types, best first (repeatable)")] = None,
+    plan_config: Annotated[Path | None, typer.Option("--plan", help="take the candidates from `dinrec plan`")] = None,
+    backend: Annotated[str | None, typer.Option(help="ec2, sagemaker or local")] = None,
+    train_args: Annotated[str, typer.Option(help="extra `dinrec train` flags, e.g. '--epochs 3'")] = "",
+    budget_usd: Annotated[float | None, typer.Option(help="stop relaunching past this spend")] = None,
+) -> None:
+    """Create a job and launch its first attempt without supervising it (`dinrec spot run --job-id` does)."""
+    spot_run(data=data, job_id=None, instance_type=instance_type, plan_config=plan_config, backend=backend,
+             train_args=train_args, budget_usd=budget_usd, max_relaunches=None, imds_url=None, detach=True)
 
 
 @spot_app.command("status")

@@ -108,9 +108,11 @@ class Option:
     spot_price_usd: float
     on_demand_price_usd: float
     spot_price_source: str
+    step_parts_ms: dict[str, float] | None = None  # overhead, compute, bandwidth, interconnect
     dominated_by: str | None = None
     recommended: bool = False
     rank: int | None = None
+    note: str = ""  # the reason for this option's place, in words
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -207,7 +209,8 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
             bound=bound, gpu_mem_gb=round(gpu_need / GB, 2), host_mem_gb=round(host_need / 2**30, 2),
             step_ms=round(step_s * 1e3, 3), est_hours=hours, spot_usd=(hours + lost_h) * price_spot,
             on_demand_usd=hours * it.on_demand_usd, spot_price_usd=price_spot, on_demand_price_usd=it.on_demand_usd,
-            spot_price_source=source))
+            spot_price_source=source,
+            step_parts_ms={k: round(v * 1e3, 3) for k, v in parts.items()}))
     fitting = [o for o in options if o.fits]
     for o in fitting:
         better = [p for p in fitting if p is not o and p.est_hours <= o.est_hours and p.spot_usd <= o.spot_usd
@@ -220,7 +223,32 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
         o.rank = i + 1 if o.fits else None
     if fitting:
         ranked[0].recommended = True
+    for o in ranked:
+        o.note = _explain(o, ranked[0] if fitting else None)
     return ranked
+
+
+_BOUND_WHY = {
+    "overhead": "launch-bound: per-step overhead dominates and is the same on every GPU",
+    "compute": "compute-bound: tensor-core FLOPs set the pace",
+    "bandwidth": "bandwidth-bound: embedding traffic and the optimizer's pass over the tables set the pace",
+    "interconnect": "interconnect-bound: all-reducing the dense table gradient each step dominates",
+}
+
+
+def _explain(o: Option, best: Option | None) -> str:
+    if not o.fits:
+        return f"does not fit: {o.why_not}"
+    parts = ", ".join(f"{k} {v:g} ms" for k, v in (o.step_parts_ms or {}).items() if v)
+    text = f"{_BOUND_WHY[o.bound]} (step {o.step_ms:g} ms: {parts})"
+    if o.recommended:
+        return f"recommended: cheapest expected spot cost that fits; {text}"
+    if o.dominated_by:
+        return f"ruled out: {o.dominated_by} is faster and cheaper; {text}"
+    if best is not None and o.est_hours < best.est_hours:
+        return f"{best.est_hours / o.est_hours:.1f}× faster than {best.instance} for " \
+               f"{o.spot_usd / max(best.spot_usd, 1e-12):.1f}× the cost; {text}"
+    return text
 
 
 def calibrate(bench: dict, catalog: list[InstanceType], base: Efficiency | None = None) -> Efficiency:

@@ -14,8 +14,9 @@ class SpotSettings(BaseSettings):
     region: str = "us-east-1"
     endpoint_url: str | None = Field(None, description="one endpoint for every AWS service (a local moto server)")
     live_prices: bool = Field(True, description="ask EC2 for current spot prices; fall back to the catalog")
-    state_uri: str | None = Field(None, description="s3://bucket/prefix where jobs keep their state and checkpoints")
-    backend: Literal["ec2", "sagemaker"] = "ec2"
+    state_uri: str = Field("~/.cache/dinrec/spot/state",
+                           description="s3://bucket/prefix (or a local folder) where jobs keep state and checkpoints")
+    backend: Literal["local", "ec2", "sagemaker"] = Field("local", description="local: attempts run on this machine")
     image_id: str | None = Field(None, description="AMI with the NVIDIA driver (EC2 backend)")
     subnet_ids: list[str] = Field(default_factory=list, description="one per availability zone to spread over")
     security_group_ids: list[str] = Field(default_factory=list)

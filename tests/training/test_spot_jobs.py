@@ -1,0 +1,142 @@
+"""Spot jobs through the `dinrec spot` commands: the local backend (the embedded default), the
+supervisor's decisions (restart, cancel, budget), and SageMaker managed spot against moto."""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+
+from tests.conftest import REPO, synthetic_dataset_dir
+
+TRAIN = "--epochs 1 --seq-len 20 --batch-size 256"
+
+
+def _dinrec(*args, env, timeout=600):
+    return subprocess.run([sys.executable, "-m", "dinrec_cli.main", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def _last_json(text: str) -> dict:
+    return json.loads(text.strip().splitlines()[-1])
+
+
+@pytest.fixture
+def local_env(tmp_path):
+    return {**os.environ, "DINREC_SPOT_STATE_URI": str(tmp_path / "state"), "DINREC_SPOT_BACKEND": "local",
+            "DINREC_SPOT_WORKDIR": str(tmp_path / "work"), "DINREC_SPOT_POLL_S": "0.3"}
+
+
+@pytest.fixture
+def small_data(tmp_path):
+    return synthetic_dataset_dir(tmp_path / "data", n_users=300, n_items=200, n_categories=10,
+                                 mean_events_per_user=30, seed=1)
+
+
+def _wait_for(predicate, timeout=120, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.2)
+
+
+def _gone(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"  # exited, not yet reaped
+    except FileNotFoundError:
+        return True
+
+
+def test_local_job_runs_to_done_and_reports_status_and_cost(local_env, small_data, tmp_path):
+    run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g5.xlarge", "--train-args", TRAIN,
+                  env=local_env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    report = _last_json(run.stdout)
+    assert report["status"] == "done" and report["attempts"] == 1 and report["interruptions"] == 0
+    assert report["by_instance"][0]["instance_type"] == "g5.xlarge" and report["saved_pct"] > 0
+    job_id = json.loads(run.stderr.strip().splitlines()[0])["job_id"]
+    job = tmp_path / "state" / "jobs" / job_id
+    assert (job / "results" / "model.safetensors").exists()  # the bundle came back to the job store
+    assert json.loads((job / "attempts" / "1" / "status.json").read_text())["state"] == "done"
+    status = _dinrec("spot", "status", "--job-id", job_id, env=local_env)
+    assert status.returncode == 0 and _last_json(status.stdout)["status"] == "done"
+    assert _last_json(status.stdout)["attempt_list"][0]["outcome"] == "done"
+
+
+def test_a_restarted_supervisor_continues_the_same_job(local_env, small_data):
+    first = _dinrec("spot", "launch", "--data", str(small_data), "--instance-type", "g4dn.xlarge",
+                    "--train-args", TRAIN, env=local_env)  # launch = create + first attempt, no supervision
+    assert first.returncode == 0, first.stderr[-3000:]
+    job_id = _last_json(first.stdout)["job_id"]
+    assert _last_json(first.stdout)["status"] == "running"
+    again = _dinrec("spot", "run", "--job-id", job_id, env=local_env)  # a new supervisor process
+    assert again.returncode == 0, again.stderr[-3000:]
+    report = _last_json(again.stdout)
+    assert report["status"] == "done" and report["attempts"] == 1  # it waited for attempt 1, launched nothing new
+
+
+def test_cancel_stops_a_running_job_and_it_stays_cancelled(local_env, small_data, tmp_path):
+    start = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g5.xlarge",
+                    "--train-args", "--epochs 500 --seq-len 20 --checkpoint-every 5", "--detach", env=local_env)
+    assert start.returncode == 0, start.stderr[-3000:]
+    job_id = _last_json(start.stdout)["job_id"]
+    job = tmp_path / "state" / "jobs" / job_id
+    _wait_for(lambda: (job / "checkpoints" / "latest").exists(), what="training to start")
+    pid = int(json.loads((job / "state.json").read_text())["attempts"][0]["backend_id"])
+    cancel = _dinrec("spot", "cancel", "--job-id", job_id, env=local_env)
+    assert cancel.returncode == 0 and _last_json(cancel.stdout)["status"] == "cancelled"
+    _wait_for(lambda: _gone(pid), what="the attempt to stop")
+    resumed = _dinrec("spot", "run", "--job-id", job_id, env=local_env)
+    assert resumed.returncode == 1 and _last_json(resumed.stdout)["status"] == "cancelled"
+
+
+def test_budget_stops_the_job_and_the_running_attempt(local_env, small_data):
+    run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "p5en.48xlarge",
+                  "--train-args", "--epochs 500 --seq-len 20", "--budget-usd", "0.0005", env=local_env)
+    assert run.returncode == 1
+    report = _last_json(run.stdout)
+    assert report["status"] == "budget_spent" and report["spent_usd"] >= 0.0005 and report["attempts"] == 1
+
+
+def test_bad_requests_are_clear_errors(local_env, small_data, tmp_path):
+    no_data = _dinrec("spot", "run", "--instance-type", "g5.xlarge", env=local_env)
+    assert no_data.returncode == 2 and "--data" in no_data.stderr
+    unknown = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g9.mega", env=local_env)
+    assert unknown.returncode == 2 and "g9.mega" in unknown.stderr
+    missing = _dinrec("spot", "status", "--job-id", "nope", env=local_env)
+    assert missing.returncode == 2 and "no job" in missing.stderr
+    no_store = _dinrec("spot", "status", "--job-id", "x", env={**local_env, "DINREC_SPOT_BACKEND": "ec2"})
+    assert no_store.returncode == 2 and "DINREC_SPOT_STATE_URI=s3://" in no_store.stderr
+    for out in (no_data, unknown, missing, no_store):
+        assert "Traceback" not in out.stderr
+
+
+@pytest.mark.usefixtures("aws_env")
+def test_sagemaker_backend_submits_managed_spot_training(aws_env, small_data):
+    s3 = boto3.client("s3", endpoint_url=aws_env, region_name="us-east-1")
+    s3.create_bucket(Bucket="dinrec-sm")
+    env = {**os.environ, "DINREC_SPOT_STATE_URI": "s3://dinrec-sm/spot", "DINREC_SPOT_BACKEND": "sagemaker",
+           "DINREC_SPOT_SAGEMAKER_ROLE_ARN": "arn:aws:iam::123456789012:role/dinrec-training",
+           "DINREC_SPOT_SAGEMAKER_IMAGE_URI": "123456789012.dkr.ecr.us-east-1.amazonaws.com/dinrec:1",
+           "DINREC_SPOT_POLL_S": "0.2"}
+    run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g5.xlarge", "--train-args", TRAIN,
+                  env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert _last_json(run.stdout)["status"] == "done"  # moto completes training jobs at once
+    job_id = json.loads(run.stderr.strip().splitlines()[0])["job_id"]
+    sm = boto3.client("sagemaker", endpoint_url=aws_env, region_name="us-east-1")
+    d = sm.describe_training_job(TrainingJobName=f"dinrec-{job_id}-1")
+    assert d["EnableManagedSpotTraining"] is True
+    assert d["CheckpointConfig"]["S3Uri"] == f"s3://dinrec-sm/spot/jobs/{job_id}/checkpoints/"
+    assert d["StoppingCondition"]["MaxWaitTimeInSeconds"] >= d["StoppingCondition"]["MaxRuntimeInSeconds"]
+    assert d["ResourceConfig"]["InstanceType"] == "ml.g5.xlarge"
+    args = d["AlgorithmSpecification"]["ContainerArguments"]
+    assert args[args.index("--resume") + 1] == "auto"
+    data = s3.list_objects_v2(Bucket="dinrec-sm", Prefix=f"spot/jobs/{job_id}/data/")["Contents"]
+    assert [o["Key"].rsplit("/", 1)[-1] for o in data] == ["events.jsonl"]  # the channel SageMaker mounts
+    tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=d["TrainingJobArn"])["Tags"]}
+    assert tags["dinrec:job"] == job_id
