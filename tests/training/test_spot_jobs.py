@@ -140,3 +140,33 @@ def test_sagemaker_backend_submits_managed_spot_training(aws_env, small_data):
     assert [o["Key"].rsplit("/", 1)[-1] for o in data] == ["events.jsonl"]  # the channel SageMaker mounts
     tags = {t["Key"]: t["Value"] for t in sm.list_tags(ResourceArn=d["TrainingJobArn"])["Tags"]}
     assert tags["dinrec:job"] == job_id
+
+
+def test_no_capacity_is_retried_then_given_up(tmp_path):
+    """AWS's capacity errors cannot be produced by a local endpoint, so this one backend is a stand-in."""
+    from training.spot.aws import CloudError
+    from training.spot.backends import Backend
+    from training.spot.catalog import DEFAULT_CATALOG
+    from training.spot.job import JobSpec
+    from training.spot.jobstore import LocalJobStore
+    from training.spot.supervisor import Supervisor
+
+    class NoCapacity(Backend):
+        tries = 0
+
+        def launch(self, spec, attempt, types, avoid_zone):
+            NoCapacity.tries += 1
+            raise CloudError("no spot capacity", "InsufficientInstanceCapacity")
+
+        def poll(self, attempt):
+            raise AssertionError("nothing was launched")
+
+        def terminate(self, attempt):
+            raise AssertionError("nothing was launched")
+
+    store = LocalJobStore(tmp_path / "job")
+    spec = JobSpec(job_id="j1", job_uri=store.uri, backend="local", instance_types=["g5.xlarge"], max_relaunches=2)
+    state = Supervisor(store, spec, NoCapacity(), {t.name: t for t in DEFAULT_CATALOG}, poll_s=0,
+                       sleep=lambda s: None).run()
+    assert state.status == "retries_exhausted" and "no capacity" in state.reason and NoCapacity.tries == 3
+    assert json.loads((tmp_path / "job" / "state.json").read_text())["status"] == "retries_exhausted"

@@ -98,6 +98,7 @@ class Supervisor:
     def run(self) -> JobState:
         if self.state.status in FINAL:
             return self.state
+        failed_launches = 0
         while True:
             current = self.state.current
             if self.store.get_json(CANCEL) is not None:
@@ -113,10 +114,14 @@ class Supervisor:
                     return self._finish("budget_spent", f"${self.state.spent_usd():.2f} of ${self.spec.budget_usd:.2f}")
                 try:
                     self._launch()
+                    failed_launches = 0
                 except CloudError as exc:
                     if exc.code not in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "Unsupported"):
                         raise
-                    log.warning("job %s: %s; retrying", self.spec.job_id, exc)  # no capacity now: wait, retry
+                    failed_launches += 1  # no capacity now: wait and retry, but not forever
+                    if failed_launches > self.spec.max_relaunches:
+                        return self._finish("retries_exhausted", f"no capacity after {failed_launches} tries: {exc}")
+                    log.warning("job %s: %s; retrying", self.spec.job_id, exc)
             elif self.spec.budget_usd is not None and self.state.spent_usd() >= self.spec.budget_usd:
                 self.backend.terminate(current)  # the trainer checkpoints on the way down; resumable later
                 current.ended, current.outcome = now(), "cancelled"
