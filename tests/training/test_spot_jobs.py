@@ -170,3 +170,19 @@ def test_no_capacity_is_retried_then_given_up(tmp_path):
                        sleep=lambda s: None).run()
     assert state.status == "retries_exhausted" and "no capacity" in state.reason and NoCapacity.tries == 3
     assert json.loads((tmp_path / "job" / "state.json").read_text())["status"] == "retries_exhausted"
+
+
+def test_the_supervisor_iam_policy_allows_every_ec2_and_sagemaker_call_the_code_makes():
+    import re
+
+    policy = json.loads((Path(REPO) / "deploy" / "aws" / "supervisor-policy.json").read_text())
+    allowed = set()
+    for statement in policy["Statement"]:
+        actions = statement["Action"]
+        allowed |= {actions} if isinstance(actions, str) else set(actions)
+    source = "\n".join(p.read_text() for p in (Path(REPO) / "training" / "spot").glob("*.py"))
+    calls = set(re.findall(r'call\("(ec2|sagemaker)\.([a-z_]+)"', source))
+    assert len(calls) >= 8
+    for service, op in calls:
+        action = f"{service}:{''.join(w.capitalize() for w in op.split('_'))}"
+        assert action in allowed, f"{action} is used by training/spot but not in supervisor-policy.json"
