@@ -46,6 +46,7 @@ class InstancePlayer(threading.Thread):
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: list = []
         self.scripts: dict[str, str] = {}
+        self.templates: dict[str, dict] = {}
         self.halt = threading.Event()
 
     def run(self):
@@ -60,6 +61,9 @@ class InstancePlayer(threading.Thread):
                     tags = {t["Key"]: t["Value"] for t in inst.get("Tags", [])}
                     attempt = int(tags["dinrec:attempt"])
                     ud = self.ec2.describe_instance_attribute(InstanceId=iid, Attribute="userData")["UserData"]
+                    versions = self.ec2.describe_launch_template_versions(
+                        LaunchTemplateName=f"dinrec-{tags['dinrec:job']}-{attempt}")["LaunchTemplateVersions"]
+                    self.templates[iid] = versions[0]["LaunchTemplateData"]
                     script = base64.b64decode(ud["Value"]).decode()
                     self.scripts[iid] = script
                     work = self.workdir / iid
@@ -145,13 +149,12 @@ def test_interrupted_spot_job_is_relaunched_resumes_and_ends_with_the_uninterrup
     assert metrics["global_step"] == json.loads(reference.stdout.strip().splitlines()[-1])["global_step"]
 
     # what was launched: spot fleets from templates that require IMDSv2, every resource tagged
+    assert len(player.templates) == 2
+    for lt in player.templates.values():
+        assert lt["MetadataOptions"]["HttpTokens"] == "required"
+        assert lt["InstanceInitiatedShutdownBehavior"] == "terminate"
     templates = ec2.describe_launch_templates()["LaunchTemplates"]
-    mine = [t for t in templates if t["LaunchTemplateName"].startswith(f"dinrec-{job_id}")]
-    assert len(mine) == 2
-    version = ec2.describe_launch_template_versions(LaunchTemplateId=mine[0]["LaunchTemplateId"])
-    lt = version["LaunchTemplateVersions"][0]["LaunchTemplateData"]
-    assert lt["MetadataOptions"]["HttpTokens"] == "required"
-    assert lt["InstanceInitiatedShutdownBehavior"] == "terminate"
+    assert not [t for t in templates if t["LaunchTemplateName"].startswith(f"dinrec-{job_id}")]  # cleaned up
     script = next(iter(player.scripts.values()))
     assert "--resume auto" in script and f"s3://{BUCKET}/{prefix}/checkpoints" in script
     instances = [i for r in ec2.describe_instances(Filters=[{"Name": "tag:dinrec:job", "Values": [job_id]}])

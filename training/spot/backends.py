@@ -51,6 +51,9 @@ class Backend(ABC):
     @abstractmethod
     def terminate(self, attempt: Attempt) -> None: ...
 
+    def cleanup(self, spec: JobSpec) -> None:  # noqa: B027 - most backends leave nothing behind
+        """Remove what the job's launches left behind once the job has ended."""
+
 
 def _tags(spec: JobSpec, attempt: int) -> list[dict]:
     return [{"Key": JOB_TAG, "Value": spec.job_id}, {"Key": "dinrec:attempt", "Value": str(attempt)},
@@ -132,6 +135,14 @@ class Ec2Backend(Backend):
 
     def terminate(self, attempt: Attempt) -> None:
         call("ec2.terminate_instances", self.ec2.terminate_instances, InstanceIds=[attempt.backend_id])
+
+    def cleanup(self, spec: JobSpec) -> None:
+        """Delete the job's launch templates (one per attempt; a region holds at most 5,000)."""
+        resp = call("ec2.describe_launch_templates", self.ec2.describe_launch_templates,
+                    Filters=[{"Name": f"tag:{JOB_TAG}", "Values": [spec.job_id]}])
+        for template in resp.get("LaunchTemplates", []):
+            call("ec2.delete_launch_template", self.ec2.delete_launch_template,
+                 LaunchTemplateId=template["LaunchTemplateId"])
 
 
 class SageMakerBackend(Backend):

@@ -51,6 +51,10 @@ class Supervisor:
     def _finish(self, status: str, reason: str | None = None) -> JobState:
         self.state.status, self.state.reason = status, reason  # type: ignore[assignment]
         self.save()
+        try:
+            self.backend.cleanup(self.spec)
+        except CloudError as exc:  # the job's outcome stands; leftovers are only reported
+            log.warning("job %s: cleanup failed: %s", self.spec.job_id, exc)
         log.warning("job %s: %s%s", self.spec.job_id, status, f" ({reason})" if reason else "")
         return self.state
 
