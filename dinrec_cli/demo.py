@@ -8,34 +8,11 @@ from __future__ import annotations
 
 import json
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
-
-
-def _start_server(app, port: int):
-    import uvicorn
-
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, name="dinrec-demo-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the demo server did not start")
-        time.sleep(0.05)
-    return server, thread
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def demo(
@@ -51,6 +28,7 @@ def demo(
     from feature_store.settings import FeatureStoreSettings
     from feature_store.streams.inprocess import InProcessStream
     from serving.app import create_app
+    from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
     from training.export import export_bundle
     from training.loop import train
@@ -76,49 +54,47 @@ def demo(
 
     store, stream = MemoryStore(history_cap=50), InProcessStream()
     app = create_app(ServingSettings(bundle_dir=bundle), FeatureStoreSettings(), store=store, stream=stream)
-    port = port or _free_port()
-    server, thread = _start_server(app, port)
-    stream.publish(list(data.events()))  # the service's ingest thread moves them into the store
-    deadline = time.monotonic() + 60
-    while sum(c for _, c in store.popular(10**6)) < len(data):
-        if time.monotonic() > deadline:
-            raise RuntimeError("ingestion did not finish")
-        time.sleep(0.05)
-    base = f"http://127.0.0.1:{port}"
-    say(f"5/5 serving on {base}; ingested {len(data)} events through the in-process stream")
-
-    def show(method: str, path: str, **kw) -> dict:
-        r = client.request(method, base + path, **kw)
-        sent = f"  {json.dumps(kw['json'])}" if "json" in kw else ""
-        typer.echo(f"\n{method} {path}{sent}  → {r.status_code}")
-        body = r.json()
-        typer.echo(json.dumps(body, indent=1)[:1200])
-        return body
-
-    with httpx.Client(timeout=30) as client:
-        user = data.user_id[0]
-        show("GET", f"/recommend?user_id={user}&k=5")
-        show("POST", "/recommend", json={"user_id": data.user_id[-1], "k": 3})
-        show("GET", "/recommend?user_id=someone-new&k=3")
-        last_ts = float(data.ts.max()) + 60
-        new_items = [i for i, _ in store.popular(50)][-3:]
-        show("POST", "/events", json={"events": [
-            {"user_id": "someone-new", "item_id": it, "category_id": "?", "event_type": "click", "ts": last_ts + j}
-            for j, it in enumerate(new_items)]})
-        deadline = time.monotonic() + 30  # the events travel stream → ingest thread → store
-        while len(store.history("someone-new", 10)) < len(new_items) and time.monotonic() < deadline:
+    port = port or free_port()
+    with serve_in_thread(app, port, name="dinrec-demo-server") as thread:
+        stream.publish(list(data.events()))  # the service's ingest thread moves them into the store
+        deadline = time.monotonic() + 60
+        while sum(c for _, c in store.popular(10**6)) < len(data):
+            if time.monotonic() > deadline:
+                raise RuntimeError("ingestion did not finish")
             time.sleep(0.05)
-        show("GET", "/recommend?user_id=someone-new&k=3")
-        show("GET", "/recommend?user_id=&k=3")
-        show("GET", "/readyz")
+        base = f"http://127.0.0.1:{port}"
+        say(f"5/5 serving on {base}; ingested {len(data)} events through the in-process stream")
 
-    typer.secho(f"\ndemo finished in {time.perf_counter() - t0:.0f}s; artefacts in {out}", fg="green", err=True)
-    if not smoke:
-        typer.secho(f"still serving on {base} — Ctrl-C to stop", fg="green", err=True)
-        try:
-            while thread.is_alive():
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            pass
-    server.should_exit = True
-    thread.join(timeout=10)
+        def show(method: str, path: str, **kw) -> dict:
+            r = client.request(method, base + path, **kw)
+            sent = f"  {json.dumps(kw['json'])}" if "json" in kw else ""
+            typer.echo(f"\n{method} {path}{sent}  → {r.status_code}")
+            body = r.json()
+            typer.echo(json.dumps(body, indent=1)[:1200])
+            return body
+
+        with httpx.Client(timeout=30) as client:
+            user = data.user_id[0]
+            show("GET", f"/recommend?user_id={user}&k=5")
+            show("POST", "/recommend", json={"user_id": data.user_id[-1], "k": 3})
+            show("GET", "/recommend?user_id=someone-new&k=3")
+            last_ts = float(data.ts.max()) + 60
+            new_items = [i for i, _ in store.popular(50)][-3:]
+            show("POST", "/events", json={"events": [
+                {"user_id": "someone-new", "item_id": it, "category_id": "?", "event_type": "click", "ts": last_ts + j}
+                for j, it in enumerate(new_items)]})
+            deadline = time.monotonic() + 30  # the events travel stream → ingest thread → store
+            while len(store.history("someone-new", 10)) < len(new_items) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            show("GET", "/recommend?user_id=someone-new&k=3")
+            show("GET", "/recommend?user_id=&k=3")
+            show("GET", "/readyz")
+
+        typer.secho(f"\ndemo finished in {time.perf_counter() - t0:.0f}s; artefacts in {out}", fg="green", err=True)
+        if not smoke:
+            typer.secho(f"still serving on {base} — Ctrl-C to stop", fg="green", err=True)
+            try:
+                while thread.is_alive():
+                    time.sleep(0.5)
+            except KeyboardInterrupt:
+                pass

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 import uuid
 from pathlib import Path
 
 import pytest
+
+from serving.server import free_port
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DINREC_SHARED_DATA", REPO.parent / "shared" / "data"))
@@ -89,10 +90,6 @@ def synthetic_dataset_dir(folder: Path, **config) -> Path:
     return folder
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")
