@@ -20,6 +20,19 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DINREC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
+def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05, what: str = "condition"):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail after ``timeout_s``."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    raise AssertionError(f"{what} not met within {timeout_s}s")
+
+
 def _need(var: str) -> str:
     value = os.environ.get(var)
     if value:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import time
 
 import httpx
 
@@ -17,13 +16,3 @@ def live_server(settings, fs_settings=None, **deps):
     with serve_in_thread(create_app(settings, fs_settings, **deps), port, start_timeout_s=30), \
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         yield client
-
-
-def wait_until(predicate, timeout_s: float = 30.0, interval_s: float = 0.05):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval_s)
-    raise AssertionError(f"condition not met within {timeout_s}s")

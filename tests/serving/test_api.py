@@ -9,8 +9,8 @@ from feature_store.online.redis_store import RedisStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.settings import ServingSettings
-from tests.conftest import online_store
-from tests.serving.conftest import live_server, wait_until
+from tests.conftest import online_store, wait_until
+from tests.serving.conftest import live_server
 
 
 @pytest.fixture(params=["memory", "redis"])

@@ -13,8 +13,8 @@ from feature_store.online.redis_store import RedisStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.kafka_stream import KafkaStream
 from serving.settings import ServingSettings
-from tests.conftest import REPO
-from tests.serving.conftest import live_server, wait_until
+from tests.conftest import REPO, wait_until
+from tests.serving.conftest import live_server
 
 
 @pytest.fixture

@@ -5,13 +5,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import boto3
 import pytest
 
-from tests.conftest import REPO, synthetic_dataset_dir
+from tests.conftest import REPO, synthetic_dataset_dir, wait_until
 
 TRAIN = "--epochs 1 --seq-len 20 --batch-size 256"
 
@@ -35,13 +34,6 @@ def local_env(tmp_path):
 def small_data(tmp_path):
     return synthetic_dataset_dir(tmp_path / "data", n_users=300, n_items=200, n_categories=10,
                                  mean_events_per_user=30, seed=1)
-
-
-def _wait_for(predicate, timeout=120, what="condition"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
 
 
 def _gone(pid: int) -> bool:
@@ -85,11 +77,11 @@ def test_cancel_stops_a_running_job_and_it_stays_cancelled(local_env, small_data
     assert start.returncode == 0, start.stderr[-3000:]
     job_id = _last_json(start.stdout)["job_id"]
     job = tmp_path / "state" / "jobs" / job_id
-    _wait_for(lambda: (job / "checkpoints" / "latest").exists(), what="training to start")
+    wait_until(lambda: (job / "checkpoints" / "latest").exists(), timeout_s=120, what="training to start")
     pid = int(json.loads((job / "state.json").read_text())["attempts"][0]["backend_id"])
     cancel = _dinrec("spot", "cancel", "--job-id", job_id, env=local_env)
     assert cancel.returncode == 0 and _last_json(cancel.stdout)["status"] == "cancelled"
-    _wait_for(lambda: _gone(pid), what="the attempt to stop")
+    wait_until(lambda: _gone(pid), timeout_s=120, what="the attempt to stop")
     resumed = _dinrec("spot", "run", "--job-id", job_id, env=local_env)
     assert resumed.returncode == 1 and _last_json(resumed.stdout)["status"] == "cancelled"
 
