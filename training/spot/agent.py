@@ -9,22 +9,21 @@ interruption from completion or failure — and uploads the results when trainin
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import signal
 import subprocess
 from pathlib import Path
 
+from training.cli import EXIT_INTERRUPTED
 from training.spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
+from training.spot.job import now
 from training.spot.jobstore import JobStore
 
 log = logging.getLogger(__name__)
 
-EXIT_INTERRUPTED = 75  # what `dinrec train` exits with after checkpointing on SIGTERM
-
 
 def _now() -> str:
-    return dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    return now().isoformat(timespec="seconds")
 
 
 def outcome(exit_code: int) -> str:

@@ -203,8 +203,8 @@ class LocalBackend(Backend):
     ``imds_urls`` (one per attempt, the last reused) lets a rehearsal point attempts at a metadata
     mock that announces an interruption; without one the agent does not watch."""
 
-    def __init__(self, workdir: Path, imds_urls: list[str] | None = None, env: dict[str, str] | None = None):
-        self.workdir, self.imds_urls, self.env = Path(workdir), imds_urls or [], env or {}
+    def __init__(self, workdir: Path, imds_urls: list[str] | None = None):
+        self.workdir, self.imds_urls = Path(workdir), imds_urls or []
         self._procs: dict[int, subprocess.Popen] = {}
 
     def launch(self, spec: JobSpec, attempt: int, types: list[InstanceType], avoid_zone: str | None) -> Launched:
@@ -212,7 +212,7 @@ class LocalBackend(Backend):
         run.mkdir(parents=True, exist_ok=True)
         script = run / "boot.sh"
         script.write_text(boot_script(spec, attempt))
-        env = {**os.environ, **self.env, "DINREC_SPOT_WORKDIR": str(run), "DINREC_SPOT_SHUTDOWN_CMD": "true",
+        env = {**os.environ, "DINREC_SPOT_WORKDIR": str(run), "DINREC_SPOT_SHUTDOWN_CMD": "true",
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # this dinrec
         if self.imds_urls:
             env["DINREC_SPOT_IMDS_URL"] = self.imds_urls[min(attempt - 1, len(self.imds_urls) - 1)]
@@ -221,7 +221,6 @@ class LocalBackend(Backend):
         with (run / "log.txt").open("ab") as log:
             proc = subprocess.Popen(["bash", str(script)], env=env, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        (run / "pid").write_text(str(proc.pid))
         self._procs[proc.pid] = proc
         return Launched(str(proc.pid), types[0].name, "local")
 

@@ -37,6 +37,30 @@ def _table(options: list, workload) -> str:
     return "\n".join(lines)
 
 
+def _read_workload(path: Path):
+    from pydantic import ValidationError
+
+    from training.spot.planner import Workload
+
+    try:
+        return Workload.model_validate_json(path.read_text())
+    except OSError as exc:
+        raise ValueError(f"cannot read {path}: {exc}") from exc
+    except ValidationError as exc:
+        raise ValueError(f"{path}: {exc}") from exc
+
+
+def _spot_prices(settings, instance_types: list[str]) -> dict[str, float]:
+    """Live spot prices, or {} (the catalog's fallbacks apply) with a warning when EC2 cannot answer."""
+    from training.spot.aws import CloudError, live_spot_prices
+
+    try:
+        return live_spot_prices(_aws(settings), instance_types)
+    except CloudError as exc:
+        typer.echo(f"warning: live spot prices unavailable ({exc}); using the catalog's", err=True)
+        return {}
+
+
 def plan(
     config: Annotated[Path, typer.Option(help="JSON workload: n_items, train_samples, dims, layers, batch, epochs")],
     prices: Annotated[Path | None, typer.Option(help="JSON price overrides per instance type")] = None,
@@ -47,22 +71,14 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="a ranked JSON list instead of a table")] = False,
 ) -> None:
     """Rank GPU instances for a DIN training job: fits?, bound by what, hours, spot and on-demand cost."""
-    from pydantic import ValidationError
-
-    from training.spot.aws import Aws, CloudError, live_spot_prices
     from training.spot.catalog import load_catalog
-    from training.spot.planner import Efficiency, Workload
+    from training.spot.planner import Efficiency
     from training.spot.planner import calibrate as fit
     from training.spot.planner import plan as make_plan
     from training.spot.settings import SpotSettings
 
     settings = SpotSettings()
-    try:
-        workload = Workload.model_validate_json(config.read_text())
-    except OSError as exc:
-        raise ValueError(f"cannot read {config}: {exc}") from exc
-    except ValidationError as exc:
-        raise ValueError(f"{config}: {exc}") from exc
+    workload = _read_workload(config)
     catalog = load_catalog(prices, only=instance)
     efficiency = Efficiency()
     if calibrate is not None:
@@ -70,12 +86,8 @@ def plan(
             efficiency = fit(json.loads(calibrate.read_text()), catalog)
         except (OSError, json.JSONDecodeError) as exc:
             raise ValueError(f"cannot read {calibrate}: {exc}") from exc
-    spot_prices: dict[str, float] = {}
-    if live_prices if live_prices is not None else settings.live_prices:
-        try:
-            spot_prices = live_spot_prices(Aws(settings.region, settings.endpoint_url), [t.name for t in catalog])
-        except CloudError as exc:
-            typer.echo(f"warning: live spot prices unavailable ({exc}); using the catalog's", err=True)
+    use_live = live_prices if live_prices is not None else settings.live_prices
+    spot_prices = _spot_prices(settings, [t.name for t in catalog]) if use_live else {}
     options = make_plan(workload, catalog, spot_prices=spot_prices, efficiency=efficiency, max_hours=max_hours)
     if as_json:
         typer.echo(json.dumps({"workload": workload.model_dump(mode="json"), "efficiency": efficiency.model_dump(),
@@ -116,11 +128,20 @@ def _backend(name: str, settings, imds_urls: list[str] | None):
     raise ValueError(f"unknown backend {name!r}: ec2, sagemaker or local")
 
 
+def _load_spec(store, job_id: str):
+    from training.spot.job import JobSpec
+    from training.spot.supervisor import SPEC
+
+    doc = store.get_json(SPEC)
+    if doc is None:
+        raise ValueError(f"no job {job_id!r} under {store.uri}")
+    return JobSpec.model_validate(doc)
+
+
 def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> list[str]:
-    from training.spot.planner import Workload
     from training.spot.planner import plan as make_plan
 
-    options = make_plan(Workload.model_validate_json(plan_file.read_text()), catalog)
+    options = make_plan(_read_workload(plan_file), catalog)
     fitting = [o.instance for o in options if o.fits and o.gpus == 1] or [o.instance for o in options if o.fits]
     if not fitting:
         raise ValueError(f"{plan_file}: no instance in the catalog fits this job (see `dinrec plan`)")
@@ -169,19 +190,14 @@ def spot_run(
         typer.echo(json.dumps({"job_id": job_id, "job_uri": store.uri}), err=True)
     else:
         store = _store(settings, job_id)
-        doc = store.get_json(SPEC)
-        if doc is None:
-            raise ValueError(f"no job {job_id!r} under {settings.state_uri}")
-        spec = JobSpec.model_validate(doc)
+        spec = _load_spec(store, job_id)
     prices = {}
-    if settings.live_prices and spec.backend == "ec2":
+    if settings.live_prices and spec.backend == "ec2":  # an EC2 job needs working AWS access anyway: errors stop it
         prices = live_spot_prices(_aws(settings), spec.instance_types)
     supervisor = Supervisor(store, spec, _backend(spec.backend, settings, imds_url), {t.name: t for t in catalog},
                             prices, poll_s=settings.poll_s)
     if detach:
-        if supervisor.state.current is None:
-            supervisor._launch()
-        typer.echo(json.dumps({"job_id": job_id, "status": supervisor.state.status}))
+        typer.echo(json.dumps({"job_id": job_id, "status": supervisor.start().status}))
         return
     state = supervisor.run()
     typer.echo(json.dumps(cost_report(spec, state)))
@@ -206,42 +222,29 @@ def spot_launch(
 @spot_app.command("status")
 def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     """The job's state, attempts and cost so far (JSON)."""
-    from training.spot.job import JobSpec
     from training.spot.settings import SpotSettings
-    from training.spot.supervisor import SPEC, cost_report, load_state
+    from training.spot.supervisor import cost_report, load_state
 
     store = _store(SpotSettings(), job_id)
-    doc = store.get_json(SPEC)
-    if doc is None:
-        raise ValueError(f"no job {job_id!r}")
+    spec = _load_spec(store, job_id)
     state = load_state(store)
-    typer.echo(json.dumps({**cost_report(JobSpec.model_validate(doc), state),
+    typer.echo(json.dumps({**cost_report(spec, state),
                            "attempt_list": [a.model_dump(mode="json") for a in state.attempts]}))
 
 
 @spot_app.command("cancel")
 def spot_cancel(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     """Stop the job: a running supervisor stops at its next poll; the current attempt is terminated."""
-    from training.spot.job import FINAL, JobSpec, now
+    from training.spot.catalog import load_catalog
     from training.spot.settings import SpotSettings
-    from training.spot.supervisor import SPEC, STATE, load_state, request_cancel
+    from training.spot.supervisor import Supervisor
 
     settings = SpotSettings()
     store = _store(settings, job_id)
-    doc = store.get_json(SPEC)
-    if doc is None:
-        raise ValueError(f"no job {job_id!r}")
-    spec = JobSpec.model_validate(doc)
-    request_cancel(store)
-    state = load_state(store)
-    current = state.current
-    if current is not None:
-        _backend(spec.backend, settings, None).terminate(current)
-        current.ended, current.outcome = now(), "cancelled"
-    if state.status not in FINAL:
-        state.status, state.reason = "cancelled", "cancel requested"
-    store.put_json(STATE, state.model_dump(mode="json"))
-    typer.echo(json.dumps({"job_id": job_id, "status": state.status}))
+    spec = _load_spec(store, job_id)
+    supervisor = Supervisor(store, spec, _backend(spec.backend, settings, None),
+                            {t.name: t for t in load_catalog()})
+    typer.echo(json.dumps({"job_id": job_id, "status": supervisor.cancel().status}))
 
 
 @spot_app.command("agent", context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

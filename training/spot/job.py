@@ -10,6 +10,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from training.cli import EXIT_INTERRUPTED
+
 Outcome = Literal["done", "interrupted", "failed", "lost", "cancelled"]
 JobStatus = Literal["pending", "running", "done", "failed", "cancelled", "budget_spent", "retries_exhausted"]
 FINAL: tuple[str, ...] = ("done", "failed", "cancelled", "budget_spent", "retries_exhausted")
@@ -86,9 +88,8 @@ def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None)
     command (a local run sets them; on EC2 the defaults apply)."""
     q = shlex.quote
     job = spec.job_uri.rstrip("/")
-    train = ["dinrec", "train", "--data", "$WORK/data", "--out", "$WORK/out",
-             "--checkpoint-dir", f"{job}/checkpoints", "--resume", "auto", "--no-progress", *spec.train_args]
-    train_cmd = " ".join(a if a.startswith("$") else q(a) for a in train).replace("$WORK", '"$WORK"')
+    train_cmd = 'dinrec train --data "$WORK/data" --out "$WORK/out" ' + shlex.join(
+        ["--checkpoint-dir", f"{job}/checkpoints", "--resume", "auto", "--no-progress", *spec.train_args])
     lines = [
         "#!/bin/bash",
         f"# dinrec spot job {spec.job_id}, attempt {attempt}",
@@ -104,7 +105,7 @@ def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None)
         f"dinrec spot agent --job-uri {q(job)} --attempt {attempt} --data-dir \"$WORK/data\" "
         f"--results \"$WORK/out/bundle\" -- {train_cmd}",
         "code=$?",
-        'if [ "$code" -ne 75 ]; then ${DINREC_SPOT_SHUTDOWN_CMD:-shutdown -h now}; fi',
+        f'if [ "$code" -ne {EXIT_INTERRUPTED} ]; then ${{DINREC_SPOT_SHUTDOWN_CMD:-shutdown -h now}}; fi',
         'exit "$code"',
     ]
     return "\n".join(lines) + "\n"

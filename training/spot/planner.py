@@ -147,6 +147,11 @@ def step_cost(w: Workload, itype: InstanceType) -> StepCost:
     return StepCost(flops=flops, bytes=per_step, allreduce_bytes=allreduce)
 
 
+def peak_times(sc: StepCost, itype: InstanceType) -> tuple[float, float]:
+    """Seconds one step's FLOPs and HBM bytes take at 100% of the GPU's peak: (compute, bandwidth)."""
+    return sc.flops / (itype.gpu.tflops_mixed * 1e12), sc.bytes / (itype.gpu.bandwidth_gbs * GB)
+
+
 def gpu_memory_bytes(w: Workload, itype: InstanceType) -> float:
     b = math.ceil(w.batch_size / itype.gpus)
     e = w.table_elements
@@ -176,16 +181,15 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
     eff, sm = efficiency or Efficiency(), spot or SpotModel()
     spot_prices = spot_prices or {}
     options: list[Option] = []
+    steps = math.ceil(w.train_samples / w.batch_size) * w.epochs
     for it in catalog:
         sc = step_cost(w, it)
-        peak = it.gpu.tflops_mixed * 1e12
-        compute_s = sc.flops / (peak * eff.compute)
-        memory_s = sc.bytes / (it.gpu.bandwidth_gbs * GB * eff.bandwidth)
+        compute_peak_s, memory_peak_s = peak_times(sc, it)
+        compute_s, memory_s = compute_peak_s / eff.compute, memory_peak_s / eff.bandwidth
         comm_s = sc.allreduce_bytes / (it.interconnect_gbs * GB * eff.interconnect) if sc.allreduce_bytes else 0.0
         parts = {"compute": compute_s, "bandwidth": memory_s, "overhead": eff.step_overhead_s, "interconnect": comm_s}
         step_s = eff.step_overhead_s + max(compute_s, memory_s) + comm_s
         bound = max(parts, key=parts.get)
-        steps = math.ceil(w.train_samples / w.batch_size) * w.epochs
         hours = steps * step_s / 3600
         lost_h = sm.interruptions_per_hour * hours * (sm.restart_s + sm.checkpoint_every_s / 2) / 3600
         price_spot = spot_prices.get(it.name)
@@ -276,9 +280,7 @@ def calibrate(bench: dict, catalog: list[InstanceType], base: Efficiency | None 
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"not a `dinrec bench train --json` result: {exc}") from exc
     it = single[0]
-    sc = step_cost(w, it)
-    compute = sc.flops / (it.gpu.tflops_mixed * 1e12)  # at 100% of peak
-    memory = sc.bytes / (it.gpu.bandwidth_gbs * GB)
+    compute, memory = peak_times(step_cost(w, it), it)
     modelled = max(compute / base.compute, memory / base.bandwidth)
     if modelled < base.step_overhead_s:  # overhead-bound: fit the overhead
         return base.model_copy(update={"step_overhead_s": max(measured - modelled, 0.0)})

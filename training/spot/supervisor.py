@@ -67,6 +67,31 @@ class Supervisor:
             types.append(last.instance_type)
         return [self.catalog[t] for t in types], (last.zone if last is not None else None)
 
+    def _stop_current(self, outcome: str) -> None:
+        current = self.state.current
+        if current is not None:
+            self.backend.terminate(current)  # the trainer checkpoints on the way down: resumable later
+            current.ended, current.outcome = now(), outcome  # type: ignore[assignment]
+
+    def _over_budget(self) -> str | None:
+        spent, budget = self.state.spent_usd(), self.spec.budget_usd
+        return f"${spent:.2f} of ${budget:.2f}" if budget is not None and spent >= budget else None
+
+    def cancel(self) -> JobState:
+        """Stop the current attempt and end the job (a supervisor running elsewhere stops at its next
+        poll: it sees the cancel marker)."""
+        request_cancel(self.store)
+        if self.state.status in FINAL:
+            return self.state
+        self._stop_current("cancelled")
+        return self._finish("cancelled", "cancel requested")
+
+    def start(self) -> JobState:
+        """Launch the first attempt unless one is running; return without supervising."""
+        if self.state.current is None and self.state.status not in FINAL:
+            self._launch()
+        return self.state
+
     def _launch(self) -> None:
         n = len(self.state.attempts) + 1
         types, avoid_zone = self._candidates()
@@ -106,16 +131,15 @@ class Supervisor:
         while True:
             current = self.state.current
             if self.store.get_json(CANCEL) is not None:
-                if current is not None:
-                    self.backend.terminate(current)
-                    current.ended, current.outcome = now(), "cancelled"
+                self._stop_current("cancelled")
                 return self._finish("cancelled", "cancel requested")
+            over_budget = self._over_budget()
             if current is None:
                 relaunches = max(len(self.state.attempts) - 1, 0)
                 if self.state.attempts and relaunches >= self.spec.max_relaunches:
                     return self._finish("retries_exhausted", f"{relaunches} relaunches")
-                if self.spec.budget_usd is not None and self.state.spent_usd() >= self.spec.budget_usd:
-                    return self._finish("budget_spent", f"${self.state.spent_usd():.2f} of ${self.spec.budget_usd:.2f}")
+                if over_budget:
+                    return self._finish("budget_spent", over_budget)
                 try:
                     self._launch()
                     failed_launches = 0
@@ -126,10 +150,9 @@ class Supervisor:
                     if failed_launches > self.spec.max_relaunches:
                         return self._finish("retries_exhausted", f"no capacity after {failed_launches} tries: {exc}")
                     log.warning("job %s: %s; retrying", self.spec.job_id, exc)
-            elif self.spec.budget_usd is not None and self.state.spent_usd() >= self.spec.budget_usd:
-                self.backend.terminate(current)  # the trainer checkpoints on the way down; resumable later
-                current.ended, current.outcome = now(), "cancelled"
-                return self._finish("budget_spent", f"${self.state.spent_usd():.2f} of ${self.spec.budget_usd:.2f}")
+            elif over_budget:
+                self._stop_current("cancelled")
+                return self._finish("budget_spent", over_budget)
             else:
                 outcome = self._settle(current, self.backend.poll(current))
                 if outcome == "done":
