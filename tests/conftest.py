@@ -126,31 +126,41 @@ def tiny_run(tmp_path_factory):
 def moto_endpoint(tmp_path_factory):
     """A real moto server (boto3 talks HTTP to it, nothing is patched), on a free loopback port."""
     import shutil
-    import subprocess
     import sys
-    import time
-    import urllib.request
 
     exe = shutil.which("moto_server") or str(Path(sys.executable).parent / "moto_server")
     if not Path(exe).exists():
         pytest.fail("moto_server not found: pip install 'moto[server]' (in the dev extra)")
     port = free_port()
-    log = (tmp_path_factory.mktemp("moto") / "moto.log").open("w")
-    proc = subprocess.Popen([exe, "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            urllib.request.urlopen(url + "/moto-api/", timeout=1)
-            break
-        except OSError:
-            if proc.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"moto_server did not start (see {log.name})")
-            time.sleep(0.1)
+    proc, log = _spawn_server([exe, "-H", "127.0.0.1", "-p", str(port)], tmp_path_factory.mktemp("moto") / "moto.log",
+                              url + "/moto-api/", "moto_server", timeout_s=30)
     yield url
     proc.terminate()
     proc.wait(timeout=10)
     log.close()
+
+
+def _spawn_server(cmd: list[str], log_path: Path, probe, what: str, timeout_s: float, cwd: Path | None = None):
+    """Start a server process logging to ``log_path``; return (process, log file) once ``probe``
+    (a URL or urllib Request) answers, or fail the test."""
+    import subprocess
+    import time
+    import urllib.request
+
+    log = log_path.open("w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=cwd)
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with urllib.request.urlopen(probe, timeout=1):
+                return proc, log
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()
+                log.close()
+                pytest.fail(f"{what} did not start (see {log_path})")
+            time.sleep(0.1)
 
 
 @pytest.fixture
@@ -167,38 +177,25 @@ def metadata_mock(tmp_path):
     """Start AWS's amazon-ec2-metadata-mock (IMDSv2 only) with the given sub-command and flags on a
     free loopback port; returns its base URL. Built by deploy/local/services.sh (DINREC_AEMM)."""
     import subprocess
-    import time
     import urllib.request
 
     exe = _need("DINREC_AEMM")
     if not Path(exe).exists():
         pytest.fail(f"DINREC_AEMM={exe} does not exist: run deploy/local/services.sh start")
-    procs: list[subprocess.Popen] = []
-    logs = []
+    started: list[tuple[subprocess.Popen, object]] = []
 
     def start(*args: str, port: int | None = None) -> str:
         port = port or free_port()
-        log = (tmp_path / f"aemm-{port}.log").open("w")
-        logs.append(log)
-        proc = subprocess.Popen([exe, "--imdsv2", "--hostname", "127.0.0.1", "--port", str(port), *args],
-                                stdout=log, stderr=subprocess.STDOUT, cwd=tmp_path)
-        procs.append(proc)
         url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                req = urllib.request.Request(url + "/latest/api/token", method="PUT",
-                                             headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
-                urllib.request.urlopen(req, timeout=1)
-                return url
-            except OSError:
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    pytest.fail(f"ec2-metadata-mock did not start (see {log.name})")
-                time.sleep(0.1)
+        token = urllib.request.Request(url + "/latest/api/token", method="PUT",
+                                       headers={"X-aws-ec2-metadata-token-ttl-seconds": "60"})
+        started.append(_spawn_server([exe, "--imdsv2", "--hostname", "127.0.0.1", "--port", str(port), *args],
+                                     tmp_path / f"aemm-{port}.log", token, "ec2-metadata-mock", timeout_s=20,
+                                     cwd=tmp_path))
+        return url
 
     yield start
-    for proc in procs:
+    for proc, log in started:
         proc.terminate()
         proc.wait(timeout=10)
-    for log in logs:
         log.close()

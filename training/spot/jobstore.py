@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
@@ -70,9 +69,6 @@ class LocalJobStore(JobStore):
             return []
         return sorted(p.relative_to(self.root).as_posix() for p in base.rglob("*")
                       if p.is_file() and not p.name.startswith("."))
-
-    def remove(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
 
 
 class S3JobStore(JobStore):
