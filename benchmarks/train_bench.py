@@ -95,7 +95,7 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
         "config": {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size, "item_dim": item_dim,
                    "cat_dim": cat_dim, "attention_hidden": list(attention_hidden), "mlp_hidden": list(mlp_hidden),
                    "attention_activation": attention_activation, "mlp_activation": mlp_activation,
-                   "lr": TrainSettings().lr, "negatives": 1, "eval_negatives": eval_negatives, "seeds": list(seeds)},
+                   "lr": settings.lr, "negatives": 1, "eval_negatives": eval_negatives, "seeds": list(seeds)},
         "dinrec": _summary(mine, list(seeds)),
     }
     if peer:
