@@ -35,7 +35,8 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings) -> dict:
         torch.cuda.reset_peak_memory_stats()
     m = train(samples, settings).metrics
     run = {k: m[k] for k in _REPORTED}
-    run.update(peak_rss_mb=peak_rss_mb(), device=m["device"], precision=m.get("precision", "fp32"))
+    run.update(peak_rss_mb=peak_rss_mb(), device=m["device"], precision=m.get("precision", "fp32"),
+               fused_kernel=m["fused_kernel"])
     for key in ("gpu_name", "gpu_peak_mem_mb", "gpu_sm_util", "gpu_mem_bw_util"):
         if key in m:
             run[key] = m[key]

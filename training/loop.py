@@ -28,6 +28,7 @@ from torch import nn
 from tqdm import tqdm
 
 from training import dist as tdist
+from training import kernels
 from training.amp import Precision, choose_precision
 from training.bundle import code_version
 from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
@@ -191,6 +192,8 @@ class Trainer:
         random.seed(s.seed)
         np.random.seed(s.seed)
         self.model = DIN(model_config_for(samples, s)).to(self.device)
+        if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice" and kernels.load():
+            self.model.fused_unit = kernels.din_unit
         item_freq, cat_freq = _frequencies(samples)
         self.step_fn: nn.Module = DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq).to(self.device)
         if self.info.enabled:
@@ -313,6 +316,7 @@ class Trainer:
         metrics.update({"samples_per_s": p.samples_per_s,
                         "train_samples": n, "seq_len": self.seq_len, "device": str(self.device),
                         "precision": self.precision.name, "world_size": self.info.world_size,
+                        "fused_kernel": self.model.fused_unit is not None,
                         "best_epoch": p.best_epoch, "global_step": p.global_step,
                         "weights_sha256": weights_sha256(self.model)})
         if self.device.type == "cuda":

@@ -13,6 +13,7 @@ as in the paper), which keeps the intensity of a user's interest in the represen
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import torch
@@ -109,6 +110,9 @@ class DIN(nn.Module):
         self.att_out = nn.Linear(cfg.attention_hidden[-1], 1)
         self.mlp = _mlp([2 * d, *cfg.mlp_hidden], cfg.mlp_activation, cfg.dropout)
         self.out = nn.Linear(cfg.mlp_hidden[-1], 1)
+        # Set from outside (the trainer, from training.kernels): a fused implementation of
+        # interest_jagged for training on CPU. The same function, so not part of the config or weights.
+        self.fused_unit: Callable[..., torch.Tensor] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -124,6 +128,14 @@ class DIN(nn.Module):
     def _activation_weights(self, z: torch.Tensor) -> torch.Tensor:
         """First-layer pre-activations (…, H1) → one weight per behaviour (…,)."""
         return self.att_out(self.att_hidden(self.att_in_act(z))).squeeze(-1)
+
+    def dice_unit_layers(self) -> tuple[list[Dice], list[nn.Linear], nn.Linear]:
+        """The activation unit after its first layer, when every activation in it is Dice."""
+        if self.cfg.attention_activation != "dice":
+            raise ValueError("the activation unit does not use Dice")
+        linears = [m for m in self.att_hidden if isinstance(m, nn.Linear)]
+        dices = [self.att_in_act, *(m for m in self.att_hidden if isinstance(m, Dice))]
+        return dices, linears, self.att_out
 
     def interest(self, query: torch.Tensor, hist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """Local activation unit + sum pooling, written as in the paper (the reference).
@@ -146,6 +158,10 @@ class DIN(nn.Module):
         """
         w_q, w_h, w_d, w_p = self.att_in.weight.split(self.dim, dim=1)  # each (H1, D)
         per_sample = F.linear(query, w_q + w_d, self.att_in.bias)  # (B, H1)
+        fused = self.fused_unit
+        if (fused is not None and self.training and rows.numel() > 0 and hist.device.type == "cpu"
+                and hist.dtype == query.dtype == per_sample.dtype == torch.float32):
+            return fused(query, hist, rows, per_sample, torch.cat([w_h - w_d, w_p], dim=1), self)
         q_rows = query.index_select(0, rows)  # (M, D)
         z = torch.addmm(per_sample.index_select(0, rows), hist, (w_h - w_d).t())  # (M, H1)
         z = torch.addmm(z, q_rows * hist, w_p.t())  # (M, H1)
@@ -156,8 +172,10 @@ class DIN(nn.Module):
     def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor,
                 target_item: torch.Tensor, target_cat: torch.Tensor) -> torch.Tensor:
         rows, cols = (hist_items != 0).nonzero(as_tuple=True)  # (M,), (M,) the real behaviours
-        hist = self.embed(hist_items[rows, cols], hist_cats[rows, cols])  # (M, D)
-        query = self.embed(target_item, target_cat)  # (B, D)
+        # One lookup per table for behaviours and candidates: half the embedding backward passes.
+        items = torch.cat([hist_items[rows, cols], target_item])  # (M + B,)
+        cats = torch.cat([hist_cats[rows, cols], target_cat])  # (M + B,)
+        hist, query = self.embed(items, cats).split([rows.numel(), target_item.numel()])  # (M, D), (B, D)
         user_interest = self.interest_jagged(query, hist, rows)  # (B, D)
         x = self.mlp(torch.cat([user_interest, query], dim=-1))  # (B, H)
         return self.out(x).squeeze(-1)  # (B,)

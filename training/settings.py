@@ -28,6 +28,8 @@ class TrainSettings(BaseSettings):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 (or fp16 + GradScaler) on GPU, fp32 on CPU")
     sparse_embeddings: bool = Field(False, description="sparse embedding gradients + SparseAdam (large tables)")
+    fused_kernels: bool = Field(True, description="CPU training: the activation unit's Dice layers as one fused C++ "
+                                "kernel (built on first use; PyTorch ops where it cannot be built)")
     mba_l2: float = Field(0.0, ge=0, description="mini-batch-aware L2 on the embeddings (DIN paper)")
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up")
     patience: int = Field(0, ge=0, description="early stopping on validation GAUC after this many flat epochs; 0=off")

@@ -1,0 +1,122 @@
+"""The fused CPU kernel for DIN's Dice activation unit (``csrc/din_unit.cpp``), built on first use.
+
+``din_unit(…, model)`` equals ``model.interest_jagged`` with a Dice activation unit in training mode
+(batch statistics; running statistics updated the way ``nn.BatchNorm1d`` does) up to float rounding,
+forward and backward; see the C++ file for why it is faster. It is built once per machine, with the
+C++ compiler PyTorch's extensions use, into ``~/.cache/dinrec/kernels`` (``DINREC_KERNEL_CACHE``
+moves it); where it cannot be built, ``load()`` says why once and returns False, and the model keeps
+its PyTorch ops."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+from training.model import DIN
+
+log = logging.getLogger(__name__)
+
+_SOURCE = Path(__file__).with_name("csrc") / "din_unit.cpp"
+
+
+def _build_dir() -> Path:
+    root = Path(os.environ.get("DINREC_KERNEL_CACHE", Path.home() / ".cache" / "dinrec" / "kernels"))
+    # The build depends on the source, torch and the CPU's vector unit (an AVX2 build must not be
+    # reused on a machine without AVX2).
+    key = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    return root / f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{key}"
+
+
+def _flags() -> list[str]:
+    flags = ["-O3", "-fopenmp", "-ffast-math"]  # fast-math: lets GCC vectorise expf with glibc's libmvec
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+@functools.cache
+def load() -> bool:
+    """``build()`` once per process."""
+    return build()
+
+
+def build() -> bool:
+    """Build (or reuse the cached build) and register ``torch.ops.dinrec``; False, with a warning, where
+    that fails."""
+    if sys.platform != "linux":
+        log.info("fused Dice kernel: only built on Linux; using PyTorch ops")
+        return False
+    try:
+        from torch.utils.cpp_extension import load as load_extension
+
+        build = _build_dir()
+        build.mkdir(parents=True, exist_ok=True)
+        load_extension(name="dinrec_din_unit", sources=[str(_SOURCE)], extra_cflags=_flags(),
+                       extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
+                       verbose=False)
+    except Exception as e:  # compiler missing, headers missing, …: the PyTorch path still works
+        log.warning("fused Dice kernel unavailable (%s: %s); training uses PyTorch ops", type(e).__name__,
+                    str(e).strip().splitlines()[-1] if str(e).strip() else "")
+        return False
+    return True
+
+
+class _DinUnit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hist, rows, query, per_sample, w_cat, eps: float, n: int, *params):  # noqa: ANN205
+        # params: W (n−1), b (n−1), w_out, b_out, alpha (n). The op gets plain tensors: no autograd inside.
+        hist, query, per_sample, w_cat = (t.detach().contiguous() for t in (hist, query, per_sample, w_cat))
+        params = [p.detach().contiguous() for p in params]
+        W, b = params[:n - 1], params[n - 1:2 * n - 2]
+        w_out, b_out, alpha = params[2 * n - 2].reshape(-1), params[2 * n - 1], params[2 * n:]
+        res = torch.ops.dinrec.din_unit_forward(hist, rows, query, per_sample, w_cat, W, b, w_out, b_out, alpha, eps)
+        pooled, w, zs = res[0], res[1], res[2:2 + n]
+        means, variances, invstds = res[2 + n:2 + 2 * n], res[2 + 2 * n:2 + 3 * n], res[2 + 3 * n:2 + 4 * n]
+        ctx.save_for_backward(hist, rows, query, w_cat, w, *zs, *means, *invstds, *W, w_out, *alpha)
+        ctx.n, ctx.w_out_shape = n, params[2 * n - 2].shape
+        ctx.mark_non_differentiable(*means, *variances)
+        return (pooled, *means, *variances)
+
+    @staticmethod
+    def backward(ctx, g_pooled, *_):  # noqa: ANN205
+        n = ctx.n
+        hist, rows, query, w_cat, w, *rest = ctx.saved_tensors
+        zs, means, invstds = rest[:n], rest[n:2 * n], rest[2 * n:3 * n]
+        W, w_out, alpha = rest[3 * n:4 * n - 1], rest[4 * n - 1], rest[4 * n:]
+        g = torch.ops.dinrec.din_unit_backward(g_pooled.contiguous(), hist, rows, query, w_cat, w, zs, means,
+                                               invstds, W, w_out, alpha)
+        g_hist, g_query, g_per_sample, g_wcat = g[:4]
+        gW, gb = g[4:3 + n], g[3 + n:2 + 2 * n]
+        g_wout, g_bout, galpha = g[2 + 2 * n].reshape(ctx.w_out_shape), g[3 + 2 * n], g[4 + 2 * n:]
+        return (g_hist, None, g_query, g_per_sample, g_wcat, None, None, *gW, *gb, g_wout, g_bout, *galpha)
+
+
+def din_unit(query: torch.Tensor, hist: torch.Tensor, rows: torch.Tensor, per_sample: torch.Tensor,
+             w_cat: torch.Tensor, model: DIN) -> torch.Tensor:
+    """The activation unit and sum pooling of ``model`` (all Dice, training mode), fused.
+
+    query (B, D), hist (M, D), rows (M,) sorted, per_sample (B, H0) the first layer's per-sample term,
+    w_cat (H0, 2D) its weights for [h, q⊙h] → pooled interest (B, D); see ``DIN.interest_jagged``.
+    """
+    dices, linears, out = model.dice_unit_layers()
+    n = len(dices)
+    bns = [d.bn for d in dices]
+    params = [*(lin.weight for lin in linears), *(lin.bias for lin in linears), out.weight, out.bias,
+              *(d.alpha for d in dices)]
+    res = _DinUnit.apply(hist, rows, query, per_sample, w_cat, bns[0].eps, n, *params)
+    pooled, means, variances = res[0], res[1:n + 1], res[n + 1:]
+    m = hist.shape[0]
+    with torch.no_grad():  # what nn.BatchNorm1d does in training mode (unbiased variance in the running one)
+        for bn, mean, var in zip(bns, means, variances, strict=True):
+            if bn.track_running_stats and bn.running_mean is not None:
+                bn.num_batches_tracked.add_(1)
+                momentum = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
+                bn.running_mean.lerp_(mean, momentum)
+                bn.running_var.lerp_(var * (m / max(m - 1, 1)), momentum)
+    return pooled
