@@ -69,9 +69,10 @@ def build() -> bool:
 
 class _DinUnit(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hist, rows, query, per_sample, w_cat, eps: float, n: int, *params):  # noqa: ANN205
+    def forward(ctx, hist, rows, query, per_sample, w_cat, eps: float, n: int, *params):
         # params: W (n−1), b (n−1), w_out, b_out, alpha (n). The op gets plain tensors: no autograd inside.
         hist, query, per_sample, w_cat = (t.detach().contiguous() for t in (hist, query, per_sample, w_cat))
+        rows = rows.contiguous()
         params = [p.detach().contiguous() for p in params]
         W, b = params[:n - 1], params[n - 1:2 * n - 2]
         w_out, b_out, alpha = params[2 * n - 2].reshape(-1), params[2 * n - 1], params[2 * n:]
@@ -84,7 +85,7 @@ class _DinUnit(torch.autograd.Function):
         return (pooled, *means, *variances)
 
     @staticmethod
-    def backward(ctx, g_pooled, *_):  # noqa: ANN205
+    def backward(ctx, g_pooled, *_):
         n = ctx.n
         hist, rows, query, w_cat, w, *rest = ctx.saved_tensors
         zs, means, invstds = rest[:n], rest[n:2 * n], rest[2 * n:3 * n]

@@ -155,6 +155,8 @@ class DIN(nn.Module):
         belongs to → (B, D). Padding is never computed, so it cannot change anything. With
         W = [Wq | Wh | Wd | Wp]: W·[q, h, q−h, q⊙h] = (Wq+Wd)·q + (Wh−Wd)·h + Wp·(q⊙h); the q term
         is computed once per sample, not once per behaviour, halving the first layer's work.
+        With ``fused_unit`` set (CPU training, Dice unit), everything after ``per_sample`` runs as one
+        fused kernel (training.kernels); ``rows`` must then be sorted, as ``nonzero`` returns them.
         """
         w_q, w_h, w_d, w_p = self.att_in.weight.split(self.dim, dim=1)  # each (H1, D)
         per_sample = F.linear(query, w_q + w_d, self.att_in.bias)  # (B, H1)
