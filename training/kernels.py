@@ -55,10 +55,10 @@ def build() -> bool:
     try:
         from torch.utils.cpp_extension import load as load_extension
 
-        build = _build_dir()
-        build.mkdir(parents=True, exist_ok=True)
+        build_dir = _build_dir()
+        build_dir.mkdir(parents=True, exist_ok=True)
         load_extension(name="dinrec_din_unit", sources=[str(_SOURCE)], extra_cflags=_flags(),
-                       extra_ldflags=["-fopenmp"], build_directory=str(build), is_python_module=False,
+                       extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
                        verbose=False)
     except Exception as e:  # compiler missing, headers missing, …: the PyTorch path still works
         log.warning("fused Dice kernel unavailable (%s: %s); training uses PyTorch ops", type(e).__name__,
@@ -110,6 +110,8 @@ def din_unit(query: torch.Tensor, hist: torch.Tensor, rows: torch.Tensor, per_sa
     bns = [d.bn for d in dices]
     params = [*(lin.weight for lin in linears), *(lin.bias for lin in linears), out.weight, out.bias,
               *(d.alpha for d in dices)]
+    if len({bn.eps for bn in bns}) != 1:  # the op takes one eps for every layer
+        raise ValueError("the fused unit needs the same batch-norm eps in every Dice layer")
     res = _DinUnit.apply(hist, rows, query, per_sample, w_cat, bns[0].eps, n, *params)
     pooled, means, variances = res[0], res[1:n + 1], res[n + 1:]
     m = hist.shape[0]

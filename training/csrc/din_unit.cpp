@@ -386,7 +386,7 @@ std::vector<at::Tensor> din_unit_backward(const at::Tensor& g_pooled, const at::
     at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
       at::Tensor gz_buf = at::empty({kRows, h}, at::kFloat);
       at::Tensor in_buf = at::empty({kRows, hp}, at::kFloat);  // the input of z_l, recomputed
-      at::Tensor gx_buf = at::empty({kRows, hp}, at::kFloat);  // its gradient (first layer)
+      at::Tensor gx_buf = l == 0 ? at::empty({kRows, hp}, at::kFloat) : at::Tensor();  // its gradient (first layer)
       std::vector<float> buf(h);
       for (int64_t c = c0; c < c1; ++c) {
         const int64_t r0 = c * kRows, r = std::min(kRows, m - r0);
