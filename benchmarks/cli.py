@@ -35,3 +35,22 @@ def bench_train_cmd(
                          attention_activation=attention_activation, mlp_activation=mlp_activation, seeds=_tuple(seeds),
                          device=device, eval_negatives=eval_negatives)
     typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
+@bench_app.command("ingest")
+def bench_ingest_cmd(
+    events: Annotated[int, typer.Option(help="backlog size drained by each side")] = 200_000,
+    users: int = 20_000, items: int = 50_000, partitions: int = 4,
+    rate: Annotated[int, typer.Option(help="events/s produced during the latency phase")] = 20_000,
+    seconds: Annotated[float, typer.Option(help="length of the latency phase")] = 10.0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """Kafka → Redis: dinrec's exactly-once ingestor vs. the plain redis-py pipelined consumer
+    (DINREC_KAFKA_BOOTSTRAP, DINREC_REDIS_URL; start them with deploy/local/services.sh)."""
+    from benchmarks.ingest_bench import bench_ingest
+    from feature_store.settings import FeatureStoreSettings
+
+    fs = FeatureStoreSettings()
+    result = bench_ingest(fs.kafka_bootstrap, fs.redis_url, events=events, users=users, items=items,
+                          partitions=partitions, cap=fs.history_len, rate=rate, seconds=seconds)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

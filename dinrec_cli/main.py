@@ -11,7 +11,8 @@ import typer
 
 from benchmarks.cli import bench_app
 from dinrec_cli.demo import demo
-from feature_store.cli import data_app, events_app, ingest
+from feature_store.cli import data_app, events_app
+from feature_store.ingest_cli import ingest_app
 from serving.cli import serve
 from training.cli import train
 from training.spot.cli import plan, spot_app
@@ -20,7 +21,7 @@ app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an H
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(data_app, name="data")
 app.add_typer(events_app, name="events")
-app.command("ingest")(ingest)
+app.add_typer(ingest_app, name="ingest")
 app.command("train")(train)
 app.command("plan")(plan)
 app.add_typer(spot_app, name="spot")

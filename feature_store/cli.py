@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
-import signal
-import threading
 from pathlib import Path
 from typing import Annotated
 
@@ -58,37 +55,8 @@ def publish(path: Annotated[Path, typer.Argument(help="a dataset folder or an ev
     events = list(load_dataset(path).events())
     events = events[:limit] if limit else events
     stream = open_stream(settings)
+    stream.ensure_topic(settings.topic_partitions, settings.topic_replication)
     for i in range(0, len(events), 1000):
         stream.publish(events[i:i + 1000])
     stream.close()
     typer.echo(json.dumps({"published": len(events), "stream": settings.stream, "topic": settings.topic}))
-
-
-def ingest(
-    max_records: Annotated[int | None, typer.Option(help="stop after this many records")] = None,
-    idle_exit: Annotated[float | None, typer.Option(help="stop after this many idle seconds")] = None,
-) -> None:
-    """Consume behaviour events from the stream into the online store (until SIGTERM/SIGINT)."""
-    from feature_store.ingest import run_ingest
-    from feature_store.online import open_store
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams import open_stream
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    settings = FeatureStoreSettings()
-    if settings.stream == "inprocess":
-        raise typer.BadParameter("the in-process stream lives inside one process; set DINREC_STREAM=kafka "
-                                 "(the service ingests in-process streams itself)")
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    store, stream = open_store(settings), open_stream(settings)
-    consumer = stream.consumer(settings.consumer_group)
-    try:
-        stats = run_ingest(consumer, store, stop=stop, max_records=max_records, idle_exit_s=idle_exit,
-                           dead_letter_path=settings.dead_letter_path)
-    finally:
-        consumer.close()
-        stream.close()
-        store.close()
-    typer.echo(json.dumps(stats.__dict__))

@@ -27,3 +27,14 @@ class DatasetError(FeatureStoreError, ValueError):
 
 class MissingDependency(FeatureStoreError, ImportError):
     """An optional backend's client library is not installed."""
+
+
+class OffsetConflict(FeatureStoreError):
+    """A stream write expected offsets the store does not hold (another consumer applied them, or
+    the store lost recent writes); nothing was written. ``stored`` is what the store holds for
+    the conflicting partitions (-1: nothing), where the consumer must resume from."""
+
+    def __init__(self, topic: str, stored: dict[int, int]) -> None:
+        super().__init__(f"offsets of {topic!r} differ from the store's: {stored}")
+        self.topic = topic
+        self.stored = stored

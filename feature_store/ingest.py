@@ -1,81 +1,260 @@
-"""Ingestion: stream → validate → online store → commit.
+"""Ingestion: stream → validate → online store, exactly once in effect, whatever crashes.
 
-The store write happens before the commit, so a crash in between redelivers the batch (the
-stores absorb duplicates). A record that fails validation is never retried forever: it is
-written to the dead-letter file (when configured) and logged, and ingestion goes on.
+How a record is applied exactly once on an at-least-once stream:
+
+* The store keeps, per partition, the last offset it has applied, written by the same atomic
+  step as the events (:class:`StreamOffsets`). The consumer's committed offsets are only a hint.
+* When a partition is assigned, the ingestor asks the store where it is and drops what the store
+  already holds (a crash between the write and the commit redelivers it), or seeks back if the
+  store is behind what the stream hands out (the store lost writes, e.g. Redis restarted from an
+  older snapshot).
+* Every write names the offsets it believes the store holds; if another member or a restarted
+  store disagrees, nothing is written (OffsetConflict) and the partition is re-read from the
+  store's offset.
+* A duplicate *event* (the same event id sent twice, e.g. a client retry) is absorbed by the
+  store's per-user dedup window.
+
+Records that fail validation go to the dead-letter topic (``<topic>.dlq``) with the reason and the
+original bytes, before the offsets covering them are written; ingestion never stops on bad input.
+A store or stream failure is retried with backoff, holding the batch, for as long as it takes.
 """
 
 from __future__ import annotations
 
-import base64
-import json
 import logging
+import queue
+import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 
-from feature_store.errors import InvalidEvent
-from feature_store.online.base import OnlineStore
+from feature_store.errors import InvalidEvent, OffsetConflict, StoreUnavailable, StreamUnavailable
+from feature_store.ingest_stats import IngestStats
+from feature_store.online.base import OnlineStore, StreamOffsets
 from feature_store.schema import BehaviourEvent
-from feature_store.streams.base import Consumer, Record
+from feature_store.streams.base import EventStream, OutgoingRecord, Record
 
 log = logging.getLogger(__name__)
 
+# Dead-letter headers: why, and where the record came from (topic/partition/offset).
+ERROR_HEADER = "dinrec-error"
+SOURCE_HEADER = "dinrec-source"
+
 
 @dataclass
-class IngestStats:
-    consumed: int = 0
-    stored: int = 0
-    invalid: int = 0
-    batches: int = 0
+class Backoff:
+    """Exponential backoff with full jitter, reset by a success."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+    _attempt: int = 0
+
+    def next_delay(self) -> float:
+        self._attempt += 1
+        return random.uniform(0, min(self.max_s, self.initial_s * 2 ** (self._attempt - 1)))
+
+    def reset(self) -> None:
+        self._attempt = 0
 
 
-class DeadLetters:
-    def __init__(self, path: str | Path | None) -> None:
-        self.path = Path(path) if path else None
-
-    def add(self, record: Record, error: str) -> None:
-        log.warning("dead-lettered record p%d@%d: %s", record.partition, record.offset, error)
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        with self.path.open("a") as fh:
-            fh.write(json.dumps({"partition": record.partition, "offset": record.offset, "error": error,
-                                 "value_b64": base64.b64encode(record.value).decode()}) + "\n")
+Decoded = tuple[Record, BehaviourEvent | InvalidEvent]
 
 
-def ingest_batch(records: list[Record], store: OnlineStore, dead: DeadLetters, stats: IngestStats) -> None:
-    events = []
-    for rec in records:
-        try:
-            events.append(BehaviourEvent.from_bytes(rec.value))
-        except InvalidEvent as exc:
-            stats.invalid += 1
-            dead.add(rec, str(exc))
-    stats.stored += store.write(events)
-    stats.consumed += len(records)
-    stats.batches += 1
+class Ingestor:
+    """Consumes one topic in a consumer group into an online store (see the module docstring)."""
 
+    def __init__(self, stream: EventStream, store: OnlineStore, group: str, *, batch_size: int = 2000,
+                 commit_interval_s: float = 1.0, backoff: Backoff | None = None,
+                 stats: IngestStats | None = None,
+                 on_applied: Callable[[list[Record]], None] | None = None) -> None:
+        self.topic = stream.topic
+        self.store = store
+        self.stats = stats or IngestStats()
+        self._dead = stream.dead_letters()
+        self._batch_size = batch_size
+        self._commit_interval_s = commit_interval_s
+        self._backoff = backoff or Backoff()
+        self._on_applied = on_applied  # told of each batch once the store has it (benchmarks time it)
+        # partition -> the last offset the store holds, as far as we know; None: ask the store.
+        self._believed: dict[int, int | None] = {}
+        self._changes: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
+        self._pending: list[Decoded] = []
+        self._dead_sent = False  # the pending batch's dead letters are out (do not send them twice)
+        self._committed: dict[int, int] = {}
+        self._last_commit = time.monotonic()
+        self.consumer = stream.consumer(group, on_assigned=lambda ps: self._changes.put(("assigned", ps)),
+                                        on_revoked=lambda ps: self._changes.put(("revoked", ps)))
 
-def run_ingest(consumer: Consumer, store: OnlineStore, *, stop: threading.Event | None = None,
-               max_records: int | None = None, idle_exit_s: float | None = None,
-               dead_letter_path: str | Path | None = None, poll_timeout_s: float = 0.5) -> IngestStats:
-    """Consume until ``stop`` is set, ``max_records`` are consumed, or nothing arrives for
-    ``idle_exit_s`` seconds."""
-    stats = IngestStats()
-    dead = DeadLetters(dead_letter_path)
-    last_data = time.monotonic()
-    while not (stop is not None and stop.is_set()):
-        if max_records is not None and stats.consumed >= max_records:
-            break
-        want = 500 if max_records is None else min(500, max_records - stats.consumed)
-        records = consumer.poll(max_records=want, timeout_s=poll_timeout_s)
-        if not records:
-            if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
-                break
-            continue
+    # -------------------------------------------------------------- the loop
+    def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
+            idle_exit_s: float | None = None, poll_timeout_s: float = 0.5) -> IngestStats:
+        """Consume until ``stop`` is set, ``max_records`` are settled, or nothing arrives for
+        ``idle_exit_s`` seconds; then commit and return the stats."""
+        stop = stop or threading.Event()
+        log.info("ingest: consuming %s into the store", self.topic)
         last_data = time.monotonic()
-        ingest_batch(records, store, dead, stats)
-        consumer.commit()
-    return stats
+        while not stop.is_set():
+            if max_records is not None and self.stats.consumed >= max_records:
+                break
+            try:
+                if not self._pending:
+                    want = self._batch_size if max_records is None else \
+                        min(self._batch_size, max_records - self.stats.consumed)
+                    records = self.consumer.poll(max_records=want, timeout_s=poll_timeout_s)
+                    self._take_assignment_changes()
+                    if not records:
+                        self._maybe_commit()
+                        if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
+                            break
+                        continue
+                    last_data = time.monotonic()
+                    self._pending, self._dead_sent = [(r, _decode(r)) for r in records], False
+                self._settle()
+                self._maybe_commit()
+                self._backoff.reset()
+            except (StoreUnavailable, StreamUnavailable) as exc:
+                delay = self._backoff.next_delay()
+                with self.stats.lock:
+                    self.stats.retries += 1
+                log.warning("ingest: %s; retrying in %.2fs", exc, delay)
+                stop.wait(delay)
+        self._commit(force=True)
+        return self.stats
+
+    def close(self) -> None:
+        self.consumer.close()
+        self._dead.close()
+
+    # -------------------------------------------------------------- one batch
+    def _settle(self) -> None:
+        """Apply the pending batch (raises Store/StreamUnavailable to be retried as it is)."""
+        self._take_assignment_changes()
+        batch = self._drop_what_the_store_holds(self._pending)
+        while batch:
+            if not self._dead_sent:
+                self._send_dead_letters(batch)
+                self._dead_sent = True
+            parts = {r.partition for r, _ in batch}
+            offsets = StreamOffsets(self.topic, expected={p: self._believed[p] for p in parts},  # type: ignore[misc]
+                                    last={p: max(r.offset for r, _ in batch if r.partition == p) for p in parts})
+            events = [e for _, e in batch if isinstance(e, BehaviourEvent)]
+            t0 = time.perf_counter()
+            try:
+                applied = self.store.write(events, offsets)
+            except OffsetConflict as exc:
+                log.warning("ingest: %s; re-reading those partitions from the store's offsets", exc)
+                for p, stored in exc.stored.items():
+                    self._rewind(p, stored)
+                batch = [d for d in batch if d[0].partition not in exc.stored]
+                continue
+            now = time.time()
+            with self.stats.lock:
+                self.stats.apply_s.observe(time.perf_counter() - t0)
+                for r, _ in batch:
+                    if r.timestamp_ms is not None:
+                        self.stats.age_s.observe(max(0.0, now - r.timestamp_ms / 1000))
+                self.stats.applied += applied
+                self.stats.consumed += len(batch)
+                self.stats.dead_lettered += sum(isinstance(e, InvalidEvent) for _, e in batch)
+                self.stats.batches += 1
+            self._believed.update(offsets.last)
+            if self._on_applied is not None:
+                self._on_applied([r for r, _ in batch])
+            break
+        self._pending = []
+
+    def _drop_what_the_store_holds(self, batch: list[Decoded]) -> list[Decoded]:
+        unknown = {r.partition for r, _ in batch if self._believed.get(r.partition) is None}
+        rewound: set[int] = set()
+        if unknown:
+            stored = self.store.stream_offsets(self.topic)
+            for p in sorted(unknown):
+                held = stored.get(p, -1)
+                if min(r.offset for r, _ in batch if r.partition == p) > held + 1:
+                    self._rewind(p, held)  # the stream is past a gap the store never saw: re-read it
+                    rewound.add(p)
+                else:
+                    self._believed[p] = held
+        kept = [d for d in batch if d[0].partition not in rewound and d[0].offset > self._believed[d[0].partition]]
+        skipped = sum(1 for r, _ in batch if r.partition not in rewound) - len(kept)
+        if skipped:
+            with self.stats.lock:
+                self.stats.skipped += skipped
+        return kept
+
+    def _rewind(self, partition: int, held: int) -> None:
+        """Resume ``partition`` right after what the store holds."""
+        log.warning("ingest: partition %d resumes from the store's offset %d", partition, held + 1)
+        self.consumer.seek(partition, held + 1)
+        self._believed[partition] = held
+        with self.stats.lock:
+            self.stats.rewinds += 1
+
+    def _send_dead_letters(self, batch: list[Decoded]) -> None:
+        dead = [OutgoingRecord(r.value, r.key, (*r.headers, (ERROR_HEADER, str(e).encode()),
+                                                 (SOURCE_HEADER, f"{self.topic}/{r.partition}/{r.offset}".encode())))
+                for r, e in batch if isinstance(e, InvalidEvent)]
+        if dead:
+            for r, e in batch:
+                if isinstance(e, InvalidEvent):
+                    log.warning("dead-lettered %s/%d/%d: %s", self.topic, r.partition, r.offset, e)
+            self._dead.publish_raw(dead)
+
+    # -------------------------------------------------------------- group membership and commits
+    def _take_assignment_changes(self) -> None:
+        while True:
+            try:
+                kind, parts = self._changes.get_nowait()
+            except queue.Empty:
+                return
+            for p in parts:
+                if kind == "assigned":
+                    self._believed[p] = None
+                else:
+                    self._believed.pop(p, None)
+                    self._committed.pop(p, None)
+            if kind == "revoked":
+                self._pending = [d for d in self._pending if d[0].partition not in parts]
+
+    def _maybe_commit(self) -> None:
+        if time.monotonic() - self._last_commit >= self._commit_interval_s:
+            self._commit()
+
+    def _commit(self, force: bool = False) -> None:
+        """Tell the group how far we are (a hint for restarts and lag tools; the store is the truth)."""
+        self._last_commit = time.monotonic()
+        due = {p: o + 1 for p, o in self._believed.items() if o is not None and o >= 0
+               and self._committed.get(p) != o + 1}
+        try:
+            self._update_lag()
+            if due:
+                self.consumer.commit(due)
+                self._committed.update(due)
+        except StreamUnavailable as exc:  # the next commit carries the same positions
+            log.warning("ingest: commit failed (%s)%s", exc, "" if not force else " at shutdown")
+
+    def _update_lag(self) -> None:
+        ends = self.consumer.highwaters()
+        with self.stats.lock:
+            self.stats.lag = {p: max(0, end - (self._believed.get(p) or -1) - 1) for p, end in ends.items()
+                              if p in self._believed}
+
+
+def _decode(record: Record) -> BehaviourEvent | InvalidEvent:
+    try:
+        return BehaviourEvent.from_bytes(record.value)
+    except InvalidEvent as exc:
+        return exc
+
+
+def run_ingest(stream: EventStream, store: OnlineStore, group: str, *, stop: threading.Event | None = None,
+               max_records: int | None = None, idle_exit_s: float | None = None,
+               poll_timeout_s: float = 0.5) -> IngestStats:
+    """Run an :class:`Ingestor` until it stops, then leave the group."""
+    ingestor = Ingestor(stream, store, group)
+    try:
+        return ingestor.run(stop, max_records=max_records, idle_exit_s=idle_exit_s, poll_timeout_s=poll_timeout_s)
+    finally:
+        ingestor.close()
+

@@ -15,19 +15,35 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator
 
 from feature_store.errors import InvalidEvent
 
 SCHEMA_VERSION = 1
+# A valid event is well under 1 KiB (five ids of at most 128 characters); anything far larger is
+# refused before it is parsed, so one huge record cannot stall ingestion.
+MAX_EVENT_BYTES = 16 * 1024
 
 # Impressions are logged for A/B CTR, never part of a behaviour history; everything else may be.
 EventType = Literal["impression", "view", "click", "cart", "fav", "buy", "rate"]
 
-ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control_characters(value: str) -> str:
+    # Stores join ids with a control character (the Redis member is "event␟item␟category");
+    # refusing them here means no id can ever split or corrupt a stored record.
+    if _CONTROL.search(value):
+        raise ValueError("must not contain control characters (U+0000-U+001F, U+007F)")
+    return value
+
+
+ExternalId = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True),
+                       AfterValidator(_no_control_characters)]
 
 # 2001-09-09 .. 2286-11-20 in seconds would exclude old datasets; MovieLens/Amazon start in 1996.
 MIN_TS = 0.0
@@ -62,6 +78,8 @@ class BehaviourEvent(BaseModel):
 
     @classmethod
     def from_bytes(cls, raw: bytes | str) -> BehaviourEvent:
+        if len(raw) > MAX_EVENT_BYTES:
+            raise InvalidEvent(f"invalid event: oversized ({len(raw)} bytes > {MAX_EVENT_BYTES})")
         try:
             return cls.model_validate_json(raw)
         except ValidationError as exc:
@@ -79,7 +97,7 @@ def _describe(exc: ValidationError) -> str:
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "event"
-        parts.append(f"{loc}: {err['msg']}")
+        parts.append(f"{loc}: {err['msg'].removeprefix('Value error, ')}")
     return "invalid event: " + "; ".join(parts)
 
 

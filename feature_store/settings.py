@@ -8,6 +8,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.features import DEFAULT_HISTORY_LEN
+from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S
 
 
 class FeatureStoreSettings(BaseSettings):
@@ -19,8 +20,23 @@ class FeatureStoreSettings(BaseSettings):
     redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     history_len: int = Field(DEFAULT_HISTORY_LEN, ge=1, le=10_000,
                              description="behaviours kept per user in the online store")
+    dedup_window_s: float = Field(
+        DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
+        description="an event id is applied once per user within this many seconds of its first application "
+                    "(the store keeps one id per event for this long)")
     stream: Literal["inprocess", "kafka"] = "inprocess"
     kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3)
-    topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,249}$")
+    topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$",
+                       description="Kafka topic (its dead letters go to <topic>.dlq)")
+    topic_partitions: int = Field(8, ge=1, le=10_000,
+                                  description="partitions of the topic when dinrec creates it: the most consumers "
+                                              "that can share ingestion")
+    topic_replication: int = Field(1, ge=1, le=16, description="replication factor of topics dinrec creates")
     consumer_group: str = Field("dinrec-ingest", min_length=1)
-    dead_letter_path: str | None = Field(None, description="JSONL file for events that fail validation")
+    consumer_instance_id: str | None = Field(
+        None, min_length=1, description="Kafka static membership (e.g. the pod name): a restarted consumer takes its "
+                                        "partitions back at once instead of waiting out the session timeout")
+    ingest_batch: int = Field(2000, ge=1, le=100_000, description="records per store write")
+    ingest_metrics_port: int | None = Field(
+        None, ge=0, le=65535, description="serve /metrics (Prometheus) and /status (JSON) from `dinrec ingest`")
+    ingest_metrics_host: str = Field("127.0.0.1", description="address of that endpoint (0.0.0.0 in a container)")

@@ -11,7 +11,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 
-from feature_store.ingest import run_ingest
+from feature_store.ingest import Ingestor
 from feature_store.online import OnlineStore, open_store
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream, open_stream
@@ -45,14 +45,14 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
                              store or open_store(fs_settings), stream or open_stream(fs_settings))
         in_app = settings.ingest_in_app if settings.ingest_in_app is not None else fs_settings.stream == "inprocess"
         if in_app:
-            consumer = state.stream.consumer(fs_settings.consumer_group)
+            ingestor = Ingestor(state.stream, state.store, fs_settings.consumer_group,
+                                batch_size=fs_settings.ingest_batch)
 
             def _ingest() -> None:
                 try:
-                    run_ingest(consumer, state.store, stop=state.ingest_stop,
-                               dead_letter_path=fs_settings.dead_letter_path, poll_timeout_s=0.2)
+                    ingestor.run(state.ingest_stop, poll_timeout_s=0.2)
                 finally:
-                    consumer.close()
+                    ingestor.close()
 
             state.ingest_thread = threading.Thread(target=_ingest, name="dinrec-ingest", daemon=True)
             state.ingest_thread.start()

@@ -79,15 +79,16 @@ def shared_dataset(name: str) -> Path:
     return path
 
 
-def online_store(kind: str, request, prefix: str, history_cap: int):
-    """A fresh online store of ``kind`` (memory, or redis under its own key prefix); close it after."""
+def online_store(kind: str, request, prefix: str, history_cap: int, **kw):
+    """A fresh online store of ``kind`` (memory, or redis under its own key prefix); close it after.
+    ``kw`` goes to the store (dedup_window_s, clock)."""
     from feature_store.online.memory import MemoryStore
     from feature_store.online.redis_store import RedisStore
 
     if kind == "memory":
-        yield MemoryStore(history_cap=history_cap)
+        yield MemoryStore(history_cap=history_cap, **kw)
         return
-    store = RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, history_cap=history_cap)
+    store = RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, history_cap=history_cap, **kw)
     yield store
     store.flush_prefix()
     store.close()

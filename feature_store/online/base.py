@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from feature_store.errors import MissingDependency
@@ -13,30 +15,71 @@ from feature_store.schema import BehaviourEvent
 if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings
 
+DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0
+
+
+@dataclass(frozen=True)
+class StreamOffsets:
+    """Where in a topic a write comes from, so the store can keep its own consumer offsets.
+
+    ``expected``: per partition, the last offset the writer believes the store has applied (-1:
+    none). ``last``: per partition, the last offset this write covers (records that failed
+    validation included). The store applies the write only if every ``expected`` matches what it
+    holds, and records ``last`` in the same atomic step; otherwise it raises OffsetConflict.
+    """
+
+    topic: str
+    expected: Mapping[int, int]
+    last: Mapping[int, int]
+
+    def __post_init__(self) -> None:
+        if set(self.expected) != set(self.last):
+            raise ValueError("expected and last must name the same partitions")
+        for p, off in self.last.items():
+            if off <= self.expected[p]:
+                raise ValueError(f"partition {p}: last offset {off} is not after expected {self.expected[p]}")
+
 
 class OnlineStore(ABC):
     """Per-user capped behaviour histories plus item popularity.
 
     Contract (tests/feature_store/test_store_conformance.py runs it on every backend):
-    * ``write`` keeps only behaviours (impressions are not history), is idempotent per
-      event_id, and orders by (ts, event_id) whatever the arrival order; popularity counts
-      each event once.
+    * ``write`` keeps only behaviours (impressions are not history) and orders by (ts, event_id)
+      whatever the arrival order.
+    * Exactly-once effect: an event id is applied once per user within ``dedup_window_s`` of its
+      first application, however often it is redelivered and whether or not it is still inside the
+      capped history; popularity counts it once.
+    * With ``offsets``, the write and the topic offsets it covers are applied in one atomic step,
+      or not at all (OffsetConflict): a consumer that resumes from the store's offsets never applies
+      a record twice nor skips one, even if the store itself lost recent writes.
     * ``history`` returns the newest ``limit`` behaviours, oldest first.
     """
 
-    def __init__(self, history_cap: int) -> None:
+    def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
+                 clock: Callable[[], float] | None = None) -> None:
         if history_cap < 1:
             raise ValueError("history_cap must be >= 1")
+        if dedup_window_s < 1:
+            raise ValueError("dedup_window_s must be >= 1 second")
         self.history_cap = history_cap
+        self.dedup_window_s = float(dedup_window_s)
+        self._clock = clock or time.time  # injectable: tests move time past the dedup window
 
-    def write(self, events: Sequence[BehaviourEvent]) -> int:
-        """Store the behaviours among ``events``; return how many were new."""
+    def write(self, events: Sequence[BehaviourEvent], offsets: StreamOffsets | None = None) -> int:
+        """Store the behaviours among ``events`` (and ``offsets``, atomically); return how many
+        were applied for the first time."""
         items = [(e.user_id, HistoryItem(e.ts, e.event_id, e.item_id, e.category_id))
                  for e in events if is_behaviour(e.event_type, e.value)]
-        return self._write(items) if items else 0
+        if not items and offsets is None:
+            return 0
+        return self._write(items, offsets, self._clock())
 
     @abstractmethod
-    def _write(self, items: list[tuple[str, HistoryItem]]) -> int: ...
+    def _write(self, items: list[tuple[str, HistoryItem]], offsets: StreamOffsets | None, now: float) -> int: ...
+
+    @abstractmethod
+    def stream_offsets(self, topic: str) -> dict[int, int]:
+        """The last applied offset per partition of ``topic`` (partitions never written: absent)."""
 
     @abstractmethod
     def histories(self, user_ids: Sequence[str], limit: int) -> dict[str, list[HistoryItem]]:
@@ -62,11 +105,12 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
     if settings.store == "memory":
         from feature_store.online.memory import MemoryStore
 
-        return MemoryStore(history_cap=settings.history_len)
+        return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s)
     if settings.store == "redis":
         try:
             from feature_store.online.redis_store import RedisStore
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
-        return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len)
+        return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
+                          dedup_window_s=settings.dedup_window_s)
     raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

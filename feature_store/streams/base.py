@@ -1,15 +1,18 @@
-"""The event-stream interface (publish; consume in a group; commit) and its factory.
+"""The event-stream interface (publish; consume in a group; seek; commit) and its factory.
 
 Every backend carries events as the bytes of ``BehaviourEvent.to_bytes()``, the in-process one
-included, so a serialisation bug shows up on a laptop, not first in production.
-Delivery is at least once: a consumer that dies before ``commit`` gets the records again, which
-the online stores absorb (writes are idempotent per event_id).
+included, so a serialisation bug shows up on a laptop, not first in production. Events are keyed
+by user, so one user's events stay in one partition, in order.
+
+Delivery is at least once. The consumer's committed offsets are a hint (where to start, how far
+behind it is); the exact position of ingestion is kept by the online store, written atomically
+with the events (see feature_store.ingest), so a consumer that dies anywhere resumes exactly.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,34 +22,97 @@ from feature_store.schema import BehaviourEvent
 if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings
 
+DLQ_SUFFIX = ".dlq"
+Headers = tuple[tuple[str, bytes], ...]
+PartitionsHook = Callable[[set[int]], None]
+
 
 @dataclass(frozen=True)
 class Record:
+    """A consumed record."""
+
     value: bytes
     partition: int
     offset: int
+    key: bytes | None = None
+    headers: Headers = ()
+    timestamp_ms: int | None = None  # when it was produced
+
+
+@dataclass(frozen=True)
+class OutgoingRecord:
+    """A record to publish as it is: bytes, an optional key (picks the partition) and headers."""
+
+    value: bytes
+    key: bytes | None = None
+    headers: Headers = ()
+
+
+def event_record(event: BehaviourEvent) -> OutgoingRecord:
+    return OutgoingRecord(event.to_bytes(), key=event.user_id.encode())
 
 
 class Consumer(ABC):
-    @abstractmethod
-    def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
-        """Up to ``max_records`` records after the last polled position; [] after ``timeout_s``."""
+    """One member of a consumer group on one topic.
+
+    ``on_assigned``/``on_revoked`` (given to :meth:`EventStream.consumer`) are told which
+    partitions this member gained or lost; they may be called from the client's I/O thread, so
+    they should only record the change.
+    """
 
     @abstractmethod
-    def commit(self) -> None:
-        """Mark everything polled so far as done for this consumer group."""
+    def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
+        """Up to ``max_records`` records after the current positions; [] after ``timeout_s``."""
+
+    @abstractmethod
+    def seek(self, partition: int, offset: int) -> None:
+        """Read ``partition`` from ``offset`` on (the earliest retained one if it is gone). A
+        partition this member no longer owns is ignored."""
+
+    @abstractmethod
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        """Record, for the group, the next offset to read in each partition."""
+
+    @abstractmethod
+    def highwaters(self) -> dict[int, int]:
+        """Per owned partition, the offset of the next record to be produced, as last seen (no I/O)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
 
 class EventStream(ABC):
-    @abstractmethod
+    """A named topic on a broker (or in this process)."""
+
+    topic: str
+
     def publish(self, events: Sequence[BehaviourEvent]) -> None:
-        """Send events (keyed by user, so one user's events stay in order)."""
+        """Send events, keyed by user; returns once the broker has them all."""
+        self.publish_raw([event_record(e) for e in events])
 
     @abstractmethod
-    def consumer(self, group: str) -> Consumer: ...
+    def publish_raw(self, records: Sequence[OutgoingRecord]) -> None:
+        """Send records as they are; returns once the broker has them all."""
+
+    @abstractmethod
+    def consumer(self, group: str, *, on_assigned: PartitionsHook | None = None,
+                 on_revoked: PartitionsHook | None = None) -> Consumer: ...
+
+    @abstractmethod
+    def sibling(self, topic: str) -> EventStream:
+        """The same broker, another topic."""
+
+    def dead_letters(self) -> EventStream:
+        """Where records that cannot be ingested go, with the reason: ``<topic>.dlq``."""
+        return self.sibling(self.topic + DLQ_SUFFIX)
+
+    @abstractmethod
+    def end_offsets(self) -> dict[int, int]:
+        """Per partition, the offset the next published record will get."""
+
+    def ensure_topic(self, partitions: int, replication: int = 1) -> int:  # noqa: B027 - optional hook
+        """Create the topic if it is missing; return its partition count."""
+        return 1
 
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
@@ -56,11 +122,11 @@ def open_stream(settings: FeatureStoreSettings) -> EventStream:
     if settings.stream == "inprocess":
         from feature_store.streams.inprocess import InProcessStream
 
-        return InProcessStream()
+        return InProcessStream(settings.topic)
     if settings.stream == "kafka":
         try:
             from feature_store.streams.kafka_stream import KafkaStream
         except ImportError as exc:  # pragma: no cover - kafka-python is a core dependency today
             raise MissingDependency("the kafka stream needs `pip install kafka-python`") from exc
-        return KafkaStream(settings.kafka_bootstrap, settings.topic)
+        return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id)
     raise ValueError(f"unknown stream type {settings.stream!r}")  # pragma: no cover

@@ -1,53 +1,76 @@
-"""The embedded default stream: one append-only log in memory, Kafka's semantics in miniature
-(one partition, committed offsets per consumer group, at-least-once redelivery)."""
+"""The embedded default stream: append-only logs in memory, Kafka's semantics in miniature (topics
+of one partition, committed offsets per consumer group, seek, at-least-once redelivery)."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
-from feature_store.schema import BehaviourEvent
-from feature_store.streams.base import Consumer, EventStream, Record
+from feature_store.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
+
+
+@dataclass
+class _Broker:
+    logs: dict[str, list[OutgoingRecord]] = field(default_factory=dict)
+    committed: dict[tuple[str, str], int] = field(default_factory=dict)  # (group, topic) -> next offset
+    cond: threading.Condition = field(default_factory=threading.Condition)
 
 
 class InProcessStream(EventStream):
-    def __init__(self) -> None:
-        self._log: list[bytes] = []
-        self._committed: dict[str, int] = {}
-        self._cond = threading.Condition()
+    def __init__(self, topic: str = "dinrec.events", *, _broker: _Broker | None = None) -> None:
+        self.topic = topic
+        self._b = _broker or _Broker()
 
-    def publish(self, events: Sequence[BehaviourEvent]) -> None:
-        encoded = [e.to_bytes() for e in events]
-        with self._cond:
-            self._log.extend(encoded)
-            self._cond.notify_all()
+    @property
+    def _log(self) -> list[OutgoingRecord]:
+        return self._b.logs.setdefault(self.topic, [])
 
-    def publish_raw(self, payloads: Sequence[bytes]) -> None:
-        """Append bytes as they are (tests use it to send malformed events)."""
-        with self._cond:
-            self._log.extend(payloads)
-            self._cond.notify_all()
+    def publish_raw(self, records: Sequence[OutgoingRecord]) -> None:
+        with self._b.cond:
+            self._log.extend(records)
+            self._b.cond.notify_all()
 
-    def consumer(self, group: str) -> Consumer:
-        return _InProcessConsumer(self, group)
+    def consumer(self, group: str, *, on_assigned: PartitionsHook | None = None,
+                 on_revoked: PartitionsHook | None = None) -> Consumer:
+        return _InProcessConsumer(self, group, on_assigned)
+
+    def sibling(self, topic: str) -> EventStream:
+        return InProcessStream(topic, _broker=self._b)
+
+    def end_offsets(self) -> dict[int, int]:
+        with self._b.cond:
+            return {0: len(self._log)}
 
 
 class _InProcessConsumer(Consumer):
-    def __init__(self, stream: InProcessStream, group: str) -> None:
+    def __init__(self, stream: InProcessStream, group: str, on_assigned: PartitionsHook | None) -> None:
         self._s = stream
         self._group = group
-        with stream._cond:
-            self._position = stream._committed.get(group, 0)
+        with stream._b.cond:
+            self._position = stream._b.committed.get((group, stream.topic), 0)
+        if on_assigned is not None:  # the only member of its group: it owns the one partition at once
+            on_assigned({0})
 
     def poll(self, max_records: int = 500, timeout_s: float = 1.0) -> list[Record]:
-        s = self._s
-        with s._cond:
-            s._cond.wait_for(lambda: len(s._log) > self._position, timeout=timeout_s)
-            end = min(len(s._log), self._position + max_records)
-            out = [Record(s._log[i], 0, i) for i in range(self._position, end)]
+        b = self._s._b
+        with b.cond:
+            log = self._s._log
+            b.cond.wait_for(lambda: len(log) > self._position, timeout=timeout_s)
+            end = min(len(log), self._position + max_records)
+            out = [Record(log[i].value, 0, i, log[i].key, log[i].headers) for i in range(self._position, end)]
             self._position = end
         return out
 
-    def commit(self) -> None:
-        with self._s._cond:
-            self._s._committed[self._group] = self._position
+    def seek(self, partition: int, offset: int) -> None:
+        if partition == 0:
+            with self._s._b.cond:
+                self._position = max(0, offset)
+
+    def highwaters(self) -> dict[int, int]:
+        return self._s.end_offsets()
+
+    def commit(self, offsets: Mapping[int, int]) -> None:
+        if 0 in offsets:
+            with self._s._b.cond:
+                self._s._b.committed[(self._group, self._s.topic)] = offsets[0]

@@ -25,6 +25,12 @@ def test_wire_format_matches_golden_file():
     (b'{"user_id": "u", "item_id": "i", "ts": 5, "event_type": "like"}', "event_type"),
     (b'{"user_id": "u", "item_id": "i", "ts": 5, "surprise": 1}', "surprise"),
     (b'{"user_id": "u", "item_id": "i", "ts": 5, "v": 2}', "v"),
+    (b'{"user_id": "u\\u001fx", "item_id": "i", "ts": 5}', "user_id: .*control characters"),
+    (b'{"user_id": "u", "item_id": "i", "event_id": "a\\u0000", "ts": 5}', "event_id: .*control characters"),
+    (b'{"user_id": "u", "item_id": "i", "ts": NaN}', "ts"),
+    (b'{"user_id": "u", "item_id": "i", "ts": 1e999}', "ts"),
+    (b'{"user_id": "u", "item_id": "\xff\xfe", "ts": 5}', "invalid unicode"),
+    (b'{"user_id": "u", "item_id": "i", "ts": 5, "variant": "' + b"x" * 20000 + b'"}', "oversized"),
 ])
 def test_bad_events_are_rejected_with_the_field_named(raw, needle):
     with pytest.raises(InvalidEvent, match=needle):

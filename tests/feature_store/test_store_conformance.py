@@ -4,15 +4,37 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.errors import StoreUnavailable
+from feature_store.errors import OffsetConflict, StoreUnavailable
+from feature_store.online.base import StreamOffsets
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from tests.conftest import online_store
 
 
+class Clock:
+    """A settable clock, so tests can step past the dedup window."""
+
+    def __init__(self, now: float = 1_800_000_000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
 @pytest.fixture(params=["memory", "redis"])
-def store(request, unique):
-    yield from online_store(request.param, request, unique, history_cap=5)
+def store(request, unique, clock):
+    yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock)
+
+
+@pytest.fixture(params=["memory", "redis"])
+def small_store(request, unique, clock):
+    """History cap 3, as in the report that found late duplicates counted twice."""
+    yield from online_store(request.param, request, unique, history_cap=3, dedup_window_s=3600, clock=clock)
 
 
 def ev(user: str, item: str, ts: float, eid: str | None = None, **kw) -> BehaviourEvent:
@@ -63,6 +85,83 @@ def test_same_timestamp_ties_break_by_event_id(store):
     assert [h.event_id for h in store.history("u", 10)] == ["e1", "e2"]
 
 
+def test_a_late_duplicate_of_a_trimmed_event_is_not_applied_again(small_store):
+    old = ev("u", "old", 1.0)
+    assert small_store.write([old]) == 1
+    assert small_store.write([ev("u", str(i), 10.0 + i) for i in range(3)]) == 3  # trims "old" out
+    assert "old" not in [h.item_id for h in small_store.history("u", 10)]
+    assert small_store.write([old]) == 0
+    assert dict(small_store.popular(10))["old"] == 1.0
+    assert [h.item_id for h in small_store.history("u", 10)] == ["0", "1", "2"]
+
+
+def test_dedup_holds_for_the_window_and_only_the_window(small_store, clock):
+    old = ev("u", "old", 1.0)
+    small_store.write([old])
+    small_store.write([ev("u", str(i), 10.0 + i) for i in range(3)])
+    clock.now += 3599
+    assert small_store.write([old]) == 0
+    clock.now += 3602  # past the window of the first application (the redelivery did not renew it)
+    small_store.write([ev("u", "other", 50.0)])  # expiry runs on the user's writes
+    assert small_store.write([old]) == 1  # documented: a duplicate later than the window counts again
+    assert dict(small_store.popular(10))["old"] == 2.0
+
+
+def test_an_expired_entry_still_in_the_history_is_not_counted_again(store, clock):
+    e = ev("u", "a", 5.0)
+    store.write([e])
+    clock.now += 7201
+    assert store.write([e]) == 0
+    assert store.popular(10) == [("a", 1.0)]
+
+
+def test_same_event_id_within_one_batch_counts_once(store):
+    e = ev("u", "a", 5.0)
+    assert store.write([e, e, ev("u", "b", 6.0)]) == 2
+    assert store.popular(10) == [("a", 1.0), ("b", 1.0)]
+
+
+def test_offsets_are_written_with_the_events_or_not_at_all(store):
+    first = StreamOffsets("topic-a", expected={0: -1, 1: -1}, last={0: 4, 1: 9})
+    assert store.write([ev("u", "a", 1)], first) == 1
+    assert store.stream_offsets("topic-a") == {0: 4, 1: 9}
+    assert store.stream_offsets("topic-b") == {}
+    # A writer that believes partition 1 is at 7 (the store says 9) is refused, and nothing it sent lands.
+    with pytest.raises(OffsetConflict) as info:
+        store.write([ev("u", "b", 2)], StreamOffsets("topic-a", expected={0: 4, 1: 7}, last={0: 6, 1: 12}))
+    assert info.value.stored == {1: 9}
+    assert [h.item_id for h in store.history("u", 10)] == ["a"]
+    assert store.stream_offsets("topic-a") == {0: 4, 1: 9}
+    # A batch of only invalid records still moves the offsets.
+    assert store.write([], StreamOffsets("topic-a", expected={0: 4}, last={0: 5})) == 0
+    assert store.stream_offsets("topic-a") == {0: 5, 1: 9}
+    with pytest.raises(OffsetConflict) as info:
+        store.write([ev("u", "c", 3)], StreamOffsets("topic-a", expected={2: 0}, last={2: 1}))
+    assert info.value.stored == {2: -1}
+
+
+def test_stream_offsets_must_move_forward():
+    with pytest.raises(ValueError, match="not after"):
+        StreamOffsets("t", expected={0: 5}, last={0: 5})
+    with pytest.raises(ValueError, match="same partitions"):
+        StreamOffsets("t", expected={0: 5}, last={1: 6})
+
+
+def test_a_corrupt_member_is_skipped_not_fatal(redis_url, unique):
+    import redis
+
+    s = RedisStore(redis_url, prefix=unique)
+    try:
+        s.write([ev("u", "good", 2.0)])
+        r = redis.Redis.from_url(redis_url)
+        r.zadd(f"{unique}:hist:u", {b"e\x1fbad\x1fsep\x1fc": 1.0})  # as an unvalidated old writer could
+        r.close()
+        assert [h.item_id for h in s.history("u", 10)] == ["good"]
+    finally:
+        s.flush_prefix()
+        s.close()
+
+
 def test_unreachable_redis_raises_the_projects_error():
     s = RedisStore("redis://127.0.0.1:1/0", socket_timeout_s=0.2)
     with pytest.raises(StoreUnavailable, match="not reachable"):
@@ -80,14 +179,19 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
 
     golden = json.loads((Path(__file__).parents[1] / "golden" / "redis_layout.json").read_text()
                         .replace("PREFIX", unique))
-    s = RedisStore(redis_url, prefix=unique)
+    s = RedisStore(redis_url, prefix=unique, clock=lambda: 1700000100.0)
     try:
         s.write([BehaviourEvent(event_id="e-2", user_id="u1", item_id="i3", category_id="c1", ts=1700000005.0),
-                 BehaviourEvent(event_id="e-1", user_id="u1", item_id="i9", category_id="c2", ts=1700000000.0)])
+                 BehaviourEvent(event_id="e-1", user_id="u1", item_id="i9", category_id="c2", ts=1700000000.0)],
+                StreamOffsets("dinrec.events", expected={3: -1}, last={3: 41}))
         r = redis.Redis.from_url(redis_url, decode_responses=True)
-        assert sorted(r.scan_iter(f"{unique}:*")) == sorted([golden["hist_key"], golden["pop_key"]])
+        assert sorted(r.scan_iter(f"{unique}:*")) == sorted(
+            [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["offsets_key"]])
         assert [list(x) for x in r.zrange(golden["hist_key"], 0, -1, withscores=True)] == golden["hist_members"]
         assert [list(x) for x in r.zrange(golden["pop_key"], 0, -1, withscores=True)] == golden["pop_members"]
+        assert [list(x) for x in r.zrange(golden["seen_key"], 0, -1, withscores=True)] == golden["seen_members"]
+        assert r.hgetall(golden["offsets_key"]) == golden["offsets"]
+        assert 0 < r.ttl(golden["seen_key"]) <= 24 * 3600
         r.close()
     finally:
         s.flush_prefix()

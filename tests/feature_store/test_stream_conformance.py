@@ -7,9 +7,10 @@ import sys
 
 import pytest
 
-from feature_store.ingest import run_ingest
+from feature_store.ingest import ERROR_HEADER, SOURCE_HEADER, run_ingest
 from feature_store.online.memory import MemoryStore
 from feature_store.schema import BehaviourEvent
+from feature_store.streams.base import OutgoingRecord
 from feature_store.streams.inprocess import InProcessStream
 from feature_store.streams.kafka_stream import KafkaStream
 
@@ -51,11 +52,13 @@ def test_published_events_arrive_as_the_same_events(stream):
 def test_uncommitted_records_are_redelivered_committed_are_not(stream):
     stream.publish(events(4))
     c = stream.consumer("g")
-    assert len(poll_all(c, 4)) == 4
+    got = poll_all(c, 4)
+    assert len(got) == 4
     c.close()  # no commit: a new member of the group starts again from the beginning
     c = stream.consumer("g")
-    assert len(poll_all(c, 4)) == 4
-    c.commit()
+    got = poll_all(c, 4)
+    assert len(got) == 4
+    c.commit({p: max(r.offset for r in got if r.partition == p) + 1 for p in {r.partition for r in got}})
     c.close()
     stream.publish(events(2, start=4))
     c = stream.consumer("g")
@@ -64,21 +67,48 @@ def test_uncommitted_records_are_redelivered_committed_are_not(stream):
     c.close()
 
 
-def test_ingest_writes_valid_events_and_dead_letters_bad_ones(stream, tmp_path):
+def test_seek_rereads_from_an_offset_and_assignment_is_reported(stream):
+    stream.publish(events(6))
+    assigned: list[set[int]] = []
+    c = stream.consumer("g", on_assigned=assigned.append)
+    got = poll_all(c, 6)
+    assert len(got) == 6 and assigned and set().union(*assigned) == {r.partition for r in got}
+    p = got[0].partition
+    in_p = sorted(r.offset for r in got if r.partition == p)
+    c.seek(p, in_p[1])
+    again = poll_all(c, len(in_p) - 1)
+    assert sorted(r.offset for r in again if r.partition == p) == in_p[1:]
+    assert c.highwaters()[p] == in_p[-1] + 1
+    assert stream.end_offsets()[p] == in_p[-1] + 1
+    c.close()
+
+
+def test_keys_and_headers_travel_with_the_record(stream):
+    stream.publish_raw([OutgoingRecord(b"payload", key=b"k1", headers=(("h", b"v"),))])
+    c = stream.consumer("g")
+    (r,) = poll_all(c, 1)
+    assert (r.value, r.key, r.headers) == (b"payload", b"k1", (("h", b"v"),))
+    c.close()
+
+
+def test_ingest_writes_valid_events_and_dead_letters_bad_ones(stream):
     stream.publish(events(5))
-    if isinstance(stream, InProcessStream):
-        stream.publish_raw([b"{broken", b'{"user_id": "u", "item_id": "i"}'])
-    else:
-        stream.publish_raw([(None, b"{broken"), (b"u", b'{"user_id": "u", "item_id": "i"}')])
+    stream.publish_raw([OutgoingRecord(b"{broken"), OutgoingRecord(b'{"user_id": "u", "item_id": "i"}', key=b"u")])
     store = MemoryStore(history_cap=10)
-    dead = tmp_path / "dead.jsonl"
-    consumer = stream.consumer("ingest")
-    stats = run_ingest(consumer, store, max_records=7, idle_exit_s=20, dead_letter_path=dead)
-    consumer.close()
-    assert (stats.consumed, stats.stored, stats.invalid) == (7, 5, 2)
+    stats = run_ingest(stream, store, "ingest", max_records=7, idle_exit_s=20)
+    assert (stats.consumed, stats.applied, stats.dead_lettered) == (7, 5, 2)
     assert [h.item_id for h in store.history("u0", 10)] == ["i0", "i3"]
-    lines = dead.read_text().splitlines()
-    assert len(lines) == 2 and "ts" in lines[1]
+    c = stream.dead_letters().consumer("dlq-reader")
+    dead = poll_all(c, 2)
+    c.close()
+    assert sorted(r.value for r in dead) == [b'{"user_id": "u", "item_id": "i"}', b"{broken"]
+    reasons = {r.value: dict(r.headers) for r in dead}
+    assert b"ts" in reasons[b'{"user_id": "u", "item_id": "i"}'][ERROR_HEADER]
+    assert reasons[b"{broken"][SOURCE_HEADER].startswith(stream.topic.encode() + b"/")
+    # The store knows how far it got: a second run finds nothing new to apply.
+    assert sum(store.stream_offsets(stream.topic).values()) + len(store.stream_offsets(stream.topic)) == 7
+    again = run_ingest(stream, store, "another-group", idle_exit_s=3)
+    assert (again.applied, again.dead_lettered, again.skipped) == (0, 0, 7)
 
 
 UNREACHABLE = '''

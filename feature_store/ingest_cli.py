@@ -1,0 +1,146 @@
+"""`dinrec ingest …`: the stream → store consumer, its status, and the dead-letter topic."""
+
+from __future__ import annotations
+
+import json
+import logging
+import signal
+import threading
+import uuid
+from typing import Annotated
+
+import typer
+
+ingest_app = typer.Typer(help="Consume behaviour events from Kafka into the online store, exactly once in effect.",
+                         invoke_without_command=True)
+
+
+def _kafka_settings():
+    from feature_store.settings import FeatureStoreSettings
+
+    settings = FeatureStoreSettings()
+    if settings.stream == "inprocess":
+        raise typer.BadParameter("the in-process stream lives inside one process; set DINREC_STREAM=kafka "
+                                 "(the service ingests in-process streams itself)")
+    return settings
+
+
+@ingest_app.callback()
+def ingest(
+    ctx: typer.Context,
+    max_records: Annotated[int | None, typer.Option(help="stop after this many records")] = None,
+    idle_exit: Annotated[float | None, typer.Option(help="stop after this many idle seconds")] = None,
+) -> None:
+    """Consume until SIGTERM/SIGINT (finishing the batch in hand), retrying every store or broker
+    failure with backoff. Run more of these with the same DINREC_CONSUMER_GROUP to scale out."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from feature_store.ingest import Ingestor
+    from feature_store.online import open_store
+    from feature_store.streams import open_stream
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = _kafka_settings()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    store, stream = open_store(settings), open_stream(settings)
+    stream.ensure_topic(settings.topic_partitions, settings.topic_replication)
+    ingestor = Ingestor(stream, store, settings.consumer_group, batch_size=settings.ingest_batch)
+    server = None
+    if settings.ingest_metrics_port is not None:
+        from feature_store.ingest_http import serve_stats
+
+        server = serve_stats(ingestor.stats, settings.ingest_metrics_port, settings.ingest_metrics_host)
+    try:
+        stats = ingestor.run(stop, max_records=max_records, idle_exit_s=idle_exit)
+    finally:
+        ingestor.close()
+        stream.close()
+        store.close()
+        if server is not None:
+            server.shutdown()
+    typer.echo(json.dumps(stats.snapshot()))
+
+
+@ingest_app.command("status")
+def status(
+    as_json: Annotated[bool, typer.Option("--json", help="print JSON")] = False,
+    metrics_url: Annotated[str | None, typer.Option(
+        help="also read a running consumer's counters, e.g. http://127.0.0.1:9108")] = None,
+) -> None:
+    """Lag per partition (the topic's end vs. what the store has applied), dead letters, and
+    optionally a running consumer's counters."""
+    from feature_store.online import open_store
+    from feature_store.streams import open_stream
+
+    settings = _kafka_settings()
+    store, stream = open_store(settings), open_stream(settings)
+    try:
+        ends, applied = stream.end_offsets(), store.stream_offsets(settings.topic)
+        dead = stream.dead_letters().end_offsets()
+    finally:
+        stream.close()
+        store.close()
+    parts = {str(p): {"end": end, "applied": applied.get(p, -1), "lag": end - applied.get(p, -1) - 1}
+             for p, end in sorted(ends.items())}
+    out: dict = {"topic": settings.topic, "group": settings.consumer_group, "partitions": parts,
+                 "lag": sum(v["lag"] for v in parts.values()), "dead_letters": sum(dead.values())}
+    if metrics_url:
+        import httpx
+
+        out["consumer"] = httpx.get(metrics_url.rstrip("/") + "/status", timeout=5).json()
+    if as_json:
+        typer.echo(json.dumps(out))
+        return
+    typer.echo(f"topic {out['topic']} (group {out['group']}): lag {out['lag']}, dead letters {out['dead_letters']}")
+    for p, v in parts.items():
+        typer.echo(f"  partition {p}: end {v['end']}, applied through {v['applied']}, lag {v['lag']}")
+
+
+@ingest_app.command("dlq")
+def dlq(
+    limit: Annotated[int, typer.Option(help="show at most this many")] = 20,
+    replay: Annotated[bool, typer.Option(
+        "--replay", help="publish the dead letters not yet replayed back to the topic (after a fix)")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per dead letter")] = False,
+) -> None:
+    """Show the dead-letter topic (reason, source, original bytes), or replay it."""
+    from feature_store.ingest import ERROR_HEADER, SOURCE_HEADER
+    from feature_store.streams import open_stream
+    from feature_store.streams.base import OutgoingRecord
+
+    settings = _kafka_settings()
+    stream = open_stream(settings)
+    dead = stream.dead_letters()
+    # Showing reads from the start in a throwaway group; replaying commits, so nothing is replayed twice.
+    group = f"{settings.consumer_group}.dlq-replay" if replay else f"dinrec-dlq-view-{uuid.uuid4().hex[:8]}"
+    consumer = dead.consumer(group)
+    try:
+        seen = 0
+        while replay or seen < limit:
+            records = consumer.poll(max_records=500 if replay else limit - seen, timeout_s=3.0)
+            if not records:
+                break
+            if replay:
+                stream.publish_raw([OutgoingRecord(r.value, r.key, tuple(h for h in r.headers
+                                                                       if h[0] not in (ERROR_HEADER, SOURCE_HEADER)))
+                                    for r in records])
+                consumer.commit({p: max(r.offset for r in records if r.partition == p) + 1
+                                 for p in {r.partition for r in records}})
+                seen += len(records)
+                continue
+            for r in records:
+                headers = dict(r.headers)
+                row = {"source": headers.get(SOURCE_HEADER, b"").decode(),
+                       "error": headers.get(ERROR_HEADER, b"").decode(errors="replace"),
+                       "value": r.value[:2000].decode(errors="replace"), "bytes": len(r.value)}
+                seen += 1
+                text = f"{row['source']}  {row['error']}\n    {row['value'][:200]!r}"
+                typer.echo(json.dumps(row) if as_json else text)
+    finally:
+        consumer.close()
+        dead.close()
+        stream.close()
+    if replay:
+        typer.echo(json.dumps({"replayed": seen, "topic": settings.topic}))

@@ -1,0 +1,218 @@
+"""`dinrec ingest` under kill -9, against a real Kafka broker and a real Redis server that is itself
+killed and restarted from an older snapshot mid-stream: every history and every popularity count
+must come out exactly as computed independently from what was sent (0 lost, 0 applied twice)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import redis
+
+from feature_store.online.redis_store import RedisStore
+from feature_store.schema import BehaviourEvent
+from feature_store.streams.kafka_stream import KafkaStream
+from serving.server import free_port
+from tests.conftest import REPO, wait_until
+
+pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
+
+N_USERS, PER_USER, CAP, PARTITIONS = 200, 100, 20, 4
+
+
+class Sent(NamedTuple):
+    events: list[BehaviourEvent]   # in the order they are produced, duplicates included
+    duplicates: int
+    late_duplicates: int           # sent after the user's history had moved past the original
+
+
+def make_events(seed: int = 7) -> Sent:
+    rng = random.Random(seed)
+    per_user: list[list[BehaviourEvent]] = []
+    for u in range(N_USERS):
+        ts, evs = 1_700_000_000.0 + u, []
+        for j in range(PER_USER):
+            if rng.random() > 0.05:  # 5%: the same timestamp as the previous event (a tie)
+                ts += rng.choice([1.0, 2.5, 7.0])
+            kind = rng.choices(["click", "view", "buy", "impression", "rate"], [60, 20, 5, 10, 5])[0]
+            late = rng.random() < 0.05  # out of order: sent now, timestamped well before its neighbours
+            evs.append(BehaviourEvent(
+                event_id=f"u{u}-e{j}", user_id=f"u{u:03d}", item_id=f"i{int(rng.paretovariate(1.2)) % 1500}",
+                category_id=f"c{rng.randrange(30)}", event_type=kind, ts=ts - (500.0 if late else 0.0),
+                value=float(rng.randint(1, 5)) if kind == "rate" else None))
+        per_user.append(evs)
+    # Interleave users the way a live stream would, then add exact duplicates: half soon after the
+    # original, half at the very end (far past the history cap of CAP).
+    stream = [e for round_ in zip(*per_user, strict=True) for e in round_]
+    soon = rng.sample(range(len(stream)), k=len(stream) // 40)
+    late = rng.sample(range(len(stream) // 2), k=len(stream) // 40)
+    for i in sorted(soon, reverse=True):
+        stream.insert(min(len(stream), i + rng.randint(1, 50)), stream[i])
+    originals = [stream[i] for i in late]
+    return Sent(stream + originals, duplicates=len(soon) + len(late), late_duplicates=len(late))
+
+
+def expected_state(events: list[BehaviourEvent]) -> tuple[dict[str, list[tuple]], Counter]:
+    """What the store must hold, from the sent events alone: each (user, event id) once; interest
+    events only (no impressions, ratings of 4+); ordered by (ts, event id); the newest CAP."""
+    unique: dict[tuple[str, str], BehaviourEvent] = {}
+    for e in events:
+        unique.setdefault((e.user_id, e.event_id), e)
+    kept = [e for e in unique.values()
+            if e.event_type != "impression" and (e.event_type != "rate" or (e.value or 0) >= 4)]
+    hist: dict[str, list[BehaviourEvent]] = {}
+    for e in kept:
+        hist.setdefault(e.user_id, []).append(e)
+    histories = {u: [(e.ts, e.event_id, e.item_id, e.category_id)
+                     for e in sorted(hs, key=lambda e: (e.ts, e.event_id))][-CAP:] for u, hs in hist.items()}
+    return histories, Counter(e.item_id for e in kept)
+
+
+class RedisServer:
+    """A redis-server of the test's own (the shared one is not for killing), persisting to an RDB
+    snapshot only when told: a restart comes back with the data as of the last SAVE."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.folder), "--dbfilename", "dump.rdb", "--logfile", str(self.folder / "redis.log")])
+        client = redis.Redis.from_url(self.url)
+        wait_until(lambda: _pings(client), timeout_s=20, what="redis-server up")
+        client.close()
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def save(self) -> None:
+        client = redis.Redis.from_url(self.url)
+        client.save()
+        client.close()
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture
+def own_redis(tmp_path):
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    if server.proc and server.proc.poll() is None:
+        server.kill()
+
+
+def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka_bootstrap, unique, tmp_path):
+    sent = make_events()
+    assert len(sent.events) >= 20_000 and sent.duplicates >= 0.05 * (len(sent.events) - sent.duplicates)
+    stream = KafkaStream(kafka_bootstrap, unique)
+    assert stream.ensure_topic(PARTITIONS) == PARTITIONS
+    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": own_redis.url,
+           "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": unique, "DINREC_REDIS_PREFIX": unique,
+           "DINREC_CONSUMER_GROUP": f"{unique}-ingest", "DINREC_CONSUMER_INSTANCE_ID": "ingest-0",
+           "DINREC_HISTORY_LEN": str(CAP), "DINREC_INGEST_BATCH": "500"}
+
+    logs = []
+
+    def start_ingest(n: int) -> subprocess.Popen:
+        logs.append((tmp_path / f"ingest-{n}.log").open("w"))
+        return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=env,
+                                stdout=subprocess.PIPE, stderr=logs[-1], text=True)
+
+    # The producer paces ~20k events over ~15 s, in the background, while we kill things.
+    done = threading.Event()
+
+    def produce() -> None:
+        for i in range(0, len(sent.events), 400):
+            stream.publish(sent.events[i:i + 400])
+            time.sleep(0.25)
+        done.set()
+
+    producer = threading.Thread(target=produce, daemon=True)
+    producer.start()
+    store = RedisStore(own_redis.url, prefix=unique, history_cap=CAP)
+    rng = random.Random(3)
+    kills, n = 0, 0
+    proc = start_ingest(n)
+    redis_restarted = lost = False
+    try:
+        while kills < 6 or not done.is_set():
+            time.sleep(rng.uniform(0.3, 3.0))
+            if kills == 2 and not redis_restarted:
+                # Snapshot, let ingestion move on, then kill Redis: it comes back behind the stream.
+                own_redis.save()
+                before = _applied(store, unique)
+                wait_until(lambda b=before: _applied(store, unique) > b + 500, timeout_s=60,
+                           what="ingestion past the snapshot")
+                proc.send_signal(signal.SIGSTOP)  # hold the consumer so what Redis lost can be measured
+                ahead = _applied(store, unique)
+                own_redis.kill()
+                proc.send_signal(signal.SIGCONT)
+                time.sleep(1.0)  # the consumer fails and retries meanwhile
+                proc.send_signal(signal.SIGSTOP)
+                own_redis.start()
+                lost = 0 <= _applied(store, unique) < ahead
+                proc.send_signal(signal.SIGCONT)
+                # The same consumer process must notice that Redis is behind and catch up by itself.
+                wait_until(lambda a=ahead: _applied(store, unique) > a, timeout_s=60, what="recovery after the restart")
+                redis_restarted = True
+            proc.send_signal(signal.SIGKILL)
+            proc.communicate(timeout=30)
+            kills += 1
+            n += 1
+            proc = start_ingest(n)
+        producer.join(timeout=120)
+        ends = stream.end_offsets()
+        wait_until(lambda: store.stream_offsets(unique) == {p: e - 1 for p, e in ends.items()}, timeout_s=180,
+                   interval_s=0.5, what="the store to reach the end of every partition")
+        wait_until(lambda: "consuming" in (tmp_path / f"ingest-{n}.log").read_text(), timeout_s=60,
+                   what="the last consumer to start")  # SIGTERM before its handler is set would just kill it
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, (tmp_path / f"ingest-{n}.log").read_text()[-3000:]
+        assert "consumed" in json.loads(out.strip().splitlines()[-1])  # a clean exit prints its stats
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        stream.close()
+        for log in logs:
+            log.close()
+
+    assert kills >= 5 and redis_restarted and lost, "the scenario did not happen as planned"
+    want_hist, want_pop = expected_state(sent.events)
+    got = store.histories(sorted(want_hist), CAP)
+    mismatched = [u for u, hs in want_hist.items() if [tuple(h) for h in got[u]] != hs]
+    assert not mismatched, f"{len(mismatched)} users differ, e.g. {mismatched[0]}"
+    got_pop = dict(store.popular(10**6))
+    wrong = {i: (got_pop.get(i), n) for i, n in want_pop.items() if got_pop.get(i) != n}
+    assert not wrong and len(got_pop) == len(want_pop), f"{len(wrong)} items' counts differ: {list(wrong.items())[:5]}"
+    assert sum(want_pop.values()) > 10_000  # the check covered the bulk of the stream
+    store.close()
+
+
+def _applied(store: RedisStore, topic: str) -> int:
+    try:
+        return sum(o + 1 for o in store.stream_offsets(topic).values())
+    except Exception:  # noqa: BLE001 - Redis may be down right now
+        return -1
