@@ -3,8 +3,9 @@ plain redis-py pipelined consumer (the obvious at-least-once loop: ZADD + ZINCRB
 no dedup, no offsets in the store), both measured in the same run on the same backlog.
 
 * Throughput: a backlog of ``events`` records (synthetic users and Zipf items, 4 partitions) is
-  produced first; each side then drains it with one consumer in its own group, into its own key
-  prefix; ``events_per_s`` = records / wall time from the first poll to the last write.
+  produced first; after ``settle_s`` (the broker flushing it), each side drains it with one
+  consumer in its own group, into its own key prefix, 500 records per poll and per store write;
+  ``events_per_s`` = records / wall time from the first write to the last.
 * Latency: a producer sends at ``rate`` events/s for ``seconds`` while dinrec's ingestor runs;
   per record, produce (the record's CreateTime) → the store write that made it visible returned.
 
@@ -72,7 +73,7 @@ def _drain_reference(stream: KafkaStream, redis_url: str, prefix: str, group: st
     marks: list[tuple[float, int]] = []
     try:
         while done < n:
-            records = consumer.poll(max_records=min(2000, n - done), timeout_s=1.0)
+            records = consumer.poll(max_records=min(500, n - done), timeout_s=1.0)
             if not records:
                 continue
             pipe = r.pipeline(transaction=False)
@@ -135,7 +136,8 @@ def _latency(stream: KafkaStream, store: RedisStore, group: str, rate: int, seco
 
 
 def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users: int = 20_000, items: int = 50_000,
-                 partitions: int = 4, cap: int = 50, rate: int = 20_000, seconds: float = 10.0) -> dict:
+                 partitions: int = 4, cap: int = 50, rate: int = 20_000, seconds: float = 10.0,
+                 settle_s: float = 2.0) -> dict:
     run = f"bench{os.getpid()}-{int(time.time())}"
     topic = f"{run}.events"
     stream = KafkaStream(bootstrap, topic)
@@ -144,9 +146,14 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     t0 = time.perf_counter()
     _produce(stream, records)
     produce_s = time.perf_counter() - t0
+    # Not kept: 200k live objects in this process would make every garbage collection during the
+    # drains walk them, a cost no real consumer process has.
+    del records
     store = RedisStore(redis_url, prefix=f"{run}-dinrec", history_cap=cap)
     try:
+        time.sleep(settle_s)  # the broker flushes what was just produced; not the consumers' cost
         dinrec = _drain_dinrec(stream, store, f"{run}-dinrec", events)
+        time.sleep(settle_s)
         reference = _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap)
         latency = _latency(stream, store, f"{run}-latency", rate, seconds, users, items)
         # Correctness of what was measured: both sides saw every event once; dinrec counted each once.

@@ -26,7 +26,9 @@ import queue
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from feature_store.errors import InvalidEvent, OffsetConflict, StoreUnavailable, StreamUnavailable
@@ -61,10 +63,29 @@ class Backoff:
 Decoded = tuple[Record, BehaviourEvent | InvalidEvent]
 
 
-class Ingestor:
-    """Consumes one topic in a consumer group into an online store (see the module docstring)."""
+@dataclass
+class _Batch:
+    items: list[Decoded]
+    dead_sent: bool = False  # its dead letters are out (never sent twice, whatever is retried)
 
-    def __init__(self, stream: EventStream, store: OnlineStore, group: str, *, batch_size: int = 2000,
+
+@dataclass
+class _Write:
+    batch: _Batch
+    offsets: StreamOffsets
+    result: Future[int]
+    started: float
+
+
+class Ingestor:
+    """Consumes one topic in a consumer group into an online store (see the module docstring).
+
+    Writes are pipelined one deep: while the store applies batch k (on a writer thread, so a
+    network round trip or Redis' own work overlaps), the loop polls and decodes batch k+1. Batch
+    k+1's write starts only after k's has returned, since it names the offsets k left behind.
+    """
+
+    def __init__(self, stream: EventStream, store: OnlineStore, group: str, *, batch_size: int = 500,
                  commit_interval_s: float = 1.0, backoff: Backoff | None = None,
                  stats: IngestStats | None = None,
                  on_applied: Callable[[list[Record]], None] | None = None) -> None:
@@ -79,8 +100,9 @@ class Ingestor:
         # partition -> the last offset the store holds, as far as we know; None: ask the store.
         self._believed: dict[int, int | None] = {}
         self._changes: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
-        self._pending: list[Decoded] = []
-        self._dead_sent = False  # the pending batch's dead letters are out (do not send them twice)
+        self._queue: deque[_Batch] = deque()  # polled, not yet written, in stream order
+        self._inflight: _Write | None = None
+        self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dinrec-ingest-write")
         self._committed: dict[int, int] = {}
         self._last_commit = time.monotonic()
         self.consumer = stream.consumer(group, on_assigned=lambda ps: self._changes.put(("assigned", ps)),
@@ -90,27 +112,33 @@ class Ingestor:
     def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
             idle_exit_s: float | None = None, poll_timeout_s: float = 0.5) -> IngestStats:
         """Consume until ``stop`` is set, ``max_records`` are settled, or nothing arrives for
-        ``idle_exit_s`` seconds; then commit and return the stats."""
+        ``idle_exit_s`` seconds; then finish the batches in hand, commit and return the stats."""
         stop = stop or threading.Event()
         log.info("ingest: consuming %s into the store", self.topic)
         last_data = time.monotonic()
         while not stop.is_set():
-            if max_records is not None and self.stats.consumed >= max_records:
+            in_hand = self._in_hand()
+            if max_records is not None and self.stats.consumed >= max_records and not in_hand:
                 break
             try:
-                if not self._pending:
-                    want = self._batch_size if max_records is None else \
-                        min(self._batch_size, max_records - self.stats.consumed)
-                    records = self.consumer.poll(max_records=want, timeout_s=poll_timeout_s)
+                want = self._batch_size if max_records is None else \
+                    min(self._batch_size, max_records - self.stats.consumed - in_hand)
+                if not self._queue and want > 0:
+                    # Overlaps the write in flight. With one waiting, poll briefly: it is due now.
+                    records = self.consumer.poll(max_records=want,
+                                                 timeout_s=0.0 if self._inflight else poll_timeout_s)
                     self._take_assignment_changes()
-                    if not records:
+                    if records:
+                        last_data = time.monotonic()
+                        self._queue.append(_Batch([(r, _decode(r)) for r in records]))
+                    elif self._inflight is None:
                         self._maybe_commit()
                         if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
                             break
                         continue
-                    last_data = time.monotonic()
-                    self._pending, self._dead_sent = [(r, _decode(r)) for r in records], False
-                self._settle()
+                self._finish_write()
+                if self._queue:
+                    self._start_write()
                 self._maybe_commit()
                 self._backoff.reset()
             except (StoreUnavailable, StreamUnavailable) as exc:
@@ -119,50 +147,84 @@ class Ingestor:
                     self.stats.retries += 1
                 log.warning("ingest: %s; retrying in %.2fs", exc, delay)
                 stop.wait(delay)
+        self._drain()
         self._commit(force=True)
         return self.stats
 
     def close(self) -> None:
+        self._writer.shutdown(wait=True)
         self.consumer.close()
         self._dead.close()
 
+    def _in_hand(self) -> int:
+        return sum(len(b.items) for b in self._queue) + (len(self._inflight.batch.items) if self._inflight else 0)
+
+    def _drain(self) -> None:
+        """At a stop: finish the write in flight and write what was polled, once each (what fails is
+        redelivered to whoever consumes next, and the store's offsets keep that exact)."""
+        try:
+            self._finish_write()
+            while self._queue:
+                self._start_write()
+                self._finish_write()
+        except (StoreUnavailable, StreamUnavailable) as exc:
+            log.warning("ingest: stopping with %d records unwritten (%s); they will be redelivered",
+                        self._in_hand(), exc)
+
     # -------------------------------------------------------------- one batch
-    def _settle(self) -> None:
-        """Apply the pending batch (raises Store/StreamUnavailable to be retried as it is)."""
+    def _start_write(self) -> None:
+        """Send the first queued batch to the writer thread (raises Store/StreamUnavailable, the
+        batch kept, to be retried)."""
         self._take_assignment_changes()
-        batch = self._drop_what_the_store_holds(self._pending)
-        while batch:
-            if not self._dead_sent:
-                self._send_dead_letters(batch)
-                self._dead_sent = True
-            parts = {r.partition for r, _ in batch}
-            offsets = StreamOffsets(self.topic, expected={p: self._believed[p] for p in parts},  # type: ignore[misc]
-                                    last={p: max(r.offset for r, _ in batch if r.partition == p) for p in parts})
-            events = [e for _, e in batch if isinstance(e, BehaviourEvent)]
-            t0 = time.perf_counter()
-            try:
-                applied = self.store.write(events, offsets)
-            except OffsetConflict as exc:
-                log.warning("ingest: %s; re-reading those partitions from the store's offsets", exc)
-                for p, stored in exc.stored.items():
-                    self._rewind(p, stored)
-                batch = [d for d in batch if d[0].partition not in exc.stored]
-                continue
-            now = time.time()
-            with self.stats.lock:
-                self.stats.apply_s.observe(time.perf_counter() - t0)
-                for r, _ in batch:
-                    if r.timestamp_ms is not None:
-                        self.stats.age_s.observe(max(0.0, now - r.timestamp_ms / 1000))
-                self.stats.applied += applied
-                self.stats.consumed += len(batch)
-                self.stats.dead_lettered += sum(isinstance(e, InvalidEvent) for _, e in batch)
-                self.stats.batches += 1
-            self._believed.update(offsets.last)
-            if self._on_applied is not None:
-                self._on_applied([r for r, _ in batch])
-            break
-        self._pending = []
+        batch = self._queue[0]
+        batch.items = self._drop_what_the_store_holds(batch.items)
+        if not batch.items:
+            self._queue.popleft()
+            return
+        if not batch.dead_sent:
+            self._send_dead_letters(batch.items)
+            batch.dead_sent = True
+        parts = {r.partition for r, _ in batch.items}
+        offsets = StreamOffsets(self.topic, expected={p: self._believed[p] for p in parts},  # type: ignore[misc]
+                                last={p: max(r.offset for r, _ in batch.items if r.partition == p) for p in parts})
+        events = [e for _, e in batch.items if isinstance(e, BehaviourEvent)]
+        self._inflight = _Write(batch, offsets, self._writer.submit(self.store.write, events, offsets),
+                                time.perf_counter())
+        self._queue.popleft()
+
+    def _finish_write(self) -> None:
+        """Wait for the write in flight and account for it; a failed one goes back to the head of
+        the queue (raising Store/StreamUnavailable), a refused one re-reads its partitions."""
+        w, self._inflight = self._inflight, None
+        if w is None:
+            return
+        try:
+            applied = w.result.result()
+        except OffsetConflict as exc:
+            log.warning("ingest: %s; re-reading those partitions from the store's offsets", exc)
+            self._queue.appendleft(w.batch)
+            for p, stored in exc.stored.items():
+                self._rewind(p, stored)
+            for b in self._queue:  # what was polled after the store's offset comes again after the seek
+                b.items = [d for d in b.items if d[0].partition not in exc.stored]
+            return
+        except BaseException:
+            self._queue.appendleft(w.batch)
+            raise
+        now = time.time()
+        items = w.batch.items
+        with self.stats.lock:
+            self.stats.apply_s.observe(time.perf_counter() - w.started)
+            for r, _ in items:
+                if r.timestamp_ms is not None:
+                    self.stats.age_s.observe(max(0.0, now - r.timestamp_ms / 1000))
+            self.stats.applied += applied
+            self.stats.consumed += len(items)
+            self.stats.dead_lettered += sum(isinstance(e, InvalidEvent) for _, e in items)
+            self.stats.batches += 1
+        self._believed.update({p: o for p, o in w.offsets.last.items() if self._believed.get(p) is not None})
+        if self._on_applied is not None:
+            self._on_applied([r for r, _ in items])
 
     def _drop_what_the_store_holds(self, batch: list[Decoded]) -> list[Decoded]:
         unknown = {r.partition for r, _ in batch if self._believed.get(r.partition) is None}
@@ -186,12 +248,13 @@ class Ingestor:
     def _rewind(self, partition: int, held: int) -> None:
         """Resume ``partition`` right after what the store holds."""
         log.warning("ingest: partition %d resumes from the store's offset %d", partition, held + 1)
-        self.consumer.seek(partition, held + 1)
-        self._believed[partition] = held
+        self.consumer.seek(partition, held + 1)  # raises (batch kept, retried) if the seek cannot be done
+        if partition in self._believed:  # still ours
+            self._believed[partition] = held
         with self.stats.lock:
             self.stats.rewinds += 1
 
-    def _send_dead_letters(self, batch: list[Decoded]) -> None:
+    def _send_dead_letters(self, batch: list[Decoded]) -> None:  # before the offsets covering them are written
         dead = [OutgoingRecord(r.value, r.key, (*r.headers, (ERROR_HEADER, str(e).encode()),
                                                  (SOURCE_HEADER, f"{self.topic}/{r.partition}/{r.offset}".encode())))
                 for r, e in batch if isinstance(e, InvalidEvent)]
@@ -214,8 +277,9 @@ class Ingestor:
                 else:
                     self._believed.pop(p, None)
                     self._committed.pop(p, None)
-            if kind == "revoked":
-                self._pending = [d for d in self._pending if d[0].partition not in parts]
+            if kind == "revoked":  # the new owner resumes them from the store's offsets
+                for b in self._queue:
+                    b.items = [d for d in b.items if d[0].partition not in parts]
 
     def _maybe_commit(self) -> None:
         if time.monotonic() - self._last_commit >= self._commit_interval_s:

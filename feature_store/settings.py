@@ -36,7 +36,9 @@ class FeatureStoreSettings(BaseSettings):
     consumer_instance_id: str | None = Field(
         None, min_length=1, description="Kafka static membership (e.g. the pod name): a restarted consumer takes its "
                                         "partitions back at once instead of waiting out the session timeout")
-    ingest_batch: int = Field(2000, ge=1, le=100_000, description="records per store write")
+    ingest_batch: int = Field(
+        500, ge=1, le=100_000,
+        description="records per store write (one Lua script: Redis serves nothing else meanwhile, ≈ 4 ms at 500)")
     ingest_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve /metrics (Prometheus) and /status (JSON) from `dinrec ingest`")
     ingest_metrics_host: str = Field("127.0.0.1", description="address of that endpoint (0.0.0.0 in a container)")

@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
+from feature_store.schema import error_message
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query")),
-                     "message": e.get("msg", "")} for e in exc.errors()]
+                     "message": error_message(e)} for e in exc.errors()]
         summary = "; ".join(f"{p['field'] or 'request'}: {p['message']}" for p in problems)
         return _body(422, "invalid_request", summary, request, problems=problems)
 

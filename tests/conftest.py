@@ -8,7 +8,6 @@ test that needs them is skipped with the command that starts them; with DINREC_R
 from __future__ import annotations
 
 import os
-import re
 import uuid
 from pathlib import Path
 
@@ -41,19 +40,6 @@ def _need(var: str) -> str:
     if os.environ.get("DINREC_REQUIRE_SERVICES") == "1":
         pytest.fail(msg)
     pytest.skip(msg)
-
-
-def pytest_configure(config):
-    """kafka-python 3.0 sometimes leaves a connected socket to the broker for the garbage collector
-    (after every client was closed); whichever later test is running when it is collected would
-    fail on the ResourceWarning. Ignore exactly those — sockets to the test broker — and nothing else."""
-    bootstrap = os.environ.get("DINREC_KAFKA_BOOTSTRAP", "")
-    host, _, port = bootstrap.rpartition(":")
-    if host and port.isdigit():
-        config.addinivalue_line(
-            "filterwarnings",
-            rf"ignore:Exception ignored in. <socket\.socket .*raddr=\('{re.escape(host)}', {port}\)>"
-            ":pytest.PytestUnraisableExceptionWarning")
 
 
 @pytest.fixture(scope="session")

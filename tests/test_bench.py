@@ -1,6 +1,7 @@
 """The benchmark harness runs and prints the JSON the README's table is made from (no timings asserted)."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -28,3 +29,21 @@ def test_bench_train_vs_deepctr_prints_both_sides(tmp_path):
         assert [r["seed"] for r in runs] == [0, 1]
         assert result[side]["test_gauc"] == pytest.approx(sum(r["test_gauc"] for r in runs) / 2)
     assert result["speedup"] == pytest.approx(result["dinrec"]["samples_per_s"] / result["deepctr"]["samples_per_s"])
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, kafka_bootstrap):
+    env = {**os.environ, "DINREC_REDIS_URL": redis_url, "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap}
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "ingest", "--events", "6000",
+                          "--users", "500", "--items", "800", "--rate", "2000", "--seconds", "1", "--json"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["events_per_s"] == result["dinrec"]["events_per_s"] > 0
+    assert result["redis_py_pipelined"]["consumed"] == result["dinrec"]["consumed"] == 6000
+    assert result["ratio_vs_reference"] == pytest.approx(
+        result["dinrec"]["events_per_s"] / result["redis_py_pipelined"]["events_per_s"], rel=1e-2)
+    # Every backlog and latency-phase event was applied once (all are behaviours with distinct ids).
+    assert result["dinrec"]["popularity_total"] == 6000 + result["dinrec"]["measured"]
+    assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"]
