@@ -11,7 +11,7 @@ import typer
 
 from benchmarks.cli import bench_app
 from dinrec_cli.demo import demo
-from feature_store.cli import data_app, events_app
+from feature_store.cli import data_app
 from feature_store.ingest_cli import ingest_app
 from serving.cli import serve
 from training.cli import train
@@ -20,7 +20,6 @@ from training.spot.cli import plan, spot_app
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
 app.add_typer(data_app, name="data")
-app.add_typer(events_app, name="events")
 app.add_typer(ingest_app, name="ingest")
 app.command("train")(train)
 app.command("plan")(plan)

@@ -1,4 +1,4 @@
-"""`dinrec data …`, `dinrec ingest` and `dinrec events …`."""
+"""`dinrec data …` (`dinrec ingest …` is in ingest_cli)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 data_app = typer.Typer(help="Behaviour datasets: synthesize, inspect.", no_args_is_help=True)
-events_app = typer.Typer(help="Publish behaviour events to the configured stream.", no_args_is_help=True)
 
 
 @data_app.command("synth")
@@ -41,22 +40,3 @@ def info(path: Path) -> None:
     typer.echo(json.dumps({"layout": detect_layout(path), "events": len(d), "behaviours": len(b),
                            "users": len(set(b.user_id)), "items": len(set(b.item_id)),
                            "categories": len(set(b.category_id)), "fingerprint": d.fingerprint()}))
-
-
-@events_app.command("publish")
-def publish(path: Annotated[Path, typer.Argument(help="a dataset folder or an events.jsonl file")],
-            limit: int = 0) -> None:
-    """Publish a dataset's events to the configured stream (DINREC_STREAM, DINREC_KAFKA_BOOTSTRAP)."""
-    from feature_store.datasets import load_dataset
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams import open_stream
-
-    settings = FeatureStoreSettings()
-    events = list(load_dataset(path).events())
-    events = events[:limit] if limit else events
-    stream = open_stream(settings)
-    stream.ensure_topic(settings.topic_partitions, settings.topic_replication)
-    for i in range(0, len(events), 1000):
-        stream.publish(events[i:i + 1000])
-    stream.close()
-    typer.echo(json.dumps({"published": len(events), "stream": settings.stream, "topic": settings.topic}))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
@@ -41,4 +42,9 @@ class FeatureStoreSettings(BaseSettings):
         description="records per store write (one Lua script: Redis serves nothing else meanwhile, ≈ 4 ms at 500)")
     ingest_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve /metrics (Prometheus) and /status (JSON) from `dinrec ingest`")
+    outbox_dir: Path | None = Field(
+        None, description="journal of events the API accepted and the stream has not acknowledged yet; default "
+                          "$XDG_STATE_HOME/dinrec/outbox/<topic> for Kafka, a fresh temp dir for the in-process stream")
+    outbox_max_bytes: int = Field(256 << 20, ge=1 << 16, description="beyond this, POST /events answers 503")
+    outbox_fsync: bool = Field(False, description="fsync each accepted batch (survives a machine crash, slower)")
     ingest_metrics_host: str = Field("127.0.0.1", description="address of that endpoint (0.0.0.0 in a container)")

@@ -13,6 +13,7 @@ from fastapi import FastAPI, Request
 
 from feature_store.ingest import Ingestor
 from feature_store.online import OnlineStore, open_store
+from feature_store.outbox import open_outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream, open_stream
 from retrieval.index import FaissIndex
@@ -43,6 +44,8 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         owned_store, owned_stream = store is None, stream is None
         state = ServiceState(settings, fs_settings, _load_recommender(settings),
                              store or open_store(fs_settings), stream or open_stream(fs_settings))
+        if settings.events_sink == "stream":
+            state.outbox = open_outbox(state.stream, fs_settings)
         in_app = settings.ingest_in_app if settings.ingest_in_app is not None else fs_settings.stream == "inprocess"
         if in_app:
             ingestor = Ingestor(state.stream, state.store, fs_settings.consumer_group,
@@ -61,6 +64,8 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         try:
             yield
         finally:
+            if state.outbox is not None:  # what it cannot send in time stays journaled for the next start
+                state.outbox.close(drain_timeout_s=settings.shutdown_drain_s)
             state.ingest_stop.set()
             if state.ingest_thread is not None:
                 state.ingest_thread.join(timeout=10)

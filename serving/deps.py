@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from feature_store.online import OnlineStore
+from feature_store.outbox import Outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
 from serving.ranking import Recommender
@@ -22,6 +23,7 @@ class ServiceState:
     recommender: Recommender
     store: OnlineStore
     stream: EventStream
+    outbox: Outbox | None = None  # POST /events journals here when the sink is the stream
     ingest_stop: threading.Event = field(default_factory=threading.Event)
     ingest_thread: threading.Thread | None = None
 

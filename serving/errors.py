@@ -9,6 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
 from feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
+from feature_store.outbox import OutboxFull
 from feature_store.schema import error_message
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _store(request: Request, exc: StoreUnavailable) -> JSONResponse:
         log.error("feature store unavailable: %s", exc)
         return _body(503, "store_unavailable", "the feature store is unavailable; retry later", request)
+
+    @app.exception_handler(OutboxFull)
+    async def _outbox_full(request: Request, exc: OutboxFull) -> JSONResponse:
+        log.error("events refused: %s", exc)
+        response = _body(503, "events_backlog_full", "too many events are waiting for the stream; retry later",
+                         request)
+        response.headers["Retry-After"] = "5"
+        return response
 
     @app.exception_handler(StreamUnavailable)
     async def _stream(request: Request, exc: StreamUnavailable) -> JSONResponse:

@@ -9,6 +9,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import JSONResponse
 
 from feature_store.errors import StoreUnavailable
+from feature_store.streams.base import event_record
 from serving.deps import State
 from serving.schemas import (
     EventsRequest,
@@ -56,8 +57,11 @@ def recommend_post(state: State, request: Request, body: RecommendRequest):
 
 @router.post("/events", response_model=EventsResponse, status_code=202)
 def post_events(state: State, body: EventsRequest) -> EventsResponse:
-    if state.settings.events_sink == "stream":
-        state.stream.publish(body.events)
+    """Accept behaviour events. With the stream as sink they are journaled locally and sent in the
+    background, so the request never waits for Kafka; 503 with Retry-After only when the journal is
+    full. Send your own ``event_id`` and retry with the same one: it is the idempotency key."""
+    if state.outbox is not None:
+        state.outbox.put([event_record(e) for e in body.events])
     else:
         state.store.write(body.events)
     return EventsResponse(accepted=len(body.events), sink=state.settings.events_sink)

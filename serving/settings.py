@@ -20,5 +20,7 @@ class ServingSettings(BaseSettings):
     default_k: int = Field(10, ge=1, le=1000)
     events_sink: Literal["store", "stream"] = Field(
         "stream", description="POST /events writes to the online store directly, or publishes to the stream")
+    shutdown_drain_s: float = Field(5.0, ge=0, le=600,
+                                    description="at shutdown, how long to keep sending accepted events to the stream")
     ingest_in_app: bool | None = Field(
         None, description="run the stream→store consumer inside the service; default: only for the in-process stream")

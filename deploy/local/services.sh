@@ -3,6 +3,8 @@
 # amazon-ec2-metadata-mock (built once with `go install`; tests start it per case).
 #
 #   deploy/local/services.sh start|stop|status|env
+#   deploy/local/services.sh kafka-start|kafka-stop   (just the broker; tests run a second one with
+#       DINREC_SERVICES_RUN, DINREC_LOCAL_KAFKA_PORT and DINREC_LOCAL_KAFKA_CONTROLLER_PORT set)
 #
 # Idempotent: `start` on running services only checks them; it returns once each answers.
 # If DINREC_REDIS_URL / DINREC_KAFKA_BOOTSTRAP are already set, those servers are used and
@@ -19,7 +21,7 @@ KAFKA_PORT="${DINREC_LOCAL_KAFKA_PORT:-19092}"
 CONTROLLER_PORT="${DINREC_LOCAL_KAFKA_CONTROLLER_PORT:-19093}"
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$HERE/pom.xml")"
 JARS="$STATE/kafka-jars-$KAFKA_VERSION-$(sha1sum "$HERE/pom.xml" | cut -c1-10)"
-RUN="$STATE/run"
+RUN="${DINREC_SERVICES_RUN:-$STATE/run}"
 mkdir -p "$RUN"
 
 log() { printf '[services] %s\n' "$*" >&2; }
@@ -155,9 +157,11 @@ print_env() {
 case "${1:-}" in
   start) redis_start; kafka_start; aemm_install; print_env ;;
   stop) kafka_stop; redis_stop ;;
+  kafka-start) kafka_start ;;
+  kafka-stop) kafka_stop ;;
   status)
     if redis_ping; then echo "redis: up (127.0.0.1:$REDIS_PORT)"; else echo "redis: down"; fi
     if port_open "$KAFKA_PORT"; then echo "kafka: up (127.0.0.1:$KAFKA_PORT)"; else echo "kafka: down"; fi ;;
   env) print_env ;;
-  *) echo "usage: $0 start|stop|status|env" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|kafka-start|kafka-stop" >&2; exit 2 ;;
 esac

@@ -69,6 +69,7 @@ class KafkaStream(EventStream):
         if left or failed:
             producer.purge()  # what is still queued is reported as not sent, not delivered later
             producer.flush(0)
+            self._producer = None  # a fresh one next time (an idempotent producer may be left fenced)
             why = failed[0] if failed else f"{left} records not acknowledged within {self._timeout_s:g}s"
             raise StreamUnavailable(f"kafka publish to {self.topic!r} at {self.bootstrap} failed: {why}")
 

@@ -98,6 +98,40 @@ def test_every_kind_of_bad_record_is_dead_lettered_and_the_good_ones_applied(red
         store.close()
 
 
+@pytest.mark.kafka
+@pytest.mark.redis
+def test_backfill_warms_the_store_directly_or_through_kafka_and_never_twice(redis_url, kafka_bootstrap, unique,
+                                                                          tmp_path):
+    from feature_store.datasets import load_dataset
+    from tests.conftest import synthetic_dataset_dir
+
+    data = synthetic_dataset_dir(tmp_path / "data", n_users=60, n_items=80, n_categories=5, seed=4)
+    behaviours = len(load_dataset(data).behaviours())
+    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
+           "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": unique, "DINREC_REDIS_PREFIX": unique,
+           "DINREC_CONSUMER_GROUP": f"{unique}-ingest"}
+    direct = RedisStore(redis_url, prefix=f"{unique}-direct")
+    via_kafka = RedisStore(redis_url, prefix=unique)
+    try:
+        out = json.loads(dinrec({**env, "DINREC_REDIS_PREFIX": f"{unique}-direct"}, "ingest", "backfill",
+                                "--data", str(data), "--to", "store", "--chunk", "700").stdout.splitlines()[-1])
+        assert out["applied"] == behaviours and sum(n for _, n in direct.popular(10**6)) == behaviours
+        again = json.loads(dinrec({**env, "DINREC_REDIS_PREFIX": f"{unique}-direct"}, "ingest", "backfill",
+                                  "--data", str(data), "--to", "store").stdout.splitlines()[-1])
+        assert again["applied"] == 0
+
+        sent = json.loads(dinrec(env, "ingest", "backfill", "--data", str(data)).stdout.splitlines()[-1])
+        assert sent["to"] == "stream" and sent["events"] == len(load_dataset(data))
+        dinrec(env, "ingest", "--idle-exit", "3")
+        assert via_kafka.popular(10**6) == direct.popular(10**6)
+        user = load_dataset(data).user_id[0]
+        assert via_kafka.history(user, 50) == direct.history(user, 50)
+    finally:
+        for s in (direct, via_kafka):
+            s.flush_prefix()
+            s.close()
+
+
 def test_metrics_and_status_endpoints_report_what_the_ingestor_did():
     stream, store = InProcessStream(), MemoryStore()
     stream.publish(good_events(30))

@@ -130,3 +130,19 @@ def test_a_tampered_bundle_stops_start_up(tiny_run, tmp_path):
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(copy),
                           "--port", str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "checksum mismatch for popularity.json" in out.stderr
+
+
+def test_events_are_refused_with_retry_after_when_the_outbox_is_full(tiny_run, tmp_path):
+    from feature_store.streams.kafka_stream import KafkaStream
+
+    down = KafkaStream("127.0.0.1:1", "t", request_timeout_ms=500)  # nothing is ever acknowledged
+    fs = FeatureStoreSettings(outbox_dir=tmp_path, outbox_max_bytes=1 << 16)
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="stream", shutdown_drain_s=0), fs,
+                     store=MemoryStore(), stream=down) as c:
+        batch = {"events": [{"user_id": f"u{i}", "item_id": "i1", "ts": 5, "event_id": f"e{i}"} for i in range(100)]}
+        codes = [c.post("/events", json=batch).status_code for _ in range(40)]
+        assert codes[0] == 202 and codes[-1] == 503
+        r = c.post("/events", json=batch)
+        assert r.status_code == 503 and r.headers["retry-after"] == "5"
+        assert r.json()["error"] == "events_backlog_full"
+    down.close()

@@ -33,9 +33,9 @@ def ingest_process(redis_url, kafka_bootstrap, unique):
 
 
 def test_an_event_produced_to_kafka_reaches_redis_and_changes_recommend(tiny_run, redis_url, kafka_bootstrap,
-                                                                      unique, ingest_process):
+                                                                      unique, ingest_process, tmp_path):
     fs = FeatureStoreSettings(store="redis", stream="kafka", redis_url=redis_url, kafka_bootstrap=kafka_bootstrap,
-                              topic=unique, redis_prefix=unique)
+                              topic=unique, redis_prefix=unique, outbox_dir=tmp_path / "outbox")
     store = RedisStore(redis_url, prefix=unique)
     stream = KafkaStream(kafka_bootstrap, unique)
     try:

@@ -1,0 +1,254 @@
+"""The outbox: events accepted by the API wait here, in a journal on local disk, until the stream
+has them. The request path appends to the journal (a write() of a few hundred bytes, no network)
+and returns; a background sender publishes from the journal and moves a cursor once the broker
+has acknowledged. So a slow or stopped broker never holds a request, and nothing accepted is lost:
+not when the broker is down for an hour, nor when this process is killed (the journal is in the
+page cache once write() returns; ``fsync=True`` makes it survive a machine crash too). When the
+journal reaches ``max_bytes`` the API refuses new events (503, Retry-After) instead of losing them.
+
+Delivery to the stream is at least once (a crash between the broker's ack and the cursor write
+resends a batch); events carry their event id, so the store applies each once.
+
+Layout: ``{directory}/slot-{k}/`` per process (a flock on ``slot-k/lock`` is held for the process'
+life, so several workers on one host never share a journal; a restarted worker takes the first
+free slot and sends what its predecessor left), with segments ``{seq:012d}.log`` of entries
+``u32 length | u32 crc32 | u16 key length | key | value`` and ``cursor`` = "seq offset" of the first
+unsent entry, replaced atomically.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import struct
+import tempfile
+import threading
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from feature_store.errors import FeatureStoreError, StreamUnavailable
+from feature_store.ingest import Backoff
+from feature_store.streams.base import EventStream, OutgoingRecord
+
+if TYPE_CHECKING:
+    from feature_store.settings import FeatureStoreSettings
+
+log = logging.getLogger(__name__)
+
+_HEAD = struct.Struct("<II")
+_KEYLEN = struct.Struct("<H")
+_CHUNK = 1 << 20  # events are at most 16 KiB, so a chunk always holds a whole one
+
+
+class OutboxFull(FeatureStoreError):
+    """The journal holds ``max_bytes`` not yet sent: the stream is down or far behind."""
+
+
+def _encode(r: OutgoingRecord) -> bytes:
+    key = r.key or b""
+    payload = _KEYLEN.pack(len(key)) + key + r.value
+    return _HEAD.pack(len(payload), zlib.crc32(payload)) + payload
+
+
+def _scan(path: Path, start: int, end: int | None = None,
+          limit: int | None = None) -> tuple[list[OutgoingRecord], list[int]]:
+    """Entries of one segment from byte ``start`` (up to ``end``, at most ``limit``), and the byte
+    offset after each; stops at the first torn or corrupt entry (a crash mid-append)."""
+    out: list[OutgoingRecord] = []
+    ends: list[int] = []
+    with path.open("rb") as fh:
+        pos = start
+        while limit is None or len(out) < limit:
+            fh.seek(pos)
+            want = _CHUNK if end is None else min(_CHUNK, end - pos)
+            data = fh.read(want) if want > 0 else b""
+            at = 0
+            while at + _HEAD.size <= len(data) and (limit is None or len(out) < limit):
+                length, crc = _HEAD.unpack_from(data, at)
+                payload = data[at + _HEAD.size:at + _HEAD.size + length]
+                if len(payload) < length:
+                    break  # continues in the next chunk, or is torn
+                if zlib.crc32(payload) != crc or length < _KEYLEN.size:
+                    return out, ends
+                (klen,) = _KEYLEN.unpack_from(payload)
+                key = payload[_KEYLEN.size:_KEYLEN.size + klen]
+                out.append(OutgoingRecord(payload[_KEYLEN.size + klen:], key=key or None))
+                at += _HEAD.size + length
+                ends.append(pos + at)
+            if at == 0:  # nothing complete in a whole chunk: the end, or a torn entry
+                return out, ends
+            pos += at
+    return out, ends
+
+
+class Outbox:
+    def __init__(self, stream: EventStream, directory: str | Path, *, max_bytes: int = 256 << 20,
+                 segment_bytes: int = 16 << 20, fsync: bool = False, send_batch: int = 1000) -> None:
+        self.stream = stream
+        self.max_bytes, self.segment_bytes, self.fsync, self.send_batch = max_bytes, segment_bytes, fsync, send_batch
+        self.dir, self._lock_fd = _take_slot(Path(directory))
+        self._lock = threading.Lock()           # appends and the positions below
+        self._wake = threading.Condition(self._lock)
+        self._stop = threading.Event()
+        self._drained = threading.Event()       # set while nothing is pending
+        self._thread: threading.Thread | None = None
+        self.sent = 0
+        self._cursor = self._read_cursor()      # (segment, offset) of the first unsent entry
+        self._pending = self._recover()         # bytes accepted and not yet acknowledged
+        self._seg = max([self._cursor[0], *self._segments()])  # appends go to the newest segment
+        self._fd = os.open(self._seg_path(self._seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._seg_size = os.fstat(self._fd).st_size
+
+    # -------------------------------------------------------------- request path
+    def put(self, records: Sequence[OutgoingRecord]) -> None:
+        """Append ``records`` to the journal (raises OutboxFull, nothing appended, when it is full)."""
+        blob = b"".join(_encode(r) for r in records)
+        with self._lock:
+            if self._pending + len(blob) > self.max_bytes:
+                raise OutboxFull(f"the event outbox holds {self._pending} unsent bytes (limit {self.max_bytes})")
+            if self._seg_size and self._seg_size + len(blob) > self.segment_bytes:
+                self._roll()
+            os.write(self._fd, blob)
+            if self.fsync:
+                os.fsync(self._fd)
+            self._seg_size += len(blob)
+            self._pending += len(blob)
+            self._drained.clear()
+            self._wake.notify()
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._pending
+
+    # -------------------------------------------------------------- sender
+    def start(self) -> Outbox:
+        self._thread = threading.Thread(target=self._send_loop, name="dinrec-outbox", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self, drain_timeout_s: float = 5.0) -> None:
+        """Send what is pending for up to ``drain_timeout_s``, then stop; the rest stays journaled."""
+        if self._thread is not None:
+            self._drained.wait(drain_timeout_s)
+            self._stop.set()
+            with self._lock:
+                self._wake.notify()
+            self._thread.join(timeout=30)
+        os.close(self._fd)
+        os.close(self._lock_fd)
+
+    def _send_loop(self) -> None:
+        backoff = Backoff()
+        while not self._stop.is_set():
+            batch, after, size = self._next_batch()
+            if not batch:
+                with self._lock:
+                    if self._pending == 0:
+                        self._drained.set()
+                        self._wake.wait(timeout=0.5)
+                continue
+            try:
+                self.stream.publish_raw(batch)
+            except StreamUnavailable as exc:
+                delay = backoff.next_delay()
+                log.warning("outbox: %s; %d bytes wait, retrying in %.2fs", exc, self._pending, delay)
+                self._stop.wait(delay)
+                continue
+            backoff.reset()
+            self._advance(after, size)
+            self.sent += len(batch)
+
+    def _next_batch(self) -> tuple[list[OutgoingRecord], tuple[int, int], int]:
+        with self._lock:
+            seg, off = self._cursor
+            write_seg, write_end = self._seg, self._seg_size
+        end = write_end if seg == write_seg else None
+        records, ends = _scan(self._seg_path(seg), off, end, limit=self.send_batch)
+        if not records:
+            if seg < write_seg:  # this segment is done: go on to the next one
+                self._advance((seg + 1, 0), 0)
+            return [], (seg, off), 0
+        return records, (seg, ends[-1]), ends[-1] - off
+
+    def _advance(self, cursor: tuple[int, int], size: int) -> None:
+        tmp = self.dir / "cursor.tmp"
+        tmp.write_text(f"{cursor[0]} {cursor[1]}")
+        os.replace(tmp, self.dir / "cursor")
+        with self._lock:
+            self._cursor = cursor
+            self._pending -= size
+        for old in self._segments():
+            if old < cursor[0]:
+                self._seg_path(old).unlink(missing_ok=True)
+
+    # -------------------------------------------------------------- files
+    def _seg_path(self, seq: int) -> Path:
+        return self.dir / f"{seq:012d}.log"
+
+    def _segments(self) -> list[int]:
+        return sorted(int(p.stem) for p in self.dir.glob("*.log"))
+
+    def _roll(self) -> None:
+        os.close(self._fd)
+        self._seg += 1
+        self._fd = os.open(self._seg_path(self._seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._seg_size = 0
+
+    def _read_cursor(self) -> tuple[int, int]:
+        try:
+            seg, off = (self.dir / "cursor").read_text().split()
+            return int(seg), int(off)
+        except FileNotFoundError:
+            segments = self._segments()
+            return (segments[0] if segments else 0), 0
+
+    def _recover(self) -> int:
+        """Pending bytes from the cursor on; a torn entry at the end of the last segment (a crash
+        mid-append, never acknowledged to a client) is cut off."""
+        pending = 0
+        for seg in self._segments():
+            if seg < self._cursor[0]:  # sent; left by a crash between the cursor write and the unlink
+                self._seg_path(seg).unlink()
+                continue
+            start = self._cursor[1] if seg == self._cursor[0] else 0
+            _, ends = _scan(self._seg_path(seg), start)
+            valid_end = ends[-1] if ends else start
+            size = self._seg_path(seg).stat().st_size
+            if valid_end < size:
+                log.warning("outbox: cutting %d torn bytes off %s", size - valid_end, self._seg_path(seg))
+                os.truncate(self._seg_path(seg), valid_end)
+            pending += valid_end - start
+        return pending
+
+
+def _take_slot(directory: Path) -> tuple[Path, int]:
+    """The first ``slot-k`` folder no other process holds, locked for this process' life."""
+    directory.mkdir(parents=True, exist_ok=True)
+    k = 0
+    while True:
+        slot = directory / f"slot-{k}"
+        slot.mkdir(exist_ok=True)
+        fd = os.open(slot / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            k += 1
+            continue
+        return slot, fd
+
+
+def open_outbox(stream: EventStream, settings: FeatureStoreSettings) -> Outbox:
+    """The configured outbox, its sender started. Kafka's journal lives in a state folder kept across
+    restarts; the in-process stream's in a fresh temp folder (that stream dies with the process)."""
+    directory = settings.outbox_dir
+    if directory is None:
+        if settings.stream == "inprocess":
+            directory = Path(tempfile.mkdtemp(prefix="dinrec-outbox-"))
+        else:
+            state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+            directory = state / "dinrec" / "outbox" / settings.topic
+    return Outbox(stream, directory, max_bytes=settings.outbox_max_bytes, fsync=settings.outbox_fsync).start()
