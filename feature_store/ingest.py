@@ -271,6 +271,7 @@ class Ingestor:
                 kind, parts = self._changes.get_nowait()
             except queue.Empty:
                 return
+            log.info("ingest: partitions %s %s", sorted(parts), kind)
             for p in parts:
                 if kind == "assigned":
                     self._believed[p] = None

@@ -36,12 +36,12 @@ class Sent(NamedTuple):
     late_duplicates: int           # sent after the user's history had moved past the original
 
 
-def make_events(seed: int = 7) -> Sent:
+def make_events(seed: int = 7, n_users: int = N_USERS, per_user_n: int = PER_USER) -> Sent:
     rng = random.Random(seed)
     per_user: list[list[BehaviourEvent]] = []
-    for u in range(N_USERS):
+    for u in range(n_users):
         ts, evs = 1_700_000_000.0 + u, []
-        for j in range(PER_USER):
+        for j in range(per_user_n):
             if rng.random() > 0.05:  # 5%: the same timestamp as the previous event (a tie)
                 ts += rng.choice([1.0, 2.5, 7.0])
             kind = rng.choices(["click", "view", "buy", "impression", "rate"], [60, 20, 5, 10, 5])[0]
@@ -122,38 +122,83 @@ def own_redis(tmp_path):
         server.kill()
 
 
+class Ingesters:
+    """`dinrec ingest` subprocesses on one topic, group and store, each logging to its own file."""
+
+    def __init__(self, folder: Path, redis_url: str, kafka_bootstrap: str, topic: str, **extra: str) -> None:
+        self.folder, self.logs = folder, []
+        self.env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
+                    "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": topic, "DINREC_REDIS_PREFIX": topic,
+                    "DINREC_CONSUMER_GROUP": f"{topic}-ingest", "DINREC_HISTORY_LEN": str(CAP), **extra}
+
+    def start(self) -> subprocess.Popen:
+        self.logs.append((self.folder / f"ingest-{len(self.logs)}.log").open("w"))
+        return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=self.env,
+                                stdout=subprocess.PIPE, stderr=self.logs[-1], text=True)
+
+    def log_of(self, n: int) -> str:
+        return (self.folder / f"ingest-{n}.log").read_text()
+
+    def stop_gracefully(self, proc: subprocess.Popen, n: int) -> None:
+        """SIGTERM once it consumes (before its handler is set, SIGTERM would just kill it): exit 0."""
+        wait_until(lambda: "consuming" in self.log_of(n), timeout_s=60, what=f"consumer {n} to start")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, self.log_of(n)[-3000:]
+        assert "consumed" in json.loads(out.strip().splitlines()[-1])  # a clean exit prints its stats
+
+    def close(self, *procs: subprocess.Popen) -> None:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+        for log in self.logs:
+            log.close()
+
+
+def produce_in_background(stream: KafkaStream, events: list[BehaviourEvent], chunk: int,
+                          pause_s: float) -> threading.Event:
+    done = threading.Event()
+
+    def produce() -> None:
+        for i in range(0, len(events), chunk):
+            stream.publish(events[i:i + chunk])
+            time.sleep(pause_s)
+        done.set()
+
+    threading.Thread(target=produce, daemon=True).start()
+    return done
+
+
+def wait_for_the_end(store: RedisStore, stream: KafkaStream, topic: str) -> None:
+    ends = stream.end_offsets()
+    wait_until(lambda: store.stream_offsets(topic) == {p: e - 1 for p, e in ends.items()}, timeout_s=180,
+               interval_s=0.5, what="the store to reach the end of every partition")
+
+
+def assert_store_holds_exactly(store: RedisStore, events: list[BehaviourEvent]) -> None:
+    want_hist, want_pop = expected_state(events)
+    got = store.histories(sorted(want_hist), CAP)
+    mismatched = [u for u, hs in want_hist.items() if [tuple(h) for h in got[u]] != hs]
+    assert not mismatched, f"{len(mismatched)} users differ, e.g. {mismatched[0]}"
+    got_pop = dict(store.popular(10**6))
+    wrong = {i: (got_pop.get(i), n) for i, n in want_pop.items() if got_pop.get(i) != n}
+    assert not wrong and len(got_pop) == len(want_pop), f"{len(wrong)} items' counts differ: {list(wrong.items())[:5]}"
+
+
 def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka_bootstrap, unique, tmp_path):
     sent = make_events()
     assert len(sent.events) >= 20_000 and sent.duplicates >= 0.05 * (len(sent.events) - sent.duplicates)
     stream = KafkaStream(kafka_bootstrap, unique)
     assert stream.ensure_topic(PARTITIONS) == PARTITIONS
-    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": own_redis.url,
-           "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": unique, "DINREC_REDIS_PREFIX": unique,
-           "DINREC_CONSUMER_GROUP": f"{unique}-ingest", "DINREC_CONSUMER_INSTANCE_ID": "ingest-0",
-           "DINREC_HISTORY_LEN": str(CAP), "DINREC_INGEST_BATCH": "500"}
-
-    logs = []
-
-    def start_ingest(n: int) -> subprocess.Popen:
-        logs.append((tmp_path / f"ingest-{n}.log").open("w"))
-        return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=env,
-                                stdout=subprocess.PIPE, stderr=logs[-1], text=True)
-
-    # The producer paces ~20k events over ~15 s, in the background, while we kill things.
-    done = threading.Event()
-
-    def produce() -> None:
-        for i in range(0, len(sent.events), 400):
-            stream.publish(sent.events[i:i + 400])
-            time.sleep(0.25)
-        done.set()
-
-    producer = threading.Thread(target=produce, daemon=True)
-    producer.start()
+    # Static membership: a restarted consumer takes its partitions back at once, so six restarts fit.
+    ingest = Ingesters(tmp_path, own_redis.url, kafka_bootstrap, unique, DINREC_CONSUMER_INSTANCE_ID="ingest-0")
+    # The producer paces ~20k events over ~13 s, in the background, while we kill things.
+    done = produce_in_background(stream, sent.events, chunk=400, pause_s=0.25)
     store = RedisStore(own_redis.url, prefix=unique, history_cap=CAP)
     rng = random.Random(3)
     kills, n = 0, 0
-    proc = start_ingest(n)
+    proc = ingest.start()
     redis_restarted = lost = False
     try:
         while kills < 6 or not done.is_set():
@@ -180,34 +225,56 @@ def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka
             proc.communicate(timeout=30)
             kills += 1
             n += 1
-            proc = start_ingest(n)
-        producer.join(timeout=120)
-        ends = stream.end_offsets()
-        wait_until(lambda: store.stream_offsets(unique) == {p: e - 1 for p, e in ends.items()}, timeout_s=180,
-                   interval_s=0.5, what="the store to reach the end of every partition")
-        wait_until(lambda: "consuming" in (tmp_path / f"ingest-{n}.log").read_text(), timeout_s=60,
-                   what="the last consumer to start")  # SIGTERM before its handler is set would just kill it
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=60)
-        assert proc.returncode == 0, (tmp_path / f"ingest-{n}.log").read_text()[-3000:]
-        assert "consumed" in json.loads(out.strip().splitlines()[-1])  # a clean exit prints its stats
+            proc = ingest.start()
+        wait_until(done.is_set, timeout_s=120, what="the producer to finish")
+        wait_for_the_end(store, stream, unique)
+        ingest.stop_gracefully(proc, n)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        ingest.close(proc)
         stream.close()
-        for log in logs:
-            log.close()
 
     assert kills >= 5 and redis_restarted and lost, "the scenario did not happen as planned"
-    want_hist, want_pop = expected_state(sent.events)
-    got = store.histories(sorted(want_hist), CAP)
-    mismatched = [u for u, hs in want_hist.items() if [tuple(h) for h in got[u]] != hs]
-    assert not mismatched, f"{len(mismatched)} users differ, e.g. {mismatched[0]}"
-    got_pop = dict(store.popular(10**6))
-    wrong = {i: (got_pop.get(i), n) for i, n in want_pop.items() if got_pop.get(i) != n}
-    assert not wrong and len(got_pop) == len(want_pop), f"{len(wrong)} items' counts differ: {list(wrong.items())[:5]}"
-    assert sum(want_pop.values()) > 10_000  # the check covered the bulk of the stream
+    assert_store_holds_exactly(store, sent.events)
+    assert sum(expected_state(sent.events)[1].values()) > 10_000  # the check covered the bulk of the stream
+    store.close()
+
+
+def test_consumers_joining_leaving_and_stalling_apply_each_event_once(redis_url, kafka_bootstrap, unique, tmp_path):
+    """Two consumers share the group (dynamic membership): B joins, A stalls past its session
+    timeout holding a batch (a zombie: B owns its partitions when it wakes) and rejoins, B is
+    killed and A takes everything back. Rebalances hand partitions over mid-stream each time."""
+    sent = make_events(seed=11, n_users=80, per_user_n=60)
+    stream = KafkaStream(kafka_bootstrap, unique)
+    stream.ensure_topic(PARTITIONS)
+    ingest = Ingesters(tmp_path, redis_url, kafka_bootstrap, unique, DINREC_INGEST_BATCH="50")
+    store = RedisStore(redis_url, prefix=unique, history_cap=CAP)
+    done = produce_in_background(stream, sent.events, chunk=100, pause_s=0.5)  # ~25 s of traffic
+    a = ingest.start()
+    b = None
+    try:
+        time.sleep(2)
+        b = ingest.start()
+        wait_until(lambda: "consuming" in ingest.log_of(1), timeout_s=60, what="B to start")
+        time.sleep(2)
+        a.send_signal(signal.SIGSTOP)
+        time.sleep(13)  # > the 10 s session timeout: the group gives A's partitions to B
+        a.send_signal(signal.SIGCONT)
+        time.sleep(3)
+        assert not done.is_set(), "B must die mid-stream"
+        b.send_signal(signal.SIGKILL)
+        b.communicate(timeout=30)
+        wait_until(done.is_set, timeout_s=120, what="the producer to finish")
+        wait_for_the_end(store, stream, unique)  # A alone, after B's session expired
+        ingest.stop_gracefully(a, 0)
+    finally:
+        ingest.close(a, *([b] if b else []))
+        stream.close()
+    # The hand-overs happened: A shared with B, B held all four while A stalled, A ended with all four.
+    assert "partitions [0, 1, 2, 3] assigned" in ingest.log_of(1)
+    assert ingest.log_of(0).count("] assigned") >= 3
+    assert ingest.log_of(0).rsplit("] assigned", 1)[0].endswith("[0, 1, 2, 3")
+    assert_store_holds_exactly(store, sent.events)
+    store.flush_prefix()
     store.close()
 
 
