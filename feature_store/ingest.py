@@ -301,9 +301,9 @@ class Ingestor:
 
     def _update_lag(self) -> None:
         ends = self.consumer.highwaters()
+        applied = {p: -1 if o is None else o for p, o in self._believed.items()}
         with self.stats.lock:
-            self.stats.lag = {p: max(0, end - (self._believed.get(p) or -1) - 1) for p, end in ends.items()
-                              if p in self._believed}
+            self.stats.lag = {p: max(0, end - applied[p] - 1) for p, end in ends.items() if p in applied}
 
 
 def _decode(record: Record) -> BehaviourEvent | InvalidEvent:

@@ -154,3 +154,6 @@ def test_metrics_and_status_endpoints_report_what_the_ingestor_did():
         server.shutdown()
         server.server_close()
         ingestor.close()
+    one = Ingestor(stream, MemoryStore(), "another")  # stops after the record at offset 0
+    assert one.run(max_records=1).lag == {0: 30}
+    one.close()
