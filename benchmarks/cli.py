@@ -54,3 +54,22 @@ def bench_ingest_cmd(
     result = bench_ingest(fs.kafka_bootstrap, fs.redis_url, events=events, users=users, items=items,
                           partitions=partitions, cap=fs.history_len, rate=rate, seconds=seconds)
     typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
+@bench_app.command("score")
+def bench_score_cmd(
+    candidates: int = 200, seq_len: Annotated[int, typer.Option("--seq-len")] = 50, items: int = 100_000,
+    item_dim: int = 32, cat_dim: int = 32, attention_hidden: str = "80,40", mlp_hidden: str = "200,80",
+    attention_activation: str = "prelu", mlp_activation: str = "relu", requests: int = 500,
+    vs: Annotated[str | None, typer.Option(help="peer: deepctr (default), none")] = "deepctr",
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """Latency of scoring one request (one history vs N candidates) on one thread: dinrec's scorer,
+    the training model's forward, and DeepCTR-Torch's DIN predict, in one run."""
+    from benchmarks.score_bench import bench_score
+
+    result = bench_score(candidates=candidates, seq_len=seq_len, items=items, item_dim=item_dim, cat_dim=cat_dim,
+                         attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
+                         attention_activation=attention_activation, mlp_activation=mlp_activation,
+                         requests=requests, vs_deepctr=vs == "deepctr")
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

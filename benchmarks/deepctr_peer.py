@@ -31,6 +31,27 @@ def _inputs(samples: SampleSet, split: Split, seq_len: int) -> dict[str, np.ndar
             "hist_item_id": hist_items.numpy(), "hist_cate_id": hist_cats.numpy(), "seq_length": lengths.numpy()}
 
 
+def build_deepctr_din(n_items: int, n_cats: int, *, seq_len: int, item_dim: int, cat_dim: int,
+                      attention_hidden: tuple[int, ...], mlp_hidden: tuple[int, ...], attention_activation: str,
+                      mlp_activation: str, seed: int = 0):
+    """DeepCTR-Torch's DIN over item + category, histories of ``seq_len`` (right-padded, with a length)."""
+    from deepctr_torch.inputs import SparseFeat, VarLenSparseFeat
+    from deepctr_torch.models import DIN as DeepCTRDIN
+
+    features = [
+        SparseFeat("item_id", n_items, embedding_dim=item_dim),
+        SparseFeat("cate_id", n_cats, embedding_dim=cat_dim),
+        VarLenSparseFeat(SparseFeat("hist_item_id", n_items, embedding_dim=item_dim, embedding_name="item_id"),
+                         maxlen=seq_len, length_name="seq_length"),
+        VarLenSparseFeat(SparseFeat("hist_cate_id", n_cats, embedding_dim=cat_dim, embedding_name="cate_id"),
+                         maxlen=seq_len, length_name="seq_length"),
+    ]
+    with contextlib.redirect_stdout(sys.stderr):
+        return DeepCTRDIN(features, ["item_id", "cate_id"], dnn_hidden_units=mlp_hidden,
+                          att_hidden_size=attention_hidden, att_activation=attention_activation,
+                          dnn_activation=mlp_activation, l2_reg_embedding=0.0, seed=seed, device="cpu")
+
+
 def run_deepctr(*args, **kwargs) -> dict:
     """DeepCTR prints progress and version notices to stdout; keep stdout for our JSON."""
     with contextlib.redirect_stdout(sys.stderr):
@@ -41,24 +62,12 @@ def _run_deepctr(samples: SampleSet, *, seq_len: int, epochs: int, batch_size: i
                 attention_hidden: tuple[int, ...], mlp_hidden: tuple[int, ...], attention_activation: str,
                 mlp_activation: str, seed: int,
                 lr: float = 1e-3) -> dict:
-    from deepctr_torch.inputs import SparseFeat, VarLenSparseFeat
-    from deepctr_torch.models import DIN as DeepCTRDIN
-
     torch.manual_seed(seed)
-    n_items, n_cats = samples.vocab.n_items, samples.vocab.n_categories
-    features = [
-        SparseFeat("item_id", n_items, embedding_dim=item_dim),
-        SparseFeat("cate_id", n_cats, embedding_dim=cat_dim),
-        VarLenSparseFeat(SparseFeat("hist_item_id", n_items, embedding_dim=item_dim, embedding_name="item_id"),
-                         maxlen=seq_len, length_name="seq_length"),
-        VarLenSparseFeat(SparseFeat("hist_cate_id", n_cats, embedding_dim=cat_dim, embedding_name="cate_id"),
-                         maxlen=seq_len, length_name="seq_length"),
-    ]
     if mlp_activation == "dice":
         raise ValueError("DeepCTR-Torch's DIN cannot use Dice in its MLP (its DNN builds Dice for 3-D inputs)")
-    model = DeepCTRDIN(features, ["item_id", "cate_id"], dnn_hidden_units=mlp_hidden,
-                       att_hidden_size=attention_hidden, att_activation=attention_activation,
-                       dnn_activation=mlp_activation, l2_reg_embedding=0.0, seed=seed, device="cpu")
+    model = build_deepctr_din(samples.vocab.n_items, samples.vocab.n_categories, seq_len=seq_len, item_dim=item_dim,
+                              cat_dim=cat_dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
+                              attention_activation=attention_activation, mlp_activation=mlp_activation, seed=seed)
     model.compile(torch.optim.Adam(model.parameters(), lr=lr), "binary_crossentropy")
     x_train, y_train = _inputs(samples, samples.train, seq_len), samples.train.label.astype(np.float64)
     t0 = time.perf_counter()

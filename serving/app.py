@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 def _load_recommender(settings: ServingSettings) -> Recommender:
     bundle = load_bundle(settings.bundle_dir)
     index = FaissIndex.load(bundle.item_index_path)
-    return Recommender(bundle, index, settings.recall_candidates)
+    return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
 
 
 def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | None = None, *,

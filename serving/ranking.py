@@ -1,4 +1,4 @@
-"""The request path: history → query vector → FAISS recall → DIN scores → top-k.
+"""The request path: history → query vector → FAISS recall → DIN scores (training.scorer) → top-k.
 
 Built once per bundle (the service swaps the whole Recommender when a new bundle loads).
 """
@@ -14,6 +14,7 @@ import torch
 from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex
 from training.bundle import Bundle
+from training.scorer import Scorer, choose_precision
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,8 @@ class Ranking:
 
 
 class Recommender:
-    def __init__(self, bundle: Bundle, index: FaissIndex, recall_candidates: int = 200) -> None:
+    def __init__(self, bundle: Bundle, index: FaissIndex, recall_candidates: int = 200,
+                 precision: str = "auto") -> None:
         self.bundle = bundle
         self.model = bundle.model.eval()
         self.index = index
@@ -41,6 +43,23 @@ class Recommender:
         self._cat_idx = {c: i for i, c in enumerate(bundle.vocab.categories) if i != 0}
         self._item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
         self._item_vectors = self.model.item_emb.weight.detach().float().numpy()  # (n_items, item_dim)
+        chosen, self.precision_error = choose_precision(self.model, self._item_cat, precision, self._probes())
+        self.scorer = Scorer(self.model, self._item_cat, chosen)
+
+    def _probes(self, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """A few made-up requests over this bundle's vocabulary, to check a faster precision against fp32."""
+        g = torch.Generator().manual_seed(0)
+        n_items = len(self.bundle.vocab.items)
+        out = []
+        for _ in range(n):
+            hist = torch.randint(1, n_items, (self.seq_len,), generator=g)  # (L,)
+            cand = torch.randint(1, n_items, (min(self.recall_candidates, n_items - 1),), generator=g)  # (N,)
+            out.append((hist, self._item_cat[hist], cand))
+        return out
+
+    @property
+    def precision(self) -> str:
+        return self.scorer.precision
 
     @property
     def model_version(self) -> str:
@@ -67,11 +86,8 @@ class Recommender:
         cand = cand[0][cand[0] >= 0]  # (N,)
         if len(cand) == 0:
             return Ranking([], "din", len(known))
-        n = len(cand)
-        target = torch.as_tensor(cand, dtype=torch.long)  # (N,)
-        hist_items = torch.as_tensor([items], dtype=torch.long).expand(n, -1)  # (N, L)
-        hist_cats = torch.as_tensor([cats], dtype=torch.long).expand(n, -1)  # (N, L)
-        logits = self.model(hist_items, hist_cats, target, self._item_cat[target])  # (N,)
+        logits = self.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
+                                   torch.as_tensor(cand, dtype=torch.long)).logits  # (N,)
         scores = torch.sigmoid(logits).numpy()
         order = np.argsort(-scores, kind="stable")[:k]
         vocab = self.bundle.vocab

@@ -16,6 +16,8 @@ class ServingSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
+    score_precision: Literal["auto", "fp32", "bf16"] = Field(
+        "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
     max_k: int = Field(100, ge=1, le=1000)
     default_k: int = Field(10, ge=1, le=1000)
     events_sink: Literal["store", "stream"] = Field(

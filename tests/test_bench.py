@@ -47,3 +47,17 @@ def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, 
     # Every backlog and latency-phase event was applied once (all are behaviours with distinct ids).
     assert result["dinrec"]["popularity_total"] == 6000 + result["dinrec"]["measured"]
     assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"]
+
+
+def test_bench_score_times_the_scorer_the_model_and_the_peer():
+    pytest.importorskip("deepctr_torch", reason="the peer is in the optional `bench` extra")
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "score", "--items", "3000",
+                          "--requests", "40", "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    for side in ("dinrec", "dinrec_fp32", "dinrec_bf16", "torch", "deepctr"):
+        assert 0 < result[side]["p50_ms"] <= result[side]["p99_ms"]
+    assert result["dinrec"]["precision"] in ("fp32", "bf16")
+    assert result["speedup_vs_deepctr"] == pytest.approx(result["deepctr"]["p50_ms"] / result["dinrec"]["p50_ms"],
+                                                         rel=1e-2)
+    assert result["config"]["attention_hidden"] == [80, 40] and result["threads"] == 1

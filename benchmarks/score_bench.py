@@ -1,0 +1,103 @@
+"""`dinrec bench score`: the latency of scoring one request — one user's history of L behaviours
+against N recalled candidates — on one thread, three ways, in one run:
+
+* ``dinrec``: training.scorer.Scorer as serving uses it (precision chosen as serving chooses it:
+  bf16 products where the CPU multiplies bf16 natively and the scores stay within 1e-3 of fp32),
+  plus ``dinrec_fp32`` and ``dinrec_bf16`` forced;
+* ``torch``: the training model's forward on the request expanded to (N, L) — what serving did before;
+* ``deepctr``: DeepCTR-Torch's DIN ``predict`` on the same (N, L) rows, one batch.
+
+All three have the same sizes (item + category embeddings, attention and MLP layers, activations)
+and random weights (latency does not depend on training). Each is timed ``requests`` times after
+a warm-up, each request with a fresh history and candidate set; p50/p99 in milliseconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+
+import numpy as np
+import torch
+
+from training.model import DIN, DINConfig
+from training.scorer import Scorer, choose_precision
+
+
+def _timed(fn, requests: list, warmup: int = 20) -> dict:
+    for r in requests[:warmup]:
+        fn(*r)
+    times = []
+    for r in requests:
+        t0 = time.perf_counter()
+        fn(*r)
+        times.append(time.perf_counter() - t0)
+    ms = np.array(times) * 1000
+    return {"p50_ms": round(float(np.percentile(ms, 50)), 3), "p99_ms": round(float(np.percentile(ms, 99)), 3),
+            "mean_ms": round(float(ms.mean()), 3)}
+
+
+def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_000, categories: int = 1_000,
+                item_dim: int = 32, cat_dim: int = 32, attention_hidden: tuple[int, ...] = (80, 40),
+                mlp_hidden: tuple[int, ...] = (200, 80), attention_activation: str = "prelu",
+                mlp_activation: str = "relu", requests: int = 500, vs_deepctr: bool = True, seed: int = 0) -> dict:
+    torch.set_num_threads(1)
+    torch.manual_seed(seed)
+    cfg = DINConfig(n_items=items, n_categories=categories, item_dim=item_dim, cat_dim=cat_dim,
+                    attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
+                    attention_activation=attention_activation, mlp_activation=mlp_activation)
+    model = DIN(cfg).eval()
+    item_cat = torch.randint(1, categories, (items,))
+    item_cat[0] = 0
+    rng = np.random.default_rng(seed)
+    reqs = []
+    for _ in range(requests):
+        hist = torch.as_tensor(rng.integers(1, items, seq_len))
+        cand = torch.as_tensor(rng.choice(np.arange(1, items), candidates, replace=False))
+        reqs.append((hist, item_cat[hist], cand))
+
+    out: dict = {"candidates": candidates, "seq_len": seq_len, "items": items, "threads": 1,
+                 "config": {"item_dim": item_dim, "cat_dim": cat_dim, "attention_hidden": list(attention_hidden),
+                            "mlp_hidden": list(mlp_hidden), "attention_activation": attention_activation,
+                            "mlp_activation": mlp_activation}}
+    precision, error = choose_precision(model, item_cat, "auto", reqs[:8])
+    for name, prec in (("dinrec", precision), ("dinrec_fp32", "fp32"), ("dinrec_bf16", "bf16")):
+        scorer = Scorer(model, item_cat, prec)
+        out[name] = {**_timed(lambda h, c, n, s=scorer: s.score(h, c, n), reqs), "precision": prec}
+    out["dinrec"]["max_prob_diff_vs_fp32"] = error
+
+    with torch.inference_mode():
+        def torch_forward(h, c, n):
+            return model(h.unsqueeze(0).expand(len(n), -1), c.unsqueeze(0).expand(len(n), -1), n, item_cat[n])
+        out["torch"] = _timed(torch_forward, reqs)
+
+    if vs_deepctr:
+        out["deepctr"] = _deepctr(reqs, item_cat, items, categories, seq_len, item_dim, cat_dim, attention_hidden,
+                                  mlp_hidden, attention_activation, mlp_activation, seed)
+        out["speedup_vs_deepctr"] = round(out["deepctr"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
+    out["speedup_vs_torch"] = round(out["torch"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
+    out["cpu_bf16"] = precision == "bf16" or error is not None
+    out["cpus"] = os.cpu_count()
+    return out
+
+
+def _deepctr(reqs, item_cat, items, categories, seq_len, item_dim, cat_dim, attention_hidden, mlp_hidden,
+             attention_activation, mlp_activation, seed) -> dict:
+    from benchmarks.deepctr_peer import build_deepctr_din
+
+    model = build_deepctr_din(items, categories, seq_len=seq_len, item_dim=item_dim, cat_dim=cat_dim,
+                              attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
+                              attention_activation=attention_activation, mlp_activation=mlp_activation, seed=seed)
+    model.eval()
+
+    def predict(h, c, n):
+        rows = len(n)
+        x = {"item_id": n.numpy(), "cate_id": item_cat[n].numpy(),
+             "hist_item_id": np.repeat(h.numpy()[None], rows, 0), "hist_cate_id": np.repeat(c.numpy()[None], rows, 0),
+             "seq_length": np.full(rows, len(h))}
+        with contextlib.redirect_stdout(sys.stderr):
+            return model.predict(x, batch_size=rows)
+
+    return _timed(predict, reqs)

@@ -1,0 +1,100 @@
+"""The serving scorer computes the training model's function: same logits (fp32, within 1e-5), same
+attention weights, on random models of several shapes and on a trained bundle."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from training.model import DIN, DINConfig
+from training.scorer import Scorer, bf16_supported, choose_precision
+
+
+def random_model(attention_activation: str, mlp_activation: str, attention_hidden=(80, 40), mlp_hidden=(64, 32),
+                 n_items: int = 500, n_cats: int = 20, seed: int = 0) -> tuple[DIN, torch.Tensor]:
+    torch.manual_seed(seed)
+    model = DIN(DINConfig(n_items=n_items, n_categories=n_cats, item_dim=12, cat_dim=6,
+                          attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
+                          attention_activation=attention_activation, mlp_activation=mlp_activation)).eval()
+    with torch.no_grad():  # trained-looking parameters, so every term of the function matters
+        for p in model.parameters():
+            p.normal_(0, 0.3)
+        for m in model.modules():
+            if isinstance(m, torch.nn.BatchNorm1d):
+                m.running_mean.normal_(0, 0.5)
+                m.running_var.uniform_(0.3, 3.0)
+    item_cat = torch.randint(1, n_cats, (n_items,))
+    item_cat[0] = 0
+    return model, item_cat
+
+
+def reference_logits(model: DIN, item_cat: torch.Tensor, hist: torch.Tensor, cand: torch.Tensor) -> torch.Tensor:
+    with torch.inference_mode():
+        n = len(cand)
+        return model(hist.unsqueeze(0).expand(n, -1), item_cat[hist].unsqueeze(0).expand(n, -1), cand, item_cat[cand])
+
+
+@pytest.mark.parametrize("attention_activation, mlp_activation, attention_hidden", [
+    ("prelu", "dice", (80, 40)), ("dice", "relu", (80, 40)), ("dice", "dice", (16,)), ("sigmoid", "prelu", (24, 12, 6)),
+])
+def test_fp32_scores_equal_the_models_forward(attention_activation, mlp_activation, attention_hidden):
+    model, item_cat = random_model(attention_activation, mlp_activation, attention_hidden)
+    scorer = Scorer(model, item_cat, "fp32", chunk=7)  # chunks that do not divide N
+    g = torch.Generator().manual_seed(1)
+    for length in (50, 13, 1):
+        hist = torch.randint(1, 500, (length,), generator=g)
+        hist[::5] = 0  # unknown behaviours are ignored, as the model ignores padding
+        cand = torch.randperm(499, generator=g)[:30] + 1
+        got = scorer.score(hist, item_cat[hist], cand).logits
+        want = reference_logits(model, item_cat, hist, cand)
+        assert torch.allclose(got, want, atol=1e-5, rtol=1e-5), (got - want).abs().max()
+        assert want.std() > 0.01  # the candidates' scores really differ: the check has teeth
+
+
+def test_an_empty_or_unknown_history_scores_like_the_model():
+    model, item_cat = random_model("prelu", "dice")
+    scorer = Scorer(model, item_cat, "fp32")
+    cand = torch.arange(1, 41)
+    hist = torch.zeros(5, dtype=torch.long)  # only unknown items
+    assert torch.allclose(scorer.score(hist, item_cat[hist], cand).logits,
+                          reference_logits(model, item_cat, hist, cand), atol=1e-5)
+
+
+def test_attention_weights_are_the_activation_units_weights():
+    model, item_cat = random_model("dice", "relu")
+    hist = torch.tensor([3, 0, 77, 120, 9])
+    cand = torch.tensor([5, 400, 250])
+    weights = Scorer(model, item_cat, "fp32").score(hist, item_cat[hist], cand, with_attention=True).attention
+    known = hist[hist != 0]
+    with torch.inference_mode():  # the paper's form: W·[q, h, q−h, q⊙h], then the rest of the unit
+        h = model.embed(known, item_cat[known])  # (L, D)
+        q = model.embed(cand, item_cat[cand])  # (N, D)
+        qq, hh = q.unsqueeze(1).expand(-1, len(known), -1), h.unsqueeze(0).expand(len(cand), -1, -1)
+        z = model.att_in(torch.cat([qq, hh, qq - hh, qq * hh], dim=-1))  # (N, L, H1)
+        want = model._activation_weights(z.reshape(-1, z.shape[-1])).reshape(len(cand), len(known))
+    assert weights.shape == (3, 4) and torch.allclose(weights, want, atol=1e-5)
+
+
+@pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bf16 (AVX-512 BF16 / AMX)")
+def test_bf16_stays_close_and_auto_checks_before_choosing_it():
+    model, item_cat = random_model("prelu", "relu")
+    g = torch.Generator().manual_seed(2)
+    probes = [(h, item_cat[h], torch.randperm(499, generator=g)[:50] + 1)
+              for h in (torch.randint(1, 500, (40,), generator=g) for _ in range(3))]
+    precision, worst = choose_precision(model, item_cat, "auto", probes)
+    assert worst is not None and worst < 0.05
+    assert precision == ("bf16" if worst <= 1e-3 else "fp32")
+    assert choose_precision(model, item_cat, "auto", probes, tolerance=0.0)[0] == "fp32" or worst == 0.0
+    assert choose_precision(model, item_cat, "fp32", probes) == ("fp32", None)
+
+
+def test_a_trained_bundle_scores_the_same(tiny_run):
+    from training.bundle import load_bundle
+
+    bundle = load_bundle(tiny_run[2])
+    item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
+    scorer = Scorer(bundle.model, item_cat, "fp32")
+    hist = torch.arange(1, 21)
+    cand = torch.arange(21, 121)
+    assert torch.allclose(scorer.score(hist, item_cat[hist], cand).logits,
+                          reference_logits(bundle.model, item_cat, hist, cand), atol=1e-5, rtol=1e-5)

@@ -1,0 +1,175 @@
+"""DIN scoring for serving: one user's history against N candidates, fast.
+
+The model (training/model.py) stays the reference; this computes the same function, arranged for
+the request shape (one history, many candidates) rather than the training shape (one candidate
+per history). With W = [Wq | Wh | Wd | Wp] the activation unit's first layer (see
+``DIN.interest_jagged``), for candidate n and behaviour l::
+
+    z[n, l] = (Wq+Wd)·q_n + b   +   (Wh−Wd)·h_l   +   Wp·(q_n ⊙ h_l)
+              a[n]: per item,       b[l]: once per     c[n, l]: the only N×L term, one GEMM
+              computed at load      request            Q (N, D) @ G (D, L·H1), G[:, l] = h_l ⊙ Wp
+
+The history is embedded once per request (the training path embeds it once per candidate), the
+rest of the unit and the MLP are the model's own modules in eval mode, so the function is the
+same; tests compare against the model within 1e-5 (fp32). ``precision="bf16"`` runs the matrix
+products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX); :meth:`Scorer.check` measures how
+far it is from fp32 on a bundle, and the caller decides whether that is acceptable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from training.model import DIN, Dice, PReLU
+
+Precision = Literal["fp32", "bf16"]
+
+
+@dataclass(frozen=True)
+class Scores:
+    logits: torch.Tensor          # (N,) float32
+    attention: torch.Tensor | None  # (N, L) float32: the unit's weight of each behaviour, if asked for
+
+
+def _linear_fn(layer: torch.nn.Linear, dtype: torch.dtype):
+    """fp32 rows → the layer in ``dtype`` → fp32 rows."""
+    weight_t, bias = layer.weight.detach().to(dtype).t().contiguous(), layer.bias.detach().to(dtype)
+    return lambda x: torch.addmm(bias, x.to(dtype), weight_t).float()
+
+
+def bf16_supported() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); otherwise bf16 is slower."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            flags = fh.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _activation_fn(module: torch.nn.Module):
+    """An eval-mode activation as a function of an fp32 (rows, H) tensor it may overwrite."""
+    if isinstance(module, Dice):
+        # BN with running statistics folded: p = sigmoid(x·s + t), y = x·(α + p·(1−α)).
+        bn = module.bn
+        scale = torch.rsqrt(bn.running_var + bn.eps)
+        shift, alpha = -bn.running_mean * scale, module.alpha.detach()
+        keep = 1 - alpha
+
+        def dice(x: torch.Tensor) -> torch.Tensor:
+            p = torch.addcmul(shift, x, scale).sigmoid_()  # (R, H)
+            return x.mul_(p.mul_(keep).add_(alpha))
+        return dice
+    if isinstance(module, PReLU):
+        alpha = module.alpha.detach()
+        return lambda x: F.prelu(x, alpha)
+    if isinstance(module, torch.nn.ReLU):
+        return lambda x: x.relu_()
+    if isinstance(module, torch.nn.Sigmoid):
+        return lambda x: x.sigmoid_()
+    raise TypeError(f"no scoring rule for {type(module).__name__}")
+
+
+class Scorer:
+    def __init__(self, model: DIN, item_category: torch.Tensor, precision: Precision = "fp32",
+                 chunk: int = 100) -> None:
+        model = model.eval()
+        self.model = model
+        self.precision = precision
+        self.chunk = chunk
+        self.dim = model.dim
+        with torch.inference_mode():
+            items = torch.arange(model.cfg.n_items)  # (I,)
+            self.item_vectors = model.embed(items, item_category.long()).float().contiguous()  # (I, D)
+            w_q, w_h, w_d, w_p = model.att_in.weight.float().split(self.dim, dim=1)  # each (H1, D)
+            # a[n]: the candidate's part of the first layer, bias included, for every item once.
+            self.item_first = torch.addmm(model.att_in.bias.float(), self.item_vectors, (w_q + w_d).t())  # (I, H1)
+            self.w_hist = (w_h - w_d).t().contiguous()  # (D, H1)
+            self.w_prod = w_p.t().contiguous()  # (D, H1)
+        self.h1 = self.item_first.shape[1]
+        self.item_category = item_category.long()
+        # The rest of the activation unit as (function) steps: activations, and Linear layers with
+        # their weights transposed once, in the precision the products run in.
+        cd = self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        # Products run in ``cd`` (bf16: twice the multiply rate on CPUs that have it); elementwise
+        # work stays in fp32, which PyTorch's CPU kernels do faster than bf16.
+        steps = [_activation_fn(model.att_in_act)]
+        for m in model.att_hidden:
+            steps.append(_linear_fn(m, cd) if isinstance(m, torch.nn.Linear) else _activation_fn(m))
+        self._unit_steps = steps
+        self._unit_out_w = model.att_out.weight.detach().float().t().contiguous()  # (H_last, 1)
+        self._unit_out_b = model.att_out.bias.detach().float()
+        self._mlp_steps = [_linear_fn(m, cd) if isinstance(m, torch.nn.Linear) else _activation_fn(m)
+                           for m in model.mlp if not isinstance(m, torch.nn.Dropout)]
+        self._out = _linear_fn(model.out, cd)
+        self._item_vectors_cd = self.item_vectors.to(cd)
+
+    @torch.inference_mode()
+    def score(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, candidates: torch.Tensor,
+              *, with_attention: bool = False) -> Scores:
+        """hist_items/hist_cats (L,) int64, the user's behaviours (0 = unknown: ignored);
+        candidates (N,) int64 item indices → logits (N,) (and attention (N, L') over the L' known
+        behaviours, in order, if asked)."""
+        known = hist_items != 0
+        h = self.model.embed(hist_items[known], hist_cats[known]).float()  # (L, D)
+        q = self.item_vectors.index_select(0, candidates)  # (N, D), fp32 for the MLP
+        n, length = q.shape[0], h.shape[0]
+        if length == 0:
+            weights = torch.zeros(n, 0)
+            interest = torch.zeros_like(q)
+        else:
+            cd = self.compute_dtype
+            g = (h.unsqueeze(2) * self.w_prod.unsqueeze(0)).transpose(0, 1).reshape(self.dim, -1).to(cd)  # (D, L·H1)
+            b = torch.mm(h, self.w_hist)  # (L, H1): b[l]
+            qc = self._item_vectors_cd.index_select(0, candidates)  # (N, D)
+            a = self.item_first.index_select(0, candidates)  # (N, H1): a[n]
+            weights = torch.empty(n, length)
+            # Candidates in chunks, so each chunk's (chunk·L, H1) activations stay in cache through
+            # the unit's elementwise passes.
+            for c0 in range(0, n, self.chunk):
+                c1 = min(n, c0 + self.chunk)
+                z = torch.mm(qc[c0:c1], g).float().view(c1 - c0, length, self.h1)  # c[n, l]
+                z.add_(a[c0:c1].unsqueeze(1)).add_(b.unsqueeze(0))
+                x = z.view(-1, self.h1)  # (chunk·L, H1)
+                for step in self._unit_steps:
+                    x = step(x)
+                weights[c0:c1] = torch.addmm(self._unit_out_b, x, self._unit_out_w).view(c1 - c0, length)
+            interest = torch.mm(weights, h)  # (N, D): sum pooling with the unit's weights
+        x = torch.cat([interest, q], dim=1)  # (N, 2D)
+        for step in self._mlp_steps:
+            x = step(x)
+        logits = self._out(x).squeeze(-1)  # (N,)
+        return Scores(logits, weights if with_attention else None)
+
+    def check(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, candidates: torch.Tensor) -> float:
+        """Largest |probability difference| between this scorer and the model's own forward (the
+        reference) on one request."""
+        with torch.inference_mode():
+            n = candidates.shape[0]
+            known = hist_items != 0
+            items = hist_items[known].unsqueeze(0).expand(n, -1)  # (N, L)
+            cats = hist_cats[known].unsqueeze(0).expand(n, -1)  # (N, L)
+            reference = self.model(items, cats, candidates, self.item_category[candidates])  # (N,)
+            mine = self.score(hist_items, hist_cats, candidates).logits
+            return float((torch.sigmoid(mine) - torch.sigmoid(reference)).abs().max())
+
+
+def choose_precision(model: DIN, item_category: torch.Tensor, wanted: str,
+                     probes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
+                     tolerance: float = 1e-3) -> tuple[Precision, float | None]:
+    """``wanted``: fp32, bf16 or auto. Auto takes bf16 only where the CPU multiplies it natively and,
+    on the ``probes`` (hist_items, hist_cats, candidates), no probability moves by more than
+    ``tolerance`` from fp32. Returns the precision and the largest difference seen (None if not
+    measured)."""
+    if wanted == "fp32" or (wanted == "auto" and not bf16_supported()):
+        return "fp32", None
+    exact, fast = Scorer(model, item_category, "fp32"), Scorer(model, item_category, "bf16")
+    worst = max(float((torch.sigmoid(fast.score(*p).logits) - torch.sigmoid(exact.score(*p).logits)).abs().max())
+                for p in probes)
+    if wanted == "bf16" or worst <= tolerance:
+        return "bf16", worst
+    return "fp32", worst
