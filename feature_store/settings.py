@@ -18,6 +18,7 @@ class FeatureStoreSettings(BaseSettings):
 
     store: Literal["memory", "redis"] = "memory"
     redis_url: str = Field("redis://127.0.0.1:6379/0", pattern=r"^rediss?://")
+    redis_timeout_ms: int = Field(250, ge=1, le=60_000, description="per Redis call (connect, read, write)")
     redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     history_len: int = Field(DEFAULT_HISTORY_LEN, ge=1, le=10_000,
                              description="behaviours kept per user in the online store")

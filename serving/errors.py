@@ -7,6 +7,7 @@ import logging
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
 from feature_store.outbox import OutboxFull
@@ -20,7 +21,28 @@ def _body(status: int, error: str, message: str, request: Request, **extra) -> J
     return JSONResponse(status_code=status, content={"error": error, "message": message, "request_id": rid, **extra})
 
 
+class InvalidRequest(ValueError):
+    """A request that passed the schema but not a setting (e.g. k above DINREC_MAX_K)."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(InvalidRequest)
+    async def _invalid(request: Request, exc: InvalidRequest) -> JSONResponse:
+        return _body(422, "invalid_request", str(exc), request, problems=[{"field": exc.field, "message": str(exc)}])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        names = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        error = names.get(exc.status_code, "http_error")
+        response = _body(exc.status_code, error, str(exc.detail), request)
+        for name, value in (exc.headers or {}).items():
+            response.headers[name] = value
+        return response
+
     @app.exception_handler(RequestValidationError)
     async def _validation(request: Request, exc: RequestValidationError) -> JSONResponse:
         problems = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query")),

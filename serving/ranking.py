@@ -75,11 +75,7 @@ class Recommender:
         items, cats = self._encode(history)
         known = [i for i in items if i]
         if not known:
-            seen_ids = {h.item_id for h in history}
-            popular = popular(k + len(seen_ids))
-            top = [(i, s) for i, s in popular if i not in seen_ids][:k]
-            peak = max((s for _, s in popular), default=1.0) or 1.0  # score: popularity relative to the top item
-            return Ranking([Scored(i, self._category_of(i), s / peak) for i, s in top], "popular", 0)
+            return self.rank_by_popularity(history, k, popular)
 
         query = self._item_vectors[known].mean(axis=0, keepdims=True)  # (1, item_dim)
         cand, _ = self.index.search(query, self.recall_candidates, exclude=[set(known)])
@@ -93,6 +89,15 @@ class Recommender:
         vocab = self.bundle.vocab
         return Ranking([Scored(vocab.items[cand[j]], vocab.categories[vocab.item_category[cand[j]]],
                                float(scores[j])) for j in order], "din", len(known))
+
+    def rank_by_popularity(self, history: list[HistoryItem], k: int,
+                           popular: Callable[[int], list[tuple[str, float]]]) -> Ranking:
+        """The ``k`` most popular items the user has not interacted with; score relative to the top item."""
+        seen_ids = {h.item_id for h in history}
+        ranked = popular(k + len(seen_ids))
+        top = [(i, s) for i, s in ranked if i not in seen_ids][:k]
+        peak = max((s for _, s in ranked), default=1.0) or 1.0
+        return Ranking([Scored(i, self._category_of(i), s / peak) for i, s in top], "popular", 0)
 
     def _category_of(self, item_id: str) -> str:
         idx = self._item_idx.get(item_id)

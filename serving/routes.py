@@ -3,15 +3,17 @@ Redis client never block the event loop."""
 
 from __future__ import annotations
 
+import logging
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import JSONResponse
 
-from feature_store.errors import StoreUnavailable
+from feature_store.features import HistoryItem
 from feature_store.streams.base import event_record
 from serving.deps import State
+from serving.errors import InvalidRequest
 from serving.schemas import (
+    ContextItem,
     EventsRequest,
     EventsResponse,
     RecommendedItem,
@@ -20,27 +22,39 @@ from serving.schemas import (
     UserId,
 )
 
+log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _recommend(state: State, request: Request, user_id: str, k: int | None) -> RecommendResponse | JSONResponse:
+def _recommend(state: State, request: Request, user_id: str, k: int | None,
+               context: list[ContextItem] | None = None) -> RecommendResponse:
     s = state.settings
     k = k or s.default_k
     if k > s.max_k:
-        return JSONResponse(status_code=422, content={
-            "error": "invalid_request", "message": f"k: must be <= {s.max_k}", "request_id": request.state.request_id})
+        raise InvalidRequest(f"k: must be <= {s.max_k}", field="k")
     rec = state.recommender
-    history = state.store.history(user_id, rec.seq_len)
+    reasons: list[str] = []
+    history = state.features.history(user_id, rec.seq_len)
+    if history is None:  # the store is down or slow: the request's own context, else popularity
+        reasons.append("feature_store")
+        history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
 
     def popular(n: int) -> list[tuple[str, float]]:
-        # Live popularity from the store (fresh, knows new items); the bundle's when the store has none.
-        # Asked for only when the fallback is taken, so ranked requests make one store round trip.
-        return state.store.popular(n) or rec.bundle.popularity
+        # Live popularity from the store (fresh, knows new items); the bundle's when the store has none
+        # or cannot answer. Asked for only when the fallback is taken.
+        return state.features.popular(n) or rec.bundle.popularity
 
-    ranking = rec.rank(history, k, popular)
+    try:
+        ranking = rec.rank(history, k, popular)
+    except Exception:  # recall or model failure: still an answer, from the bundle's popularity
+        log.exception("ranking failed for user %r; answering with popular items", user_id)
+        reasons.append("ranking")
+        ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity)
+    for reason in reasons:
+        state.features.degraded[reason] += 1
     return RecommendResponse(
         request_id=request.state.request_id, user_id=user_id, model_version=rec.model_version,
-        strategy=ranking.strategy, history_len=len(history),
+        strategy=ranking.strategy, history_len=len(history), degraded=bool(reasons), degraded_reasons=reasons,
         items=[RecommendedItem(item_id=x.item_id, category_id=x.category_id, score=x.score) for x in ranking.items])
 
 
@@ -52,7 +66,7 @@ def recommend_get(state: State, request: Request, user_id: Annotated[UserId, Que
 
 @router.post("/recommend", response_model=RecommendResponse)
 def recommend_post(state: State, request: Request, body: RecommendRequest):
-    return _recommend(state, request, body.user_id, body.k)
+    return _recommend(state, request, body.user_id, body.k, body.context)
 
 
 @router.post("/events", response_model=EventsResponse, status_code=202)
@@ -74,8 +88,7 @@ def healthz() -> dict:
 
 @router.get("/readyz")
 def readyz(state: State):
-    try:
-        state.store.ping()
-    except StoreUnavailable as exc:
-        return JSONResponse(status_code=503, content={"status": "unavailable", "reason": str(exc)})
+    """Ready when the model is loaded and the feature store answers (recommendations still work,
+    degraded, without the store; this tells the operator)."""
+    state.store.ping()  # StoreUnavailable → 503 in the one error shape
     return {"status": "ready", "model_version": state.recommender.model_version}

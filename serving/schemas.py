@@ -6,9 +6,16 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints
 
-from feature_store.schema import BehaviourEvent
+from feature_store.schema import BehaviourEvent, ExternalId
 
 UserId = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+
+
+class ContextItem(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    item_id: ExternalId
+    category_id: ExternalId = "0"
 
 
 class RecommendRequest(BaseModel):
@@ -16,6 +23,10 @@ class RecommendRequest(BaseModel):
 
     user_id: UserId
     k: int | None = Field(None, ge=1, description="how many items; default DINREC_DEFAULT_K, at most DINREC_MAX_K")
+    context: list[ContextItem] = Field(
+        default_factory=list, max_length=200,
+        description="the client's own view of the user's recent items, oldest first: used as the history when the "
+                    "feature store cannot be read")
 
 
 class RecommendedItem(BaseModel):
@@ -31,6 +42,8 @@ class RecommendResponse(BaseModel):
     strategy: str
     history_len: int
     items: list[RecommendedItem]
+    degraded: bool = Field(False, description="answered without a dependency (see degraded_reasons)")
+    degraded_reasons: list[str] = Field(default_factory=list, description="feature_store, ranking")
 
 
 class EventsRequest(BaseModel):

@@ -18,6 +18,8 @@ class ServingSettings(BaseSettings):
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
+    store_cooldown_s: float = Field(
+        1.0, gt=0, le=60, description="after a failed feature-store read, answer degraded this long before retrying")
     max_k: int = Field(100, ge=1, le=1000)
     default_k: int = Field(10, ge=1, le=1000)
     events_sink: Literal["store", "stream"] = Field(

@@ -186,3 +186,55 @@ def metadata_mock(tmp_path):
         proc.terminate()
         proc.wait(timeout=10)
         log.close()
+
+
+class RedisServer:
+    """A redis-server of the test's own (the shared one is not for killing), persisting to an RDB
+    snapshot only when told: a restart comes back with the data as of the last SAVE."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = None
+
+    def start(self) -> None:
+        import subprocess
+
+        import redis
+
+        self.proc = subprocess.Popen(
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--dir", str(self.folder), "--dbfilename", "dump.rdb", "--logfile", str(self.folder / "redis.log")])
+        client = redis.Redis.from_url(self.url)
+
+        def pings() -> bool:
+            try:
+                return bool(client.ping())
+            except redis.RedisError:
+                return False
+
+        wait_until(pings, timeout_s=20, what="redis-server up")
+        client.close()
+
+    def kill(self) -> None:
+        import signal
+
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def save(self) -> None:
+        import redis
+
+        client = redis.Redis.from_url(self.url)
+        client.save()
+        client.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path, redis_url):  # redis_url: only where the test services (and redis-server) are
+    server = RedisServer(tmp_path)
+    server.start()
+    yield server
+    if server.proc and server.proc.poll() is None:
+        server.kill()

@@ -112,5 +112,5 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
         return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
-                          dedup_window_s=settings.dedup_window_s)
+                          dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000)
     raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

@@ -17,12 +17,10 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-import redis
 
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from feature_store.streams.kafka_stream import KafkaStream
-from serving.server import free_port
 from tests.conftest import REPO, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
@@ -76,50 +74,6 @@ def expected_state(events: list[BehaviourEvent]) -> tuple[dict[str, list[tuple]]
     histories = {u: [(e.ts, e.event_id, e.item_id, e.category_id)
                      for e in sorted(hs, key=lambda e: (e.ts, e.event_id))][-CAP:] for u, hs in hist.items()}
     return histories, Counter(e.item_id for e in kept)
-
-
-class RedisServer:
-    """A redis-server of the test's own (the shared one is not for killing), persisting to an RDB
-    snapshot only when told: a restart comes back with the data as of the last SAVE."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.port = folder, free_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.proc = subprocess.Popen(
-            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--dir", str(self.folder), "--dbfilename", "dump.rdb", "--logfile", str(self.folder / "redis.log")])
-        client = redis.Redis.from_url(self.url)
-        wait_until(lambda: _pings(client), timeout_s=20, what="redis-server up")
-        client.close()
-
-    def kill(self) -> None:
-        assert self.proc is not None
-        self.proc.send_signal(signal.SIGKILL)
-        self.proc.wait(timeout=10)
-
-    def save(self) -> None:
-        client = redis.Redis.from_url(self.url)
-        client.save()
-        client.close()
-
-
-def _pings(client: redis.Redis) -> bool:
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-
-
-@pytest.fixture
-def own_redis(tmp_path):
-    server = RedisServer(tmp_path)
-    server.start()
-    yield server
-    if server.proc and server.proc.poll() is None:
-        server.kill()
 
 
 class Ingesters:

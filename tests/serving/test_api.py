@@ -99,13 +99,49 @@ def test_health_and_readiness(client):
     assert client.get("/readyz").json()["status"] == "ready"
 
 
-def test_store_outage_is_a_503_not_a_500(tiny_run):
+def test_a_dead_store_means_degraded_answers_not_errors(tiny_run):
     dead = RedisStore("redis://127.0.0.1:1/0", socket_timeout_s=0.2)
     with live_server(ServingSettings(bundle_dir=tiny_run[2]), FeatureStoreSettings(), store=dead,
                      stream=InProcessStream()) as c:
-        r = c.get("/recommend", params={"user_id": "u1"})
-        assert r.status_code == 503 and r.json()["error"] == "store_unavailable"
-        assert c.get("/readyz").status_code == 503
+        r = c.get("/recommend", params={"user_id": "u1", "k": 5})
+        assert r.status_code == 200, r.text
+        body = r.json()
+        assert body["degraded"] and body["degraded_reasons"] == ["feature_store"]
+        assert body["strategy"] == "popular" and len(body["items"]) == 5
+        # The client's own context still gets a personal ranking.
+        known = tiny_run[0].item_id[:3].tolist()
+        r = c.post("/recommend", json={"user_id": "u1", "k": 5, "context": [{"item_id": i} for i in known]})
+        body = r.json()
+        assert r.status_code == 200 and body["degraded"] and body["strategy"] == "din" and body["history_len"] == 3
+        assert not set(known) & {x["item_id"] for x in body["items"]}
+        ready = c.get("/readyz")  # the operator is told
+        assert ready.status_code == 503 and ready.json()["error"] == "store_unavailable"
+
+
+def test_a_ranking_failure_answers_with_popular_items(tiny_run, store):
+    store.write(list(tiny_run[0].events()))
+    with live_server(ServingSettings(bundle_dir=tiny_run[2]), FeatureStoreSettings(), store=store,
+                     stream=InProcessStream()) as c:
+        user = tiny_run[0].user_id[0]
+        assert c.get("/recommend", params={"user_id": user}).json()["strategy"] == "din"
+
+        class Broken:
+            def score(self, *args, **kwargs):
+                raise RuntimeError("the model failed")
+
+        c.service_state().recommender.scorer = Broken()  # a fault injected into our own object
+        body = c.get("/recommend", params={"user_id": user, "k": 4}).json()
+        assert body["degraded"] and body["degraded_reasons"] == ["ranking"] and body["strategy"] == "popular"
+        assert len(body["items"]) == 4
+
+
+def test_every_error_has_one_shape(client):
+    for r in (client.get("/nowhere"), client.delete("/recommend"),
+              client.get("/recommend", params={"user_id": "u", "k": 51}),
+              client.post("/events", content=b"[", headers={"content-type": "application/json"})):
+        body = r.json()
+        assert r.status_code in (404, 405, 422) and set(body) >= {"error", "message", "request_id"}, body
+        assert body["request_id"] == r.headers["x-request-id"]
 
 
 def test_events_through_the_in_process_stream_reach_the_store(tiny_run):

@@ -1,0 +1,62 @@
+"""Redis stopped under a request stream: every answer is a 200 (degraded while it is down), and the
+service recovers by itself once Redis is back. A redis-server of the test's own, since it is killed."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from feature_store.online.redis_store import RedisStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.settings import ServingSettings
+from tests.conftest import wait_until
+from tests.serving.conftest import live_server
+
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
+
+
+def test_redis_down_mid_stream_degrades_then_recovers(own_redis, tiny_run, unique):
+    store = RedisStore(own_redis.url, prefix=unique, socket_timeout_s=0.1)
+    store.write(list(tiny_run[0].events()))
+    own_redis.save()  # it comes back with the histories
+    users = sorted(set(tiny_run[0].user_id.tolist()))[:20]
+    answers: list[tuple[float, int, bool, str, float]] = []  # (when, status, degraded, strategy, seconds)
+    stop = threading.Event()
+    settings = ServingSettings(bundle_dir=tiny_run[2], store_cooldown_s=0.5, events_sink="store")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        def stream() -> None:
+            i = 0
+            while not stop.is_set():
+                t0 = time.monotonic()
+                r = c.get("/recommend", params={"user_id": users[i % len(users)], "k": 5})
+                body = r.json()
+                answers.append((t0, r.status_code, body.get("degraded", False), body.get("strategy", ""),
+                                time.monotonic() - t0))
+                i += 1
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(1.5)
+        killed_at = time.monotonic()
+        own_redis.kill()
+        time.sleep(3)
+        restarting_at = time.monotonic()
+        own_redis.start()
+        back_at = time.monotonic()
+        wait_until(lambda: any(a[0] > back_at and not a[2] for a in answers), timeout_s=30,
+                   what="a non-degraded answer after Redis came back")
+        time.sleep(max(0.0, back_at + 3 - time.monotonic()))
+        stop.set()
+        t.join(timeout=30)
+    store.close()
+    assert {a[1] for a in answers} == {200}
+    before = [a for a in answers if a[0] + a[4] < killed_at]  # answered before the kill
+    during = [a for a in answers if killed_at + 0.2 < a[0] < restarting_at]
+    after = [a for a in answers if a[0] > back_at + 2]  # past the cool-down and the probe
+    assert before and all(not a[2] and a[3] == "din" for a in before)
+    assert len(during) > 20 and all(a[2] for a in during)
+    assert after and all(not a[2] and a[3] == "din" for a in after)
+    assert max(a[4] for a in during) < 1.0  # an outage costs a request at most one short timeout
