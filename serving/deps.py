@@ -14,6 +14,7 @@ from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
 from serving.degraded import GuardedStore
 from serving.ranking import Recommender
+from serving.rerank import Reranker
 from serving.settings import ServingSettings
 
 
@@ -26,9 +27,12 @@ class ServiceState:
     stream: EventStream
     outbox: Outbox | None = None  # POST /events journals here when the sink is the stream
     features: GuardedStore = field(init=False)  # the store's reads, behind a circuit breaker
+    reranker: Reranker = field(init=False)
 
     def __post_init__(self) -> None:
-        self.features = GuardedStore(self.store, self.settings.store_cooldown_s)
+        s = self.settings
+        self.features = GuardedStore(self.store, s.store_cooldown_s)
+        self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty)
     ingest_stop: threading.Event = field(default_factory=threading.Event)
     ingest_thread: threading.Thread | None = None
 

@@ -5,16 +5,25 @@ Built once per bundle (the service swaps the whole Recommender when a new bundle
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex
+from serving.rerank import Reranker
 from training.bundle import Bundle
 from training.scorer import Scorer, choose_precision
+
+
+@dataclass(frozen=True)
+class Because:
+    """One of the user's behaviours that drew this item, with its weight in DIN's activation unit."""
+
+    item_id: str
+    category_id: str
+    weight: float
 
 
 @dataclass(frozen=True)
@@ -22,6 +31,7 @@ class Scored:
     item_id: str
     category_id: str
     score: float
+    because: list[Because] | None = None  # with explain: the behaviours with the largest weights
 
 
 @dataclass(frozen=True)
@@ -38,6 +48,7 @@ class Recommender:
         self.model = bundle.model.eval()
         self.index = index
         self.recall_candidates = recall_candidates
+        self.explain_top = 3  # behaviours named per item with explain
         self.seq_len = int(bundle.metrics.get("seq_len", 50))
         self._item_idx = bundle.vocab.item_index()
         self._cat_idx = {c: i for i, c in enumerate(bundle.vocab.categories) if i != 0}
@@ -70,34 +81,52 @@ class Recommender:
         return ([self._item_idx.get(h.item_id, 0) for h in hist], [self._cat_idx.get(h.category_id, 0) for h in hist])
 
     @torch.inference_mode()
-    def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]]) -> Ranking:
-        """``popular(n)``: the n most popular (item, count), called only when no behaviour is usable."""
-        items, cats = self._encode(history)
+    def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]], *,
+             rerank: Reranker | None = None, shown: Collection[str] = (), explain: bool = False) -> Ranking:
+        """``popular(n)``: the n most popular (item, count), called only when no behaviour is usable.
+        ``rerank`` applies the business rules (``shown``: items recently shown to the user); with
+        ``explain`` each item says which behaviours drew it (DIN's attention weights, largest first)."""
+        rerank = rerank or Reranker()
+        window = history[-self.seq_len:]
+        items, cats = self._encode(window)
         known = [i for i in items if i]
         if not known:
-            return self.rank_by_popularity(history, k, popular)
+            return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown)
 
         query = self._item_vectors[known].mean(axis=0, keepdims=True)  # (1, item_dim)
         cand, _ = self.index.search(query, self.recall_candidates, exclude=[set(known)])
         cand = cand[0][cand[0] >= 0]  # (N,)
         if len(cand) == 0:
             return Ranking([], "din", len(known))
-        logits = self.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                                   torch.as_tensor(cand, dtype=torch.long)).logits  # (N,)
-        scores = torch.sigmoid(logits).numpy()
-        order = np.argsort(-scores, kind="stable")[:k]
+        scored = self.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
+                                   torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
+        scores = torch.sigmoid(scored.logits).tolist()  # (N,)
         vocab = self.bundle.vocab
-        return Ranking([Scored(vocab.items[cand[j]], vocab.categories[vocab.item_category[cand[j]]],
-                               float(scores[j])) for j in order], "din", len(known))
+        candidates = [(vocab.items[c], vocab.categories[vocab.item_category[c]], s)
+                      for c, s in zip(cand.tolist(), scores, strict=True)]
+        behaviours = [h for h, i in zip(window, items, strict=True) if i]  # the scorer's L (known ones), in order
+        out = []
+        for j, score in rerank.select(candidates, k, shown):
+            because = None
+            if explain and scored.attention is not None:
+                weights = scored.attention[j]  # (L,)
+                top = torch.argsort(weights, descending=True, stable=True)[:self.explain_top].tolist()
+                because = [Because(behaviours[t].item_id, behaviours[t].category_id, float(weights[t])) for t in top]
+            out.append(Scored(candidates[j][0], candidates[j][1], score, because))
+        return Ranking(out, "din", len(known))
 
     def rank_by_popularity(self, history: list[HistoryItem], k: int,
-                           popular: Callable[[int], list[tuple[str, float]]]) -> Ranking:
-        """The ``k`` most popular items the user has not interacted with; score relative to the top item."""
+                           popular: Callable[[int], list[tuple[str, float]]], *, rerank: Reranker | None = None,
+                           shown: Collection[str] = ()) -> Ranking:
+        """The ``k`` most popular items the user has not interacted with (after the business rules);
+        score relative to the top item."""
+        rerank = rerank or Reranker()
         seen_ids = {h.item_id for h in history}
-        ranked = popular(k + len(seen_ids))
-        top = [(i, s) for i, s in ranked if i not in seen_ids][:k]
+        ranked = popular(5 * k + len(seen_ids))  # headroom for blocklists and category caps
         peak = max((s for _, s in ranked), default=1.0) or 1.0
-        return Ranking([Scored(i, self._category_of(i), s / peak) for i, s in top], "popular", 0)
+        candidates = [(i, self._category_of(i), s / peak) for i, s in ranked if i not in seen_ids]
+        return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in rerank.select(candidates, k, shown)],
+                       "popular", 0)
 
     def _category_of(self, item_id: str) -> str:
         idx = self._item_idx.get(item_id)

@@ -9,10 +9,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 
 from feature_store.features import HistoryItem
+from feature_store.schema import ExternalId
 from feature_store.streams.base import event_record
 from serving.deps import State
 from serving.errors import InvalidRequest
 from serving.schemas import (
+    Because,
     ContextItem,
     EventsRequest,
     EventsResponse,
@@ -26,8 +28,8 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
-def _recommend(state: State, request: Request, user_id: str, k: int | None,
-               context: list[ContextItem] | None = None) -> RecommendResponse:
+def _recommend(state: State, request: Request, user_id: str, k: int | None, *, explain: bool = False,
+               shown: list[str] | None = None, context: list[ContextItem] | None = None) -> RecommendResponse:
     s = state.settings
     k = k or s.default_k
     if k > s.max_k:
@@ -44,29 +46,37 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None,
         # or cannot answer. Asked for only when the fallback is taken.
         return state.features.popular(n) or rec.bundle.popularity
 
+    shown_set = set(shown or ())
     try:
-        ranking = rec.rank(history, k, popular)
+        ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain)
     except Exception:  # recall or model failure: still an answer, from the bundle's popularity
         log.exception("ranking failed for user %r; answering with popular items", user_id)
         reasons.append("ranking")
-        ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity)
+        ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
+                                         shown=shown_set)
     for reason in reasons:
         state.features.degraded[reason] += 1
     return RecommendResponse(
         request_id=request.state.request_id, user_id=user_id, model_version=rec.model_version,
         strategy=ranking.strategy, history_len=len(history), degraded=bool(reasons), degraded_reasons=reasons,
-        items=[RecommendedItem(item_id=x.item_id, category_id=x.category_id, score=x.score) for x in ranking.items])
+        items=[RecommendedItem(item_id=x.item_id, category_id=x.category_id, score=x.score,
+                               because=None if x.because is None else [
+                                   Because(item_id=b.item_id, category_id=b.category_id, weight=b.weight)
+                                   for b in x.because])
+               for x in ranking.items])
 
 
 @router.get("/recommend", response_model=RecommendResponse)
 def recommend_get(state: State, request: Request, user_id: Annotated[UserId, Query()],
-                  k: Annotated[int | None, Query(ge=1)] = None):
-    return _recommend(state, request, user_id, k)
+                  k: Annotated[int | None, Query(ge=1)] = None, explain: bool = False,
+                  shown: Annotated[list[ExternalId] | None, Query(max_length=500)] = None):
+    return _recommend(state, request, user_id, k, explain=explain, shown=shown)
 
 
 @router.post("/recommend", response_model=RecommendResponse)
 def recommend_post(state: State, request: Request, body: RecommendRequest):
-    return _recommend(state, request, body.user_id, body.k, body.context)
+    return _recommend(state, request, body.user_id, body.k, explain=body.explain, shown=body.shown,
+                      context=body.context)
 
 
 @router.post("/events", response_model=EventsResponse, status_code=202)

@@ -23,16 +23,26 @@ class RecommendRequest(BaseModel):
 
     user_id: UserId
     k: int | None = Field(None, ge=1, description="how many items; default DINREC_DEFAULT_K, at most DINREC_MAX_K")
+    explain: bool = Field(False, description="name, per item, the behaviours that drew it (DIN's attention)")
+    shown: list[ExternalId] = Field(default_factory=list, max_length=500,
+                                    description="items recently shown to the user: pushed down")
     context: list[ContextItem] = Field(
         default_factory=list, max_length=200,
         description="the client's own view of the user's recent items, oldest first: used as the history when the "
                     "feature store cannot be read")
 
 
+class Because(BaseModel):
+    item_id: str
+    category_id: str
+    weight: float = Field(description="the behaviour's weight in DIN's activation unit for this item")
+
+
 class RecommendedItem(BaseModel):
     item_id: str
     category_id: str
     score: float
+    because: list[Because] | None = Field(None, description="with explain: the behaviours with the largest weights")
 
 
 class RecommendResponse(BaseModel):

@@ -20,6 +20,10 @@ class ServingSettings(BaseSettings):
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
     store_cooldown_s: float = Field(
         1.0, gt=0, le=60, description="after a failed feature-store read, answer degraded this long before retrying")
+    max_per_category: int | None = Field(None, ge=1, description="at most this many items of one category per list")
+    blocked_items: frozenset[str] = Field(frozenset(), description='never recommended (JSON list: ["i1", "i2"])')
+    blocked_categories: frozenset[str] = Field(frozenset(), description="no item of these categories (JSON list)")
+    shown_penalty: float = Field(0.5, ge=0, le=1, description="score factor of items the request says were shown")
     max_k: int = Field(100, ge=1, le=1000)
     default_k: int = Field(10, ge=1, le=1000)
     events_sink: Literal["store", "stream"] = Field(

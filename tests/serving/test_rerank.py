@@ -1,0 +1,93 @@
+"""Business rules after DIN (caps, blocklists, shown items) and explanations, through HTTP."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from feature_store.online.memory import MemoryStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.rerank import Reranker
+from serving.settings import ServingSettings
+from tests.serving.conftest import live_server
+
+CANDIDATES = [("a", "x", 0.9), ("b", "x", 0.8), ("c", "y", 0.7), ("d", "x", 0.6), ("e", "z", 0.5), ("f", "y", 0.4)]
+
+
+def test_category_cap_takes_the_best_list_under_it():
+    chosen = Reranker(max_per_category=1).select(CANDIDATES, 5)
+    assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "c", "e"]  # one per category, best first
+    chosen = Reranker(max_per_category=2).select(CANDIDATES, 4)
+    assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "b", "c", "e"]
+
+
+def test_blocklists_remove_and_shown_items_go_down():
+    rr = Reranker(blocked_items=frozenset({"c"}), blocked_categories=frozenset({"z"}), shown_penalty=0.5)
+    chosen = rr.select(CANDIDATES, 10, shown={"a"})
+    assert [CANDIDATES[i][0] for i, _ in chosen] == ["b", "d", "a", "f"]  # a: 0.9 × 0.5 = 0.45
+    assert dict((CANDIDATES[i][0], s) for i, s in chosen)["a"] == pytest.approx(0.45)
+
+
+@pytest.fixture
+def served(tiny_run):
+    data = tiny_run[0]
+    store = MemoryStore()
+    store.write(list(data.events()))
+    popular = [i for i, _ in store.popular(3)]
+    blocked_cat = data.category_id[0]
+    settings = ServingSettings(bundle_dir=tiny_run[2], max_k=50, max_per_category=2, score_precision="fp32",
+                               blocked_items=frozenset(popular[:1]), blocked_categories=frozenset({blocked_cat}))
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        yield c, data, store, popular[0], blocked_cat
+
+
+def test_caps_and_blocklists_hold_in_every_list(served):
+    c, data, _, blocked_item, blocked_cat = served
+    users = sorted(set(data.user_id.tolist()))[:40] + ["nobody-at-all"]
+    for user in users:
+        body = c.get("/recommend", params={"user_id": user, "k": 12}).json()
+        cats = [x["category_id"] for x in body["items"]]
+        assert body["items"] and max(cats.count(x) for x in cats) <= 2, (user, cats)
+        assert blocked_item not in {x["item_id"] for x in body["items"]}
+        assert blocked_cat not in cats
+
+
+def test_a_shown_item_is_pushed_down(served):
+    c, data, _, _, _ = served
+    user = data.user_id[3]
+    first = c.get("/recommend", params={"user_id": user, "k": 10}).json()["items"]
+    top = first[0]["item_id"]
+    again = c.post("/recommend", json={"user_id": user, "k": 10, "shown": [top]}).json()["items"]
+    assert again[0]["item_id"] != top
+    moved = [x for x in again if x["item_id"] == top]
+    assert not moved or moved[0]["score"] == pytest.approx(first[0]["score"] * 0.5, rel=1e-4)
+
+
+def test_explanations_are_the_models_attention_weights(served, tiny_run):
+    from training.bundle import load_bundle
+
+    c, data, store, _, _ = served
+    user = data.user_id[7]
+    body = c.get("/recommend", params={"user_id": user, "k": 5, "explain": "true"}).json()
+    bundle = load_bundle(tiny_run[2])
+    model, vocab = bundle.model.eval(), bundle.vocab
+    item_idx, cat_idx = vocab.item_index(), {x: i for i, x in enumerate(vocab.categories)}
+    window = store.history(user, c.service_state().recommender.seq_len)  # what the service reads
+    assert len(window) >= 10
+    history = [h for h in window if h.item_id in item_idx]
+    h_items = torch.tensor([item_idx[h.item_id] for h in history])
+    h_cats = torch.tensor([cat_idx[h.category_id] for h in history])
+    for item in body["items"]:
+        assert 1 <= len(item["because"]) <= 3
+        target = torch.tensor([item_idx[item["item_id"]]])
+        with torch.inference_mode():  # the paper's form of the activation unit, from the model itself
+            q = model.embed(target, torch.tensor([vocab.item_category[target.item()]])).expand(len(history), -1)
+            h = model.embed(h_items, h_cats)
+            z = model.att_in(torch.cat([q, h, q - h, q * h], dim=-1))
+            weights = model._activation_weights(z)  # (L,)
+        order = torch.argsort(weights, descending=True, stable=True)[:len(item["because"])]
+        assert [b["item_id"] for b in item["because"]] == [history[i].item_id for i in order.tolist()]
+        assert [b["weight"] for b in item["because"]] == pytest.approx(weights[order].tolist(), abs=1e-5)
+    plain = c.get("/recommend", params={"user_id": user, "k": 5}).json()
+    assert all(x["because"] is None for x in plain["items"])
