@@ -4,7 +4,9 @@ the online store and the event stream; nothing happens at import."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -17,8 +19,9 @@ from feature_store.outbox import open_outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream, open_stream
 from retrieval.index import FaissIndex
+from serving import logs
 from serving.deps import ServiceState
-from serving.errors import install_error_handlers
+from serving.errors import error_response, install_error_handlers
 from serving.ranking import Recommender
 from serving.routes import router
 from serving.settings import ServingSettings
@@ -28,6 +31,10 @@ log = logging.getLogger(__name__)
 
 
 def _load_recommender(settings: ServingSettings) -> Recommender:
+    import torch
+
+    # Each worker process gets its share of the cores: more threads than that only contend.
+    torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers))
     bundle = load_bundle(settings.bundle_dir)
     index = FaissIndex.load(bundle.item_index_path)
     return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
@@ -59,8 +66,12 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
 
             state.ingest_thread = threading.Thread(target=_ingest, name="dinrec-ingest", daemon=True)
             state.ingest_thread.start()
+        state.metrics.serving_model(state.recommender.model_version, state.recommender.precision)
+        if state.outbox is not None:
+            state.metrics.watch_outbox(lambda: state.outbox.pending_bytes)
         app.state.dinrec = state
-        log.info("serving model %s from %s", state.recommender.model_version, settings.bundle_dir)
+        log.info("serving model %s (%s) from %s", state.recommender.model_version, state.recommender.precision,
+                 settings.bundle_dir)
         try:
             yield
         finally:
@@ -78,13 +89,39 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
                   description="DIN recommendations: FAISS recall, DIN ranking, behaviour events.")
 
     @app.middleware("http")
-    async def request_id(request: Request, call_next):
-        rid = request.headers.get("x-request-id") or uuid.uuid4().hex
-        request.state.request_id = rid[:64]
-        response = await call_next(request)
-        response.headers["x-request-id"] = request.state.request_id
-        return response
+    async def request_context(request: Request, call_next):
+        """Request id (taken from x-request-id or made), body limit, in-flight gauge, latency by route."""
+        rid = (request.headers.get("x-request-id") or uuid.uuid4().hex)[:64]
+        request.state.request_id = rid
+        token = logs.request_id.set(rid)
+        state: ServiceState | None = getattr(request.app.state, "dinrec", None)
+        t0 = time.perf_counter()
+        try:
+            size = request.headers.get("content-length")
+            if size is not None and (not size.isdigit() or int(size) > settings.max_body_bytes):
+                response = error_response(413, "request_too_large",
+                                          f"the body may hold at most {settings.max_body_bytes} bytes", request)
+            elif state is None:
+                response = await call_next(request)
+            else:
+                with state.metrics.in_flight.track_inprogress():
+                    response = await call_next(request)
+            if state is not None:
+                route = request.scope.get("route")
+                state.metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
+                    time.perf_counter() - t0)
+            response.headers["x-request-id"] = rid
+            return response
+        finally:
+            logs.request_id.reset(token)
 
     install_error_handlers(app)
     app.include_router(router)
     return app
+
+
+def app_from_env() -> FastAPI:
+    """The app with settings from the environment: what each `dinrec serve --workers N` process runs."""
+    settings = ServingSettings()
+    logs.configure(settings.log_format)
+    return create_app(settings, FeatureStoreSettings())

@@ -12,18 +12,24 @@ def serve(
     bundle: Annotated[Path | None, typer.Option(help="bundle directory (default DINREC_BUNDLE_DIR)")] = None,
     host: Annotated[str | None, typer.Option(help="bind address (default DINREC_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port (default DINREC_PORT)")] = None,
+    workers: Annotated[int | None, typer.Option(help="worker processes (default DINREC_WORKERS, 1)")] = None,
 ) -> None:
     """Serve recommendations over HTTP (store and stream from DINREC_STORE / DINREC_STREAM)."""
-    import logging
+    import os
 
     import uvicorn
 
-    from feature_store.settings import FeatureStoreSettings
-    from serving.app import create_app
+    from serving.app import app_from_env
+
+    # Through the environment, so that every worker process builds the same settings.
+    for name, value in {"BUNDLE_DIR": bundle, "HOST": host, "PORT": port, "WORKERS": workers}.items():
+        if value is not None:
+            os.environ[f"DINREC_{name}"] = str(value)
     from serving.settings import ServingSettings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    overrides = {k: v for k, v in {"bundle_dir": bundle, "host": host, "port": port}.items() if v is not None}
-    settings = ServingSettings(**overrides)
-    app = create_app(settings, FeatureStoreSettings())
-    uvicorn.run(app, host=settings.host, port=settings.port, log_level="info")
+    settings = ServingSettings()
+    if settings.workers == 1:
+        uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None)
+    else:
+        uvicorn.run("serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
+                    port=settings.port, log_config=None)

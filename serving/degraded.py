@@ -11,7 +11,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from typing import TypeVar
 
@@ -56,7 +55,6 @@ class GuardedStore:
     def __init__(self, store: OnlineStore, cooldown_s: float = 1.0) -> None:
         self.store = store
         self.breaker = Breaker(cooldown_s)
-        self.degraded: Counter[str] = Counter()  # reason -> degraded responses (exported as metrics)
 
     def _call(self, fn: Callable[[], T]) -> T | None:
         if not self.breaker.allow():

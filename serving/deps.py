@@ -13,6 +13,7 @@ from feature_store.outbox import Outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
 from serving.degraded import GuardedStore
+from serving.metrics import ServiceMetrics
 from serving.ranking import Recommender
 from serving.rerank import Reranker
 from serving.settings import ServingSettings
@@ -26,6 +27,7 @@ class ServiceState:
     store: OnlineStore
     stream: EventStream
     outbox: Outbox | None = None  # POST /events journals here when the sink is the stream
+    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     features: GuardedStore = field(init=False)  # the store's reads, behind a circuit breaker
     reranker: Reranker = field(init=False)
 

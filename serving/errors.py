@@ -16,7 +16,8 @@ from feature_store.schema import error_message
 log = logging.getLogger(__name__)
 
 
-def _body(status: int, error: str, message: str, request: Request, **extra) -> JSONResponse:
+def error_response(status: int, error: str, message: str, request: Request, **extra) -> JSONResponse:
+    """The one error shape: {"error", "message", "request_id", ...}."""
     rid = getattr(request.state, "request_id", None)
     return JSONResponse(status_code=status, content={"error": error, "message": message, "request_id": rid, **extra})
 
@@ -32,13 +33,14 @@ class InvalidRequest(ValueError):
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, exc: InvalidRequest) -> JSONResponse:
-        return _body(422, "invalid_request", str(exc), request, problems=[{"field": exc.field, "message": str(exc)}])
+        problems = [{"field": exc.field, "message": str(exc)}]
+        return error_response(422, "invalid_request", str(exc), request, problems=problems)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         names = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
         error = names.get(exc.status_code, "http_error")
-        response = _body(exc.status_code, error, str(exc.detail), request)
+        response = error_response(exc.status_code, error, str(exc.detail), request)
         for name, value in (exc.headers or {}).items():
             response.headers[name] = value
         return response
@@ -48,21 +50,21 @@ def install_error_handlers(app: FastAPI) -> None:
         problems = [{"field": ".".join(str(p) for p in e.get("loc", ()) if p not in ("body", "query")),
                      "message": error_message(e)} for e in exc.errors()]
         summary = "; ".join(f"{p['field'] or 'request'}: {p['message']}" for p in problems)
-        return _body(422, "invalid_request", summary, request, problems=problems)
+        return error_response(422, "invalid_request", summary, request, problems=problems)
 
     @app.exception_handler(InvalidEvent)
     async def _invalid_event(request: Request, exc: InvalidEvent) -> JSONResponse:
-        return _body(422, "invalid_event", str(exc), request)
+        return error_response(422, "invalid_event", str(exc), request)
 
     @app.exception_handler(StoreUnavailable)
     async def _store(request: Request, exc: StoreUnavailable) -> JSONResponse:
         log.error("feature store unavailable: %s", exc)
-        return _body(503, "store_unavailable", "the feature store is unavailable; retry later", request)
+        return error_response(503, "store_unavailable", "the feature store is unavailable; retry later", request)
 
     @app.exception_handler(OutboxFull)
     async def _outbox_full(request: Request, exc: OutboxFull) -> JSONResponse:
         log.error("events refused: %s", exc)
-        response = _body(503, "events_backlog_full", "too many events are waiting for the stream; retry later",
+        response = error_response(503, "events_backlog_full", "too many events are waiting for the stream; retry later",
                          request)
         response.headers["Retry-After"] = "5"
         return response
@@ -70,9 +72,9 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StreamUnavailable)
     async def _stream(request: Request, exc: StreamUnavailable) -> JSONResponse:
         log.error("event stream unavailable: %s", exc)
-        return _body(503, "stream_unavailable", "the event stream is unavailable; retry later", request)
+        return error_response(503, "stream_unavailable", "the event stream is unavailable; retry later", request)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.exception("unhandled error")
-        return _body(500, "internal_error", "unexpected server error", request)
+        return error_response(500, "internal_error", "unexpected server error", request)

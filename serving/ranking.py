@@ -5,8 +5,9 @@ Built once per bundle (the service swaps the whole Recommender when a new bundle
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +40,7 @@ class Ranking:
     items: list[Scored]
     strategy: str  # "din" (recall + rank) or "popular" (no usable history)
     known_history: int  # behaviours the model recognised
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage: recall, rank
 
 
 class Recommender:
@@ -93,11 +95,13 @@ class Recommender:
         if not known:
             return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown)
 
+        t0 = time.perf_counter()
         query = self._item_vectors[known].mean(axis=0, keepdims=True)  # (1, item_dim)
         cand, _ = self.index.search(query, self.recall_candidates, exclude=[set(known)])
         cand = cand[0][cand[0] >= 0]  # (N,)
+        t1 = time.perf_counter()
         if len(cand) == 0:
-            return Ranking([], "din", len(known))
+            return Ranking([], "din", len(known), {"recall": t1 - t0})
         scored = self.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                                    torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
         scores = torch.sigmoid(scored.logits).tolist()  # (N,)
@@ -113,7 +117,7 @@ class Recommender:
                 top = torch.argsort(weights, descending=True, stable=True)[:self.explain_top].tolist()
                 because = [Because(behaviours[t].item_id, behaviours[t].category_id, float(weights[t])) for t in top]
             out.append(Scored(candidates[j][0], candidates[j][1], score, because))
-        return Ranking(out, "din", len(known))
+        return Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1})
 
     def rank_by_popularity(self, history: list[HistoryItem], k: int,
                            popular: Callable[[int], list[tuple[str, float]]], *, rerank: Reranker | None = None,

@@ -4,9 +4,10 @@ Redis client never block the event loop."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Annotated
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from feature_store.features import HistoryItem
 from feature_store.schema import ExternalId
@@ -36,7 +37,9 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         raise InvalidRequest(f"k: must be <= {s.max_k}", field="k")
     rec = state.recommender
     reasons: list[str] = []
+    t0 = time.perf_counter()
     history = state.features.history(user_id, rec.seq_len)
+    state.metrics.stages.labels("features").observe(time.perf_counter() - t0)
     if history is None:  # the store is down or slow: the request's own context, else popularity
         reasons.append("feature_store")
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
@@ -54,8 +57,10 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         reasons.append("ranking")
         ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
                                          shown=shown_set)
+    for stage, seconds in ranking.seconds.items():
+        state.metrics.stages.labels(stage).observe(seconds)
     for reason in reasons:
-        state.features.degraded[reason] += 1
+        state.metrics.degraded.labels(reason).inc()
     return RecommendResponse(
         request_id=request.state.request_id, user_id=user_id, model_version=rec.model_version,
         strategy=ranking.strategy, history_len=len(history), degraded=bool(reasons), degraded_reasons=reasons,
@@ -89,6 +94,13 @@ def post_events(state: State, body: EventsRequest) -> EventsResponse:
     else:
         state.store.write(body.events)
     return EventsResponse(accepted=len(body.events), sink=state.settings.events_sink)
+
+
+@router.get("/metrics", include_in_schema=False)
+def metrics(state: State) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz")

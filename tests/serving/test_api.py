@@ -116,6 +116,7 @@ def test_a_dead_store_means_degraded_answers_not_errors(tiny_run):
         assert not set(known) & {x["item_id"] for x in body["items"]}
         ready = c.get("/readyz")  # the operator is told
         assert ready.status_code == 503 and ready.json()["error"] == "store_unavailable"
+        assert 'dinrec_degraded_responses_total{reason="feature_store"} 2.0' in c.get("/metrics").text
 
 
 def test_a_ranking_failure_answers_with_popular_items(tiny_run, store):

@@ -1,0 +1,41 @@
+"""The service's Prometheus metrics, one registry per app (tests build many apps in one process).
+
+* ``dinrec_http_request_seconds{route,status}`` — whole requests, by route template;
+* ``dinrec_stage_seconds{stage}`` — features (the store read), recall (FAISS), rank (DIN + rules);
+* ``dinrec_degraded_responses_total{reason}`` — answers given without a dependency;
+* ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision}``,
+  ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+# Seconds: 0.5 ms .. 2.5 s.
+_BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.035, 0.05, 0.075, 0.1, 0.25,
+            0.5, 1.0, 2.5)
+
+
+class ServiceMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Histogram("dinrec_http_request_seconds", "HTTP requests by route template and status",
+                                  ["route", "status"], buckets=_BUCKETS, registry=r)
+        self.stages = Histogram("dinrec_stage_seconds", "time per stage of a recommendation: features, recall, rank",
+                                ["stage"], buckets=_BUCKETS, registry=r)
+        self.degraded = Counter("dinrec_degraded_responses", "answers given without a dependency", ["reason"],
+                                registry=r)
+        self.in_flight = Gauge("dinrec_in_flight_requests", "requests being served", registry=r)
+        self.model = Gauge("dinrec_model_info", "the model being served (value 1)", ["version", "precision"],
+                           registry=r)
+
+    def serving_model(self, version: str, precision: str) -> None:
+        self.model.clear()
+        self.model.labels(version=version, precision=precision).set(1)
+
+    def watch_outbox(self, pending_bytes: Callable[[], int]) -> None:
+        Gauge("dinrec_outbox_pending_bytes", "events accepted and not yet acknowledged by the stream",
+              registry=self.registry).set_function(pending_bytes)

@@ -1,0 +1,78 @@
+"""Operating the service: Prometheus metrics, JSON logs with the request id, worker processes,
+body limits."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import httpx
+
+from feature_store.online.memory import MemoryStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.server import free_port
+from serving.settings import ServingSettings
+from tests.conftest import REPO, wait_until
+from tests.serving.conftest import live_server
+
+
+def test_metrics_show_requests_stages_and_the_model(tiny_run):
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="stream"), FeatureStoreSettings(),
+                     store=store, stream=InProcessStream()) as c:
+        user = tiny_run[0].user_id[0]
+        for _ in range(3):
+            assert c.get("/recommend", params={"user_id": user}).status_code == 200
+        c.post("/recommend", json={"user_id": user})
+        text = c.get("/metrics").text
+        state = c.service_state()
+    assert 'dinrec_http_request_seconds_count{route="/recommend",status="200"} 4.0' in text
+    for stage in ("features", "recall", "rank"):
+        assert f'dinrec_stage_seconds_count{{stage="{stage}"}} 4.0' in text
+    version, precision = state.recommender.model_version, state.recommender.precision
+    assert f'dinrec_model_info{{precision="{precision}",version="{version}"}} 1.0' in text
+    assert "dinrec_in_flight_requests 1.0" in text  # the scrape itself
+    assert "dinrec_outbox_pending_bytes" in text
+
+
+def test_a_body_over_the_limit_is_refused_in_the_error_shape(tiny_run):
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], max_body_bytes=2048, events_sink="store"),
+                     FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        events = [{"user_id": "u", "item_id": f"i{i}", "ts": 5} for i in range(100)]
+        r = c.post("/events", json={"events": events})
+        assert r.status_code == 413 and r.json()["error"] == "request_too_large"
+        assert c.post("/events", json={"events": events[:3]}).status_code == 202
+
+
+def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path):
+    port = free_port()
+    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_REDIS_URL": "redis://127.0.0.1:1/0",  # degraded: logs
+           "DINREC_EVENTS_SINK": "store", "DINREC_STORE_COOLDOWN_S": "60"}
+    log = (tmp_path / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(tiny_run[2]),
+                             "--port", str(port), "--workers", "2"], cwd=REPO, env=env, stdout=log,
+                            stderr=subprocess.STDOUT)
+    try:
+        def up() -> bool:
+            try:
+                return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_until(up, timeout_s=120, interval_s=0.5, what="the service to start")
+        answers = [httpx.get(f"http://127.0.0.1:{port}/recommend", params={"user_id": "u1"},
+                             headers={"x-request-id": f"req-{i}"}, timeout=10) for i in range(6)]
+        assert all(r.status_code == 200 and r.json()["degraded"] for r in answers)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+    lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
+    warned = [x for x in lines if "feature store unavailable" in x["message"]]
+    assert warned and all(x["request_id"].startswith("req-") for x in warned)
+    started = {x["message"] for x in lines if x["message"].startswith("serving model")}
+    assert len([x for x in lines if x["message"].startswith("serving model")]) == 2, started  # one per worker
