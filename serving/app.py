@@ -36,7 +36,8 @@ def _load_recommender(settings: ServingSettings) -> Recommender:
     # Each worker process gets its share of the cores: more threads than that only contend.
     torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers))
     bundle = load_bundle(settings.bundle_dir)
-    index = FaissIndex.load(bundle.item_index_path)
+    ef_search = settings.recall_ef_search or bundle.item_index_info.get("spec", {}).get("ef_search", 400)
+    index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
     return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
 
 

@@ -15,7 +15,7 @@ from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex
 from serving.rerank import Reranker
 from training.bundle import Bundle
-from training.scorer import Scorer, choose_precision
+from training.scorer import Scorer, choose_precision, recall_query, recall_space
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,11 @@ class Recommender:
         self.index = index
         self.recall_candidates = recall_candidates
         self.explain_top = 3  # behaviours named per item with explain
-        self.seq_len = int(bundle.metrics.get("seq_len", 50))
+        self.seq_len = bundle.seq_len
         self._item_idx = bundle.vocab.item_index()
         self._cat_idx = {c: i for i, c in enumerate(bundle.vocab.categories) if i != 0}
         self._item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
-        self._item_vectors = self.model.item_emb.weight.detach().float().numpy()  # (n_items, item_dim)
+        self._item_vectors = recall_space(self.model)  # (n_items, item_dim), row = item index
         chosen, self.precision_error = choose_precision(self.model, self._item_cat, precision, self._probes())
         self.scorer = Scorer(self.model, self._item_cat, chosen)
 
@@ -96,7 +96,7 @@ class Recommender:
             return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown)
 
         t0 = time.perf_counter()
-        query = self._item_vectors[known].mean(axis=0, keepdims=True)  # (1, item_dim)
+        query = recall_query(self._item_vectors, known)  # (1, item_dim)
         cand, _ = self.index.search(query, self.recall_candidates, exclude=[set(known)])
         cand = cand[0][cand[0] >= 0]  # (N,)
         t1 = time.perf_counter()

@@ -16,6 +16,8 @@ class ServingSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
+    recall_ef_search: int | None = Field(None, ge=1, le=100_000,
+                                         description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
     store_cooldown_s: float = Field(

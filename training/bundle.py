@@ -32,6 +32,7 @@ from training.vocab import Vocab
 BUNDLE_FORMAT = "dinrec-bundle"
 BUNDLE_FORMAT_VERSION = 1
 ITEM_INDEX_FILE = "item_index.faiss"
+ITEM_INDEX_INFO_FILE = "item_index.json"
 
 
 class BundleError(ValueError):
@@ -72,6 +73,18 @@ class Bundle:
     @property
     def item_index_path(self) -> Path:
         return self.path / ITEM_INDEX_FILE
+
+    @property
+    def item_index_info(self) -> dict:
+        """Kind, parameters and measured recall of the FAISS index ({} for bundles from before)."""
+        path = self.path / ITEM_INDEX_INFO_FILE
+        return json.loads(path.read_text()) if path.is_file() else {}
+
+    @property
+    def seq_len(self) -> int:
+        """The history length the model was trained on: its input contract (model config; bundles
+        written before it was kept there have it in their metrics)."""
+        return int(self.config.extra.get("seq_len") or self.metrics.get("seq_len", 50))
 
 
 def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popularity: list[tuple[str, float]],

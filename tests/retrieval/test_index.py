@@ -47,3 +47,29 @@ def test_bad_input_is_reported(tmp_path, vectors):
     (tmp_path / "junk.faiss").write_bytes(b"junk")
     with pytest.raises(IndexFormatError, match="cannot read"):
         FaissIndex.load(tmp_path / "junk.faiss")
+
+
+def test_auto_is_exact_below_the_threshold_and_hnsw_from_it():
+    from retrieval.index import IndexSpec
+
+    assert IndexSpec().resolve(49_999) == "flat" and IndexSpec().resolve(50_000) == "hnsw"
+    assert IndexSpec(kind="flat").resolve(10**7) == "flat" and IndexSpec(kind="hnsw").resolve(10) == "hnsw"
+
+
+@pytest.mark.slow
+def test_hnsw_finds_95_percent_of_the_exact_top_200_on_100k_items(tmp_path):
+    from retrieval.index import IndexSpec, recall_at_k
+
+    rng = np.random.default_rng(0)
+    # Item vectors with varied norms (as trained embeddings have) and user-like queries: means of 10 items.
+    v = (rng.normal(size=(100_000, 32)) * rng.uniform(0.5, 1.5, size=(100_000, 1))).astype(np.float32)
+    ids = np.arange(1, 100_001, dtype=np.int64)
+    queries = np.stack([v[rng.integers(0, 100_000, 10)].mean(0) for _ in range(200)]).astype(np.float32)
+    index = FaissIndex.build(v, ids)
+    assert index.kind == "hnsw"
+    recall = recall_at_k(index, ExactIndex(v, ids), queries, 200)
+    assert recall >= 0.95, recall
+    index.save(tmp_path / "i.faiss")
+    loaded = FaissIndex.load(tmp_path / "i.faiss")
+    assert loaded.kind == "hnsw" and (loaded.search(queries[:5], 50)[0] == index.search(queries[:5], 50)[0]).all()
+    assert recall_at_k(FaissIndex.build(v, ids, IndexSpec(kind="flat")), ExactIndex(v, ids), queries[:20], 200) == 1.0

@@ -49,3 +49,16 @@ def test_unknown_versions_and_missing_files_are_refused(tiny_run, tmp_path):
         load_bundle(copy)
     with pytest.raises(BundleError, match="not a dinrec bundle"):
         load_bundle(tmp_path)
+
+
+def test_the_bundle_carries_its_input_contract_and_its_index_card(tiny_run):
+    import json
+
+    from training.bundle import load_bundle
+
+    data, samples, bundle_dir, metrics = tiny_run
+    bundle = load_bundle(bundle_dir)
+    assert bundle.config.extra["seq_len"] == metrics["seq_len"] == 20 == bundle.seq_len
+    info = json.loads((bundle_dir / "item_index.json").read_text())
+    assert info["kind"] == "flat" and info["items"] == samples.vocab.n_items - 1
+    assert info == bundle.item_index_info
