@@ -19,7 +19,11 @@ class ContextItem(BaseModel):
 
 
 class RecommendRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
+        {"user_id": "u42", "k": 10},
+        {"user_id": "u42", "k": 5, "explain": True, "shown": ["i7"],
+         "context": [{"item_id": "i9", "category_id": "c2"}]},
+    ]})
 
     user_id: UserId
     k: int | None = Field(None, ge=1, description="how many items; default DINREC_DEFAULT_K, at most DINREC_MAX_K")
@@ -57,7 +61,9 @@ class RecommendResponse(BaseModel):
 
 
 class EventsRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [{"events": [
+        {"event_id": "e-1", "user_id": "u42", "item_id": "i9", "category_id": "c2", "event_type": "click",
+         "ts": 1700000000.0}]}]})
 
     events: list[BehaviourEvent] = Field(min_length=1, max_length=1000)
 

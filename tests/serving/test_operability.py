@@ -76,3 +76,15 @@ def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path
     assert warned and all(x["request_id"].startswith("req-") for x in warned)
     started = {x["message"] for x in lines if x["message"].startswith("serving model")}
     assert len([x for x in lines if x["message"].startswith("serving model")]) == 2, started  # one per worker
+
+
+def test_the_openapi_examples_are_requests_the_service_accepts(tiny_run):
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="store"), FeatureStoreSettings(),
+                     store=store, stream=InProcessStream()) as c:
+        components = c.get("/openapi.json").json()["components"]["schemas"]
+        recommend, events = components["RecommendRequest"]["examples"], components["EventsRequest"]["examples"]
+        assert len(recommend) == 2 and len(events) == 1
+        assert all(c.post("/recommend", json=ex).status_code == 200 for ex in recommend)
+        assert all(c.post("/events", json=ex).status_code == 202 for ex in events)
