@@ -15,6 +15,7 @@ from feature_store.cli import data_app
 from feature_store.ingest_cli import ingest_app
 from serving.cli import serve
 from training.cli import train
+from training.registry_cli import registry_app
 from training.spot.cli import plan, spot_app
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
@@ -23,6 +24,7 @@ app.add_typer(data_app, name="data")
 app.add_typer(ingest_app, name="ingest")
 app.command("train")(train)
 app.command("plan")(plan)
+app.add_typer(registry_app, name="registry")
 app.add_typer(spot_app, name="spot")
 app.command("serve")(serve)
 app.command("demo")(demo)
@@ -32,12 +34,13 @@ app.add_typer(bench_app, name="bench")
 def main() -> None:
     from feature_store.errors import FeatureStoreError
     from retrieval.errors import RetrievalError
+    from training.bundle import BundleError
     from training.spot.aws import CloudError
 
     try:
         app()
     # expected failures: a message, not a traceback
-    except (FeatureStoreError, RetrievalError, CloudError, ValueError) as exc:
+    except (FeatureStoreError, RetrievalError, CloudError, BundleError, ValueError) as exc:
         typer.echo(f"error: {exc}", err=True)
         sys.exit(2)
 

@@ -4,7 +4,6 @@ the online store and the event stream; nothing happens at import."""
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import uuid
@@ -18,27 +17,16 @@ from feature_store.online import OnlineStore, open_store
 from feature_store.outbox import open_outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream, open_stream
-from retrieval.index import FaissIndex
 from serving import logs
+from serving.admin import router as admin_router
 from serving.deps import ServiceState
 from serving.errors import error_response, install_error_handlers
+from serving.models import ModelManager
 from serving.ranking import Recommender
 from serving.routes import router
 from serving.settings import ServingSettings
-from training.bundle import load_bundle
 
 log = logging.getLogger(__name__)
-
-
-def _load_recommender(settings: ServingSettings) -> Recommender:
-    import torch
-
-    # Each worker process gets its share of the cores: more threads than that only contend.
-    torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers))
-    bundle = load_bundle(settings.bundle_dir)
-    ef_search = settings.recall_ef_search or bundle.item_index_info.get("spec", {}).get("ef_search", 400)
-    index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
-    return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
 
 
 def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | None = None, *,
@@ -50,8 +38,16 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         owned_store, owned_stream = store is None, stream is None
-        state = ServiceState(settings, fs_settings, _load_recommender(settings),
-                             store or open_store(fs_settings), stream or open_stream(fs_settings))
+
+        def swapped(rec: Recommender) -> None:  # requests read state.recommender once, when they start
+            state.recommender = rec
+            state.metrics.serving_model(rec.model_version, rec.precision)
+
+        models = ModelManager(settings, on_swap=swapped)
+        state = ServiceState(settings, fs_settings, models.current,
+                             store or open_store(fs_settings), stream or open_stream(fs_settings), models=models)
+        watch_stop = threading.Event()
+        models.watch(watch_stop)
         if settings.events_sink == "stream":
             state.outbox = open_outbox(state.stream, fs_settings)
         in_app = settings.ingest_in_app if settings.ingest_in_app is not None else fs_settings.stream == "inprocess"
@@ -76,6 +72,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         try:
             yield
         finally:
+            watch_stop.set()
             if state.outbox is not None:  # what it cannot send in time stays journaled for the next start
                 state.outbox.close(drain_timeout_s=settings.shutdown_drain_s)
             state.ingest_stop.set()
@@ -118,6 +115,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
 
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(admin_router)
     return app
 
 

@@ -14,6 +14,7 @@ from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
 from serving.degraded import GuardedStore
 from serving.metrics import ServiceMetrics
+from serving.models import ModelManager
 from serving.ranking import Recommender
 from serving.rerank import Reranker
 from serving.settings import ServingSettings
@@ -35,6 +36,7 @@ class ServiceState:
         s = self.settings
         self.features = GuardedStore(self.store, s.store_cooldown_s)
         self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty)
+    models: ModelManager | None = None  # what serves, and hot reloads (set by the lifespan)
     ingest_stop: threading.Event = field(default_factory=threading.Event)
     ingest_thread: threading.Thread | None = None
 

@@ -38,7 +38,8 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        names = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+        names = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
+                 413: "request_too_large"}
         error = names.get(exc.status_code, "http_error")
         response = error_response(exc.status_code, error, str(exc.detail), request)
         for name, value in (exc.headers or {}).items():

@@ -128,10 +128,10 @@ class Recommender:
         seen_ids = {h.item_id for h in history}
         ranked = popular(5 * k + len(seen_ids))  # headroom for blocklists and category caps
         peak = max((s for _, s in ranked), default=1.0) or 1.0
-        candidates = [(i, self._category_of(i), s / peak) for i, s in ranked if i not in seen_ids]
+        candidates = [(i, self.category_of(i), s / peak) for i, s in ranked if i not in seen_ids]
         return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in rerank.select(candidates, k, shown)],
                        "popular", 0)
 
-    def _category_of(self, item_id: str) -> str:
+    def category_of(self, item_id: str) -> str:
         idx = self._item_idx.get(item_id)
         return self.bundle.vocab.categories[self.bundle.vocab.item_category[idx]] if idx else "unknown"

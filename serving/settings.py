@@ -5,14 +5,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ServingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DINREC_", extra="ignore", validate_default=True)
 
-    bundle_dir: Path = Field(Path("runs/latest/bundle"), description="the model bundle to serve")
+    bundle_dir: Path = Field(Path("runs/latest/bundle"), description="the model bundle to serve (no registry)")
+    registry_dir: Path | None = Field(None, description="serve the version an alias points at in this registry")
+    model_alias: str = Field("champion", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    reload_poll_s: float = Field(2.0, gt=0, le=3600, description="how often the alias is checked for a new model")
+    admin_token: SecretStr | None = Field(None, description="enables /admin/* with `Authorization: Bearer <token>`")
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")

@@ -1,0 +1,79 @@
+"""Operator endpoints, off unless DINREC_ADMIN_TOKEN is set: which model serves, hot reload, rollback."""
+
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Header
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.exceptions import HTTPException
+
+from serving.deps import ServiceState, State
+from serving.models import ReloadFailed
+
+router = APIRouter(prefix="/admin", tags=["admin"])
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    version: str | None = Field(None, description="serve this registry version (default: where the alias points)")
+
+
+class ModelStatus(BaseModel):
+    model_version: str
+    version: str | None = Field(description="registry version (null when serving DINREC_BUNDLE_DIR)")
+    alias: str | None
+    previous: str | None = Field(description="model version kept for rollback")
+    changed: bool = False
+
+
+def _authorize(state: ServiceState, authorization: str | None) -> None:
+    token = state.settings.admin_token
+    if token is None:
+        raise HTTPException(404, "admin endpoints are off: set DINREC_ADMIN_TOKEN")
+    if authorization is None or not secrets.compare_digest(authorization.encode(),
+                                                           f"Bearer {token.get_secret_value()}".encode()):
+        raise HTTPException(401, "a valid `Authorization: Bearer <DINREC_ADMIN_TOKEN>` header is required",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+def _status(state: ServiceState, changed: bool = False) -> ModelStatus:
+    models = state.models
+    assert models is not None
+    previous = models.previous[1].model_version if models.previous else None
+    return ModelStatus(model_version=models.current.model_version, version=models.version,
+                       alias=state.settings.model_alias if models.registry else None, previous=previous,
+                       changed=changed)
+
+
+Auth = Annotated[str | None, Header()]
+
+
+@router.get("/model", response_model=ModelStatus)
+def model(state: State, authorization: Auth = None) -> ModelStatus:
+    _authorize(state, authorization)
+    return _status(state)
+
+
+@router.post("/reload", response_model=ModelStatus)
+def reload(state: State, body: ReloadRequest | None = None, authorization: Auth = None) -> ModelStatus:
+    """Load the alias' (or the given) version in the background of this request, smoke-score it and
+    swap it in; 409 (still serving the old one) if it cannot be served."""
+    _authorize(state, authorization)
+    try:
+        changed = state.models.reload(body.version if body else None)  # type: ignore[union-attr]
+    except ReloadFailed as exc:
+        raise HTTPException(409, str(exc)) from exc
+    return _status(state, changed)
+
+
+@router.post("/rollback", response_model=ModelStatus)
+def rollback(state: State, authorization: Auth = None) -> ModelStatus:
+    _authorize(state, authorization)
+    try:
+        state.models.rollback()  # type: ignore[union-attr]
+    except ReloadFailed as exc:
+        raise HTTPException(409, str(exc)) from exc
+    return _status(state, changed=True)

@@ -1,0 +1,125 @@
+"""Which model serves, and swapping it without downtime.
+
+With ``DINREC_REGISTRY_DIR`` the service serves the version an alias (``DINREC_MODEL_ALIAS``,
+default ``champion``) points at, and watches the alias: when it moves, the new bundle is loaded in
+the background (checksums verified), smoke-scored, and swapped in with one reference assignment.
+A request reads the model once when it starts, so requests in flight finish on the model they
+started with; the previous model is kept for ``rollback``. A bundle that fails to load or to score
+is refused and the current model keeps serving. Without a registry, ``DINREC_BUNDLE_DIR`` is served
+as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from feature_store.features import HistoryItem
+from retrieval.index import FaissIndex
+from serving.ranking import Recommender
+from serving.settings import ServingSettings
+from training.bundle import load_bundle
+from training.registry import Registry
+
+log = logging.getLogger(__name__)
+
+
+class ReloadFailed(RuntimeError):
+    """A new model could not be loaded or did not score; the current one keeps serving."""
+
+
+def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender:
+    import torch
+
+    # Each worker process gets its share of the cores: more threads than that only contend.
+    torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers))
+    bundle = load_bundle(bundle_dir)
+    ef_search = settings.recall_ef_search or bundle.item_index_info.get("spec", {}).get("ef_search", 400)
+    index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
+    return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
+
+
+def smoke_score(rec: Recommender) -> None:
+    """Rank a made-up user of the bundle's most popular items; raise unless it gives sane scores."""
+    items = [i for i, _ in rec.bundle.popularity[:10]]
+    history = [HistoryItem(float(t), f"smoke-{t}", item, rec.category_of(item)) for t, item in enumerate(items)]
+    ranking = rec.rank(history, 5, lambda n: rec.bundle.popularity)
+    if not ranking.items or not all(math.isfinite(x.score) for x in ranking.items):
+        raise ReloadFailed(f"model {rec.model_version} gave no usable scores on a smoke request")
+
+
+class ModelManager:
+    def __init__(self, settings: ServingSettings, on_swap: Callable[[Recommender], None]) -> None:
+        self.settings = settings
+        self.registry = Registry(settings.registry_dir) if settings.registry_dir else None
+        self._on_swap = on_swap
+        self._lock = threading.Lock()  # one load at a time
+        self.version: str | None = None  # the registry version serving (None without a registry)
+        self.previous: tuple[str | None, Recommender] | None = None
+        self._refused: str | None = None  # a version that failed: not retried until the alias moves again
+        self.current = self._load(self._target_version())
+
+    def _target_version(self) -> str | None:
+        return self.registry.resolve(self.settings.model_alias) if self.registry else None
+
+    def _load(self, version: str | None) -> Recommender:
+        bundle_dir = self.registry.bundle_dir(version) if self.registry and version else self.settings.bundle_dir
+        rec = load_recommender(self.settings, bundle_dir)
+        smoke_score(rec)
+        self.version = version
+        return rec
+
+    def reload(self, version: str | None = None) -> bool:
+        """Serve ``version`` (default: where the alias points now) if it is not serving already;
+        True when the model changed. Raises ReloadFailed (nothing changes) if the new one is bad."""
+        with self._lock:
+            target = version or self._target_version()
+            if target == self.version and version is None and self.registry is not None:
+                return False
+            old_version, old = self.version, self.current
+            try:
+                new = self._load(target)
+            except Exception as exc:  # noqa: BLE001 - whatever breaks a bundle, keep serving the old one
+                self.version = old_version
+                self._refused = target
+                raise ReloadFailed(f"cannot serve {target or self.settings.bundle_dir}: {exc}") from exc
+            self.previous = (old_version, old)
+            self._swap(new)
+            log.info("now serving model %s (version %s, was %s)", new.model_version, target, old_version)
+            return True
+
+    def rollback(self) -> str:
+        with self._lock:
+            if self.previous is None:
+                raise ReloadFailed("no previous model to roll back to")
+            (version, rec), self.previous = self.previous, (self.version, self.current)
+            self.version = version
+            self._swap(rec)
+            log.warning("rolled back to model %s (version %s)", rec.model_version, version)
+            return rec.model_version
+
+    def _swap(self, rec: Recommender) -> None:
+        self.current = rec
+        self._on_swap(rec)
+
+    def watch(self, stop: threading.Event) -> threading.Thread | None:
+        """Poll the alias every ``reload_poll_s`` and reload when it moves (None without a registry)."""
+        if self.registry is None:
+            return None
+
+        def loop() -> None:
+            while not stop.wait(self.settings.reload_poll_s):
+                try:
+                    target = self._target_version()
+                    if target not in (self.version, self._refused):
+                        self.reload()
+                except Exception as exc:  # noqa: BLE001 - a bad alias or bundle must not end the watcher
+                    log.error("model reload failed; still serving %s: %s", self.current.model_version, exc)
+
+        thread = threading.Thread(target=loop, name="dinrec-model-watch", daemon=True)
+        thread.start()
+        return thread

@@ -1,0 +1,133 @@
+"""Models by alias, reloaded hot: moving the alias swaps the model under a request stream without
+failing one; a broken bundle is refused and the current model keeps serving; rollback; admin auth."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from feature_store.online.memory import MemoryStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.settings import ServingSettings
+from tests.conftest import wait_until
+from tests.serving.conftest import live_server
+from training.bundle import load_bundle
+from training.export import export_bundle
+from training.registry import Registry, RegistryError
+
+ADMIN = {"authorization": "Bearer s3cret"}
+
+
+@pytest.fixture
+def registry(tiny_run, tmp_path):
+    _, samples, bundle_dir, metrics = tiny_run
+    reg = Registry(tmp_path / "registry")
+    reg.publish(bundle_dir, "v1")
+    model = load_bundle(bundle_dir).model
+    with torch.no_grad():  # a different model: its scores and version differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics), "v2")
+    reg.set_alias("champion", "v1")
+    return reg
+
+
+def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(registry, tiny_run):
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    users = sorted(set(tiny_run[0].user_id.tolist()))[:10]
+    settings = ServingSettings(registry_dir=registry.root, reload_poll_s=0.1, admin_token="s3cret",
+                               events_sink="store", score_precision="fp32")
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        v1 = c.get("/admin/model", headers=ADMIN).json()
+        assert v1["version"] == "v1" and v1["alias"] == "champion"
+
+        def stream() -> None:
+            i = 0
+            while not stop.is_set():
+                r = c.get("/recommend", params={"user_id": users[i % len(users)], "k": 5})
+                seen.append((r.status_code, r.json().get("model_version", "")))
+                i += 1
+
+        t = threading.Thread(target=stream)
+        t.start()
+        time.sleep(1)
+        registry.set_alias("champion", "v2")
+        wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["version"] == "v2", timeout_s=60)
+        time.sleep(1)
+        stop.set()
+        t.join(timeout=30)
+        v2 = c.get("/admin/model", headers=ADMIN).json()
+        assert v2["model_version"] != v1["model_version"] and v2["previous"] == v1["model_version"]
+
+        # A corrupted version is refused; v2 keeps serving.
+        registry.publish(registry.bundle_dir("v2"), "v3")
+        (registry.bundle_dir("v3") / "popularity.json").write_text("[]")
+        registry.set_alias("champion", "v3")
+        time.sleep(1)
+        assert c.get("/admin/model", headers=ADMIN).json()["version"] == "v2"
+        r = c.post("/admin/reload", headers=ADMIN)
+        assert r.status_code == 409 and "checksum mismatch" in r.json()["message"]
+        assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v2["model_version"]
+
+        # Rollback to the previous model; admin endpoints need the token.
+        back = c.post("/admin/rollback", headers=ADMIN).json()
+        assert back["model_version"] == v1["model_version"]
+        assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v1["model_version"]
+        assert c.post("/admin/reload").status_code == 401
+        assert c.post("/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
+        pinned = c.post("/admin/reload", headers=ADMIN, json={"version": "v2"}).json()
+        assert pinned["version"] == "v2" and pinned["changed"]
+    assert {s for s, _ in seen} == {200}
+    versions = [v for _, v in seen]
+    first_v2 = versions.index(v2["model_version"])
+    assert first_v2 > 0 and set(versions[:first_v2]) == {v1["model_version"]}
+    assert set(versions[first_v2:]) == {v2["model_version"]}  # swapped once, never back and forth
+
+
+def test_versions_are_immutable_and_names_checked(registry):
+    with pytest.raises(RegistryError, match="immutable"):
+        registry.publish(registry.bundle_dir("v1"), "v1")
+    with pytest.raises(RegistryError, match="use letters"):
+        registry.set_alias("../etc", "v1")
+    with pytest.raises(RegistryError, match="no version"):
+        registry.set_alias("champion", "v9")
+    assert registry.versions() == ["v1", "v2"] and registry.aliases() == {"champion": "v1"}
+
+
+def test_admin_is_off_without_a_token(tiny_run):
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="store"), FeatureStoreSettings(),
+                     store=MemoryStore(), stream=InProcessStream()) as c:
+        r = c.post("/admin/reload", headers=ADMIN)
+        assert r.status_code == 404 and "DINREC_ADMIN_TOKEN" in r.json()["message"]
+
+
+def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    env = {**os.environ, "DINREC_REGISTRY_DIR": str(tmp_path / "reg")}
+
+    def dinrec(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "dinrec_cli.main", "registry", *args], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=60)
+
+    out = dinrec("publish", str(tiny_run[2]), "--version", "a", "--alias", "champion")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["version"] == "a"
+    assert dinrec("publish", str(tiny_run[2]), "--version", "b").returncode == 0
+    assert dinrec("alias", "challenger", "b").returncode == 0
+    listed = json.loads(dinrec("list").stdout)
+    assert listed["aliases"] == {"champion": "a", "challenger": "b"} and set(listed["versions"]) == {"a", "b"}
+    again = dinrec("publish", str(tiny_run[2]), "--version", "a")
+    assert again.returncode == 2 and "immutable" in again.stderr
