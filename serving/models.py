@@ -60,7 +60,9 @@ class ModelManager:
         self._lock = threading.Lock()  # one load at a time
         self.version: str | None = None  # the registry version serving (None without a registry)
         self.previous: tuple[str | None, Recommender] | None = None
-        self._refused: str | None = None  # a version that failed: not retried until the alias moves again
+        # An alias target the watcher must not load: it failed, or the operator chose another version
+        # (a pinned reload, a rollback). Cleared in effect when the alias moves on.
+        self._hold: str | None = None
         self.current = self._load(self._target_version())
 
     def _target_version(self) -> str | None:
@@ -85,8 +87,10 @@ class ModelManager:
                 new = self._load(target)
             except Exception as exc:  # noqa: BLE001 - whatever breaks a bundle, keep serving the old one
                 self.version = old_version
-                self._refused = target
+                self._hold = target
                 raise ReloadFailed(f"cannot serve {target or self.settings.bundle_dir}: {exc}") from exc
+            if version is not None and self.registry is not None:  # pinned: the watcher leaves it be
+                self._hold = self._target_version()
             self.previous = (old_version, old)
             self._swap(new)
             log.info("now serving model %s (version %s, was %s)", new.model_version, target, old_version)
@@ -98,6 +102,8 @@ class ModelManager:
                 raise ReloadFailed("no previous model to roll back to")
             (version, rec), self.previous = self.previous, (self.version, self.current)
             self.version = version
+            if self.registry is not None:  # the alias still names what was rolled back from
+                self._hold = self._target_version()
             self._swap(rec)
             log.warning("rolled back to model %s (version %s)", rec.model_version, version)
             return rec.model_version
@@ -115,7 +121,7 @@ class ModelManager:
             while not stop.wait(self.settings.reload_poll_s):
                 try:
                     target = self._target_version()
-                    if target not in (self.version, self._refused):
+                    if target not in (self.version, self._hold):
                         self.reload()
                 except Exception as exc:  # noqa: BLE001 - a bad alias or bundle must not end the watcher
                     log.error("model reload failed; still serving %s: %s", self.current.model_version, exc)

@@ -76,14 +76,21 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
         assert r.status_code == 409 and "checksum mismatch" in r.json()["message"]
         assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v2["model_version"]
 
-        # Rollback to the previous model; admin endpoints need the token.
+        # Rollback to the previous model; it sticks while the alias still names what was rolled back
+        # from. Admin endpoints need the token.
+        registry.set_alias("champion", "v2")
+        time.sleep(0.3)
         back = c.post("/admin/rollback", headers=ADMIN).json()
         assert back["model_version"] == v1["model_version"]
         assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v1["model_version"]
+        time.sleep(0.5)
+        assert c.get("/admin/model", headers=ADMIN).json()["model_version"] == v1["model_version"]
         assert c.post("/admin/reload").status_code == 401
         assert c.post("/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
         pinned = c.post("/admin/reload", headers=ADMIN, json={"version": "v2"}).json()
         assert pinned["version"] == "v2" and pinned["changed"]
+        registry.set_alias("champion", "v1")  # the alias moves on: the watcher follows it again
+        wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["version"] == "v1", timeout_s=30)
     assert {s for s, _ in seen} == {200}
     versions = [v for _, v in seen]
     first_v2 = versions.index(v2["model_version"])
