@@ -73,3 +73,20 @@ def bench_score_cmd(
                          attention_activation=attention_activation, mlp_activation=mlp_activation,
                          requests=requests, vs_deepctr=vs == "deepctr")
     typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
+@bench_app.command("serve")
+def bench_serve_cmd(
+    rps: Annotated[float, typer.Option(help="requests per second, sent open-loop")] = 400,
+    seconds: float = 20, items: int = 100_000, users: int = 2000,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 50,
+    workers: Annotated[int | None, typer.Option(help="dinrec serve workers (default: its own default)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL)."""
+    from benchmarks.serve_bench import bench_serve
+    from feature_store.settings import FeatureStoreSettings
+
+    result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
+                         seq_len=seq_len, workers=workers)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

@@ -61,3 +61,17 @@ def test_bench_score_times_the_scorer_the_model_and_the_peer():
     assert result["speedup_vs_deepctr"] == pytest.approx(result["deepctr"]["p50_ms"] / result["dinrec"]["p50_ms"],
                                                          rel=1e-2)
     assert result["config"]["attention_hidden"] == [80, 40] and result["threads"] == 1
+
+
+@pytest.mark.redis
+@pytest.mark.slow
+def test_bench_serve_drives_the_service_open_loop(redis_url):
+    env = {**os.environ, "DINREC_REDIS_URL": redis_url}
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "serve", "--rps", "40", "--seconds", "2",
+                          "--items", "3000", "--users", "100", "--json"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["requests"] == 80 and result["errors"] == 0 and result["degraded"] == 0
+    assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"]
+    assert result["rps"] > 0

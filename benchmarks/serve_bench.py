@@ -1,0 +1,140 @@
+"""`dinrec bench serve`: the whole service under an open-loop load, on this machine.
+
+A synthetic catalog of ``items`` items (random DIN weights: speed does not depend on training;
+embeddings 32 + 32, unit 80-40, MLP 200-80, HNSW recall index above 50k items) is exported as a
+bundle; ``users`` users get histories of ``seq_len`` behaviours in the real Redis; ``dinrec serve``
+runs as its own process(es) with ``workers``; an asyncio generator sends ``GET /recommend`` at a
+fixed rate for ``seconds`` — open loop: each request leaves at its scheduled time whether or not the
+earlier ones have answered, and latency counts from that scheduled time (no coordinated omission).
+Errors are non-200 answers and requests that took longer than ``timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from feature_store.online.redis_store import RedisStore
+from feature_store.schema import BehaviourEvent
+from serving.server import free_port
+from training.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
+from training.export import build_item_index
+from training.model import DIN, DINConfig
+from training.vocab import Vocab
+
+
+def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0) -> Path:
+    torch.manual_seed(seed)
+    cfg = DINConfig(n_items=items + 1, n_categories=categories + 1, item_dim=32, cat_dim=32,
+                    attention_hidden=(80, 40), mlp_hidden=(200, 80), extra={"seq_len": seq_len})
+    model = DIN(cfg).eval()
+    rng = np.random.default_rng(seed)
+    item_category = np.concatenate([[0], rng.integers(1, categories + 1, items)]).astype(np.int64)
+    vocab = Vocab(["<pad>", *(f"i{i}" for i in range(1, items + 1))],
+                  ["<pad>", *(f"c{c}" for c in range(1, categories + 1))], item_category)
+    index, info = build_item_index(model)
+    popular = [(f"i{i}", float(items - i)) for i in range(1, 1001)]
+    return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, extra_files={
+        ITEM_INDEX_FILE: index.save, ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info))})
+
+
+def load_histories(store: RedisStore, users: int, items: int, seq_len: int, seed: int = 1) -> None:
+    rng = np.random.default_rng(seed)
+    batch = []
+    for u in range(users):
+        for j, item in enumerate(rng.integers(1, items + 1, seq_len)):
+            batch.append(BehaviourEvent(event_id=f"b{u}-{j}", user_id=f"u{u}", item_id=f"i{item}",
+                                        category_id="c1", ts=1.7e9 + j))
+        if len(batch) >= 5000:
+            store.write(batch)
+            batch = []
+    store.write(batch)
+
+
+async def _drive(base: str, rps: float, seconds: float, users: int, timeout_s: float) -> list[tuple[float, int, bool]]:
+    import httpx
+
+    results: list[tuple[float, int, bool]] = []  # (latency from scheduled send, status, degraded)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+    async with httpx.AsyncClient(base_url=base, timeout=timeout_s, limits=limits) as client:
+        async def one(i: int, scheduled: float) -> None:
+            try:
+                r = await client.get("/recommend", params={"user_id": f"u{i % users}", "k": 10})
+                degraded = r.status_code == 200 and r.json().get("degraded", False)
+                results.append((time.perf_counter() - scheduled, r.status_code, degraded))
+            except httpx.HTTPError:
+                results.append((time.perf_counter() - scheduled, 0, False))
+
+        start = time.perf_counter()
+        tasks = []
+        for i in range(int(rps * seconds)):
+            scheduled = start + i / rps
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i, scheduled)))
+        await asyncio.gather(*tasks)
+    return results
+
+
+def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
+                categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
+                timeout_s: float = 1.0, warmup_s: float = 3.0) -> dict:
+    run = f"bench-serve-{os.getpid()}"
+    folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-serve-"))
+    bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len)
+    store = RedisStore(redis_url, prefix=run, history_cap=seq_len)
+    load_histories(store, users, items, seq_len)
+    port = free_port()
+    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_REDIS_URL": redis_url, "DINREC_REDIS_PREFIX": run,
+           "DINREC_EVENTS_SINK": "store", "DINREC_LOG_FORMAT": "text"}
+    if workers:
+        env["DINREC_WORKERS"] = str(workers)
+    log = (folder / "serve.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
+                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_ready(base, proc, folder / "serve.log")
+        asyncio.run(_drive(base, min(rps, 100), warmup_s, users, timeout_s))  # warm-up, not measured
+        t0 = time.perf_counter()
+        results = asyncio.run(_drive(base, rps, seconds, users, timeout_s))
+        wall = time.perf_counter() - t0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+        store.flush_prefix()
+        store.close()
+    ok = [r for r in results if r[1] == 200 and r[0] <= timeout_s]
+    ms = np.array([r[0] for r in results]) * 1000
+    return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
+            "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
+            "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": len(results) - len(ok),
+            "degraded": sum(r[2] for r in results), "workers": workers or 1, "items": items, "users": users,
+            "seq_len": seq_len, "cpus": os.cpu_count()}
+
+
+def _wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:
+    import httpx
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"dinrec serve exited: {log.read_text()[-2000:]}")
+        try:
+            if httpx.get(base + "/readyz", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    raise RuntimeError("dinrec serve did not become ready")
