@@ -255,13 +255,14 @@ class Ingestor:
             self.stats.rewinds += 1
 
     def _send_dead_letters(self, batch: list[Decoded]) -> None:  # before the offsets covering them are written
-        dead = [OutgoingRecord(r.value, r.key, (*r.headers, (ERROR_HEADER, str(e).encode()),
-                                                 (SOURCE_HEADER, f"{self.topic}/{r.partition}/{r.offset}".encode())))
-                for r, e in batch if isinstance(e, InvalidEvent)]
+        dead = []
+        for r, e in batch:
+            if isinstance(e, InvalidEvent):
+                source = f"{self.topic}/{r.partition}/{r.offset}"
+                headers = (*r.headers, (ERROR_HEADER, str(e).encode()), (SOURCE_HEADER, source.encode()))
+                log.warning("dead-lettered %s: %s", source, e)
+                dead.append(OutgoingRecord(r.value, r.key, headers))
         if dead:
-            for r, e in batch:
-                if isinstance(e, InvalidEvent):
-                    log.warning("dead-lettered %s/%d/%d: %s", self.topic, r.partition, r.offset, e)
             self._dead.publish_raw(dead)
 
     # -------------------------------------------------------------- group membership and commits

@@ -56,7 +56,7 @@ class Recommender:
         self._cat_idx = {c: i for i, c in enumerate(bundle.vocab.categories) if i != 0}
         self._item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
         self._item_vectors = recall_space(self.model)  # (n_items, item_dim), row = item index
-        chosen, self.precision_error = choose_precision(self.model, self._item_cat, precision, self._probes())
+        chosen, _ = choose_precision(self.model, self._item_cat, precision, self._probes())
         self.scorer = Scorer(self.model, self._item_cat, chosen)
 
     def _probes(self, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:

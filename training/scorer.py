@@ -12,8 +12,8 @@ per history). With W = [Wq | Wh | Wd | Wp] the activation unit's first layer (se
 The history is embedded once per request (the training path embeds it once per candidate), the
 rest of the unit and the MLP are the model's own modules in eval mode, so the function is the
 same; tests compare against the model within 1e-5 (fp32). ``precision="bf16"`` runs the matrix
-products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX); :meth:`Scorer.check` measures how
-far it is from fp32 on a bundle, and the caller decides whether that is acceptable.
+products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX); :func:`choose_precision` measures
+how far it is from fp32 on probe requests and keeps it only within a tolerance.
 """
 
 from __future__ import annotations
@@ -157,18 +157,6 @@ class Scorer:
             x = step(x)
         logits = self._out(x).squeeze(-1)  # (N,)
         return Scores(logits, weights if with_attention else None)
-
-    def check(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, candidates: torch.Tensor) -> float:
-        """Largest |probability difference| between this scorer and the model's own forward (the
-        reference) on one request."""
-        with torch.inference_mode():
-            n = candidates.shape[0]
-            known = hist_items != 0
-            items = hist_items[known].unsqueeze(0).expand(n, -1)  # (N, L)
-            cats = hist_cats[known].unsqueeze(0).expand(n, -1)  # (N, L)
-            reference = self.model(items, cats, candidates, self.item_category[candidates])  # (N,)
-            mine = self.score(hist_items, hist_cats, candidates).logits
-            return float((torch.sigmoid(mine) - torch.sigmoid(reference)).abs().max())
 
 
 def choose_precision(model: DIN, item_category: torch.Tensor, wanted: str,
