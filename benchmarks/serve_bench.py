@@ -3,7 +3,7 @@
 A synthetic catalog of ``items`` items (random DIN weights: speed does not depend on training;
 embeddings 32 + 32, unit 80-40, MLP 200-80, HNSW recall index above 50k items) is exported as a
 bundle; ``users`` users get histories of ``seq_len`` behaviours in the real Redis; ``dinrec serve``
-runs as its own process(es) with ``workers``; an asyncio generator sends ``GET /recommend`` at a
+runs as its own process(es) with ``workers``; benchmarks/loadgen.py sends ``GET /recommend`` at a
 fixed rate for ``seconds`` — open loop: each request leaves at its scheduled time whether or not the
 earlier ones have answered, and latency counts from that scheduled time (no coordinated omission).
 Errors are non-200 answers and requests that took longer than ``timeout_s``.
@@ -11,7 +11,6 @@ Errors are non-200 answers and requests that took longer than ``timeout_s``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import subprocess
@@ -23,6 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import loadgen
+from benchmarks.loadgen import request_bytes
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from serving.server import free_port
@@ -60,30 +61,8 @@ def load_histories(store: RedisStore, users: int, items: int, seq_len: int, seed
     store.write(batch)
 
 
-async def _drive(base: str, rps: float, seconds: float, users: int, timeout_s: float) -> list[tuple[float, int, bool]]:
-    import httpx
-
-    results: list[tuple[float, int, bool]] = []  # (latency from scheduled send, status, degraded)
-    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
-    async with httpx.AsyncClient(base_url=base, timeout=timeout_s, limits=limits) as client:
-        async def one(i: int, scheduled: float) -> None:
-            try:
-                r = await client.get("/recommend", params={"user_id": f"u{i % users}", "k": 10})
-                degraded = r.status_code == 200 and r.json().get("degraded", False)
-                results.append((time.perf_counter() - scheduled, r.status_code, degraded))
-            except httpx.HTTPError:
-                results.append((time.perf_counter() - scheduled, 0, False))
-
-        start = time.perf_counter()
-        tasks = []
-        for i in range(int(rps * seconds)):
-            scheduled = start + i / rps
-            delay = scheduled - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(i, scheduled)))
-        await asyncio.gather(*tasks)
-    return results
+def _requests(port: int, users: int) -> list[bytes]:
+    return [request_bytes("127.0.0.1", port, f"/recommend?user_id=u{u}&k=10") for u in range(users)]
 
 
 def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
@@ -105,9 +84,10 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
     base = f"http://127.0.0.1:{port}"
     try:
         _wait_ready(base, proc, folder / "serve.log")
-        asyncio.run(_drive(base, min(rps, 100), warmup_s, users, timeout_s))  # warm-up, not measured
+        requests = _requests(port, users)
+        loadgen.run("127.0.0.1", port, requests, min(rps, 100), warmup_s, timeout_s)  # warm-up, not measured
         t0 = time.perf_counter()
-        results = asyncio.run(_drive(base, rps, seconds, users, timeout_s))
+        results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
         wall = time.perf_counter() - t0
     finally:
         proc.terminate()
@@ -115,12 +95,12 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
         log.close()
         store.flush_prefix()
         store.close()
-    ok = [r for r in results if r[1] == 200 and r[0] <= timeout_s]
-    ms = np.array([r[0] for r in results]) * 1000
+    ok = [r for r in results if r.status == 200 and r.latency_s <= timeout_s]
+    ms = np.array([r.latency_s for r in results]) * 1000
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
             "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
             "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": len(results) - len(ok),
-            "degraded": sum(r[2] for r in results), "workers": workers or 1, "items": items, "users": users,
+            "degraded": sum(r.degraded for r in results), "workers": workers or 1, "items": items, "users": users,
             "seq_len": seq_len, "cpus": os.cpu_count()}
 
 

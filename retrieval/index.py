@@ -154,6 +154,13 @@ class FaissIndex:
         return cls(index, index.d, ef_search)
 
 
+def set_search_threads(n: int) -> None:
+    """Threads FAISS may use per search (its OpenMP pool is separate from torch's)."""
+    import faiss
+
+    faiss.omp_set_num_threads(n)
+
+
 def recall_at_k(index: FaissIndex | ExactIndex, exact: ExactIndex, queries: np.ndarray, k: int) -> float:
     """The share of the exact top ``k`` that ``index`` returns, averaged over ``queries``."""
     got, _ = index.search(queries, k)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI
 
 from feature_store.ingest import Ingestor
 from feature_store.online import OnlineStore, open_store
@@ -20,7 +18,8 @@ from feature_store.streams import EventStream, open_stream
 from serving import logs
 from serving.admin import router as admin_router
 from serving.deps import ServiceState
-from serving.errors import error_response, install_error_handlers
+from serving.errors import install_error_handlers
+from serving.middleware import RequestContext
 from serving.models import ModelManager
 from serving.ranking import Recommender
 from serving.routes import router
@@ -86,33 +85,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     app = FastAPI(title="dinrec", version="0.1.0", lifespan=lifespan,
                   description="DIN recommendations: FAISS recall, DIN ranking, behaviour events.")
 
-    @app.middleware("http")
-    async def request_context(request: Request, call_next):
-        """Request id (taken from x-request-id or made), body limit, in-flight gauge, latency by route."""
-        rid = (request.headers.get("x-request-id") or uuid.uuid4().hex)[:64]
-        request.state.request_id = rid
-        token = logs.request_id.set(rid)
-        state: ServiceState | None = getattr(request.app.state, "dinrec", None)
-        t0 = time.perf_counter()
-        try:
-            size = request.headers.get("content-length")
-            if size is not None and (not size.isdigit() or int(size) > settings.max_body_bytes):
-                response = error_response(413, "request_too_large",
-                                          f"the body may hold at most {settings.max_body_bytes} bytes", request)
-            elif state is None:
-                response = await call_next(request)
-            else:
-                with state.metrics.in_flight.track_inprogress():
-                    response = await call_next(request)
-            if state is not None:
-                route = request.scope.get("route")
-                state.metrics.requests.labels(getattr(route, "path", "unmatched"), str(response.status_code)).observe(
-                    time.perf_counter() - t0)
-            response.headers["x-request-id"] = rid
-            return response
-        finally:
-            logs.request_id.reset(token)
-
+    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)

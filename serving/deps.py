@@ -41,7 +41,7 @@ class ServiceState:
     ingest_thread: threading.Thread | None = None
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:  # async: no thread-pool hop per request
     return request.app.state.dinrec
 
 

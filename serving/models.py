@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from feature_store.features import HistoryItem
-from retrieval.index import FaissIndex
+from retrieval.index import FaissIndex, set_search_threads
 from serving.ranking import Recommender
 from serving.settings import ServingSettings
 from training.bundle import load_bundle
@@ -36,7 +36,9 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     import torch
 
     # Each worker process gets its share of the cores: more threads than that only contend.
-    torch.set_num_threads(settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers))
+    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers)
+    torch.set_num_threads(threads)
+    set_search_threads(threads)  # FAISS has its own OpenMP pool: idle threads in it spin on every search
     bundle = load_bundle(bundle_dir)
     ef_search = settings.recall_ef_search or bundle.item_index_info.get("spec", {}).get("ef_search", 400)
     index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
