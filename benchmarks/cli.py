@@ -81,6 +81,7 @@ def bench_serve_cmd(
     seconds: float = 20, items: int = 100_000, users: int = 2000,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 50,
     workers: Annotated[int | None, typer.Option(help="dinrec serve workers (default: its own default)")] = None,
+    index: Annotated[str, typer.Option(help="recall index: auto (by catalog size), flat or hnsw")] = "auto",
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL)."""
@@ -88,5 +89,5 @@ def bench_serve_cmd(
     from feature_store.settings import FeatureStoreSettings
 
     result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
-                         seq_len=seq_len, workers=workers)
+                         seq_len=seq_len, workers=workers, index=index)
     typer.echo(json.dumps(result, indent=None if as_json else 1))

@@ -12,6 +12,7 @@ so a stalled server shows up as latency instead of as fewer requests (no coordin
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Outcome:
+    sent_s: float     # the scheduled send time, from the start of the run
     latency_s: float  # from the scheduled send time to the last byte of the answer
     status: int       # 0: no answer (connection error or past the timeout)
     degraded: bool    # the answer said "degraded": true
@@ -73,7 +75,7 @@ async def drive(host: str, port: int, requests: Sequence[bytes], rps: float, sec
             if conn is not None:  # a half-used connection cannot be reused
                 conn[1].close()
                 open_count -= 1
-        outcomes.append(Outcome(time.perf_counter() - scheduled, status, degraded))
+        outcomes.append(Outcome(scheduled - start, time.perf_counter() - scheduled, status, degraded))
 
     tasks = []
     start = time.perf_counter()
@@ -91,9 +93,20 @@ async def drive(host: str, port: int, requests: Sequence[bytes], rps: float, sec
 
 def run(host: str, port: int, requests: Sequence[bytes], rps: float, seconds: float,
         timeout_s: float = 1.0) -> list[Outcome]:
-    """:func:`drive` on uvloop when it is installed (cheaper per request), else asyncio's loop."""
+    """:func:`drive` on uvloop when it is installed (cheaper per request), else asyncio's loop.
+
+    The collector is off while it runs: a full collection over the caller's heap (a bundle's
+    vocabulary, torch) stalls the loop for 100+ ms, which would show as the service's latency."""
     try:
         import uvloop
+        runner = uvloop.run
     except ImportError:
-        return asyncio.run(drive(host, port, requests, rps, seconds, timeout_s))
-    return uvloop.run(drive(host, port, requests, rps, seconds, timeout_s))
+        runner = asyncio.run
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return runner(drive(host, port, requests, rps, seconds, timeout_s))
+    finally:
+        if was_enabled:
+            gc.enable()

@@ -1,8 +1,8 @@
 """`dinrec bench serve`: the whole service under an open-loop load, on this machine.
 
 A synthetic catalog of ``items`` items (random DIN weights: speed does not depend on training;
-embeddings 32 + 32, unit 80-40, MLP 200-80, HNSW recall index above 50k items) is exported as a
-bundle; ``users`` users get histories of ``seq_len`` behaviours in the real Redis; ``dinrec serve``
+embeddings 32 + 32, unit 80-40, MLP 200-80; recall index ``index``: auto, flat or hnsw) is exported
+as a bundle; ``users`` users get histories of ``seq_len`` behaviours in the real Redis; ``dinrec serve``
 runs as its own process(es) with ``workers``; benchmarks/loadgen.py sends ``GET /recommend`` at a
 fixed rate for ``seconds`` — open loop: each request leaves at its scheduled time whether or not the
 earlier ones have answered, and latency counts from that scheduled time (no coordinated omission).
@@ -26,6 +26,7 @@ from benchmarks import loadgen
 from benchmarks.loadgen import request_bytes
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
+from retrieval.index import IndexSpec
 from serving.server import free_port
 from training.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
 from training.export import build_item_index
@@ -33,7 +34,8 @@ from training.model import DIN, DINConfig
 from training.vocab import Vocab
 
 
-def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0) -> Path:
+def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0,
+                     index: IndexSpec | None = None) -> Path:
     torch.manual_seed(seed)
     cfg = DINConfig(n_items=items + 1, n_categories=categories + 1, item_dim=32, cat_dim=32,
                     attention_hidden=(80, 40), mlp_hidden=(200, 80), extra={"seq_len": seq_len})
@@ -42,10 +44,10 @@ def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed:
     item_category = np.concatenate([[0], rng.integers(1, categories + 1, items)]).astype(np.int64)
     vocab = Vocab(["<pad>", *(f"i{i}" for i in range(1, items + 1))],
                   ["<pad>", *(f"c{c}" for c in range(1, categories + 1))], item_category)
-    index, info = build_item_index(model)
+    built, info = build_item_index(model, index)
     popular = [(f"i{i}", float(items - i)) for i in range(1, 1001)]
     return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, extra_files={
-        ITEM_INDEX_FILE: index.save, ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info))})
+        ITEM_INDEX_FILE: built.save, ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info))})
 
 
 def load_histories(store: RedisStore, users: int, items: int, seq_len: int, seed: int = 1) -> None:
@@ -67,10 +69,11 @@ def _requests(port: int, users: int) -> list[bytes]:
 
 def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
                 categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
-                timeout_s: float = 1.0, warmup_s: float = 3.0) -> dict:
+                timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto") -> dict:
     run = f"bench-serve-{os.getpid()}"
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-serve-"))
-    bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len)
+    bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len, index=IndexSpec(kind=index))
+    index_info = json.loads((bundle / ITEM_INDEX_INFO_FILE).read_text())
     store = RedisStore(redis_url, prefix=run, history_cap=seq_len)
     load_histories(store, users, items, seq_len)
     port = free_port()
@@ -100,7 +103,8 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
             "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
             "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": len(results) - len(ok),
-            "degraded": sum(r.degraded for r in results), "workers": workers or 1, "items": items, "users": users,
+            "degraded": sum(r.degraded for r in results), "workers": workers or 1, "index": index_info["kind"],
+            "recall_at_200": index_info.get("recall_at_200", 1.0), "items": items, "users": users,
             "seq_len": seq_len, "cpus": os.cpu_count()}
 
 

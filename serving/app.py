@@ -3,6 +3,7 @@ the online store and the event stream; nothing happens at import."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -66,6 +67,10 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         if state.outbox is not None:
             state.metrics.watch_outbox(lambda: state.outbox.pending_bytes)
         app.state.dinrec = state
+        # The bundle's vocabularies are millions of long-lived objects: out of the collector's sight,
+        # a full collection no longer walks them in the middle of a request.
+        gc.collect()
+        gc.freeze()
         log.info("serving model %s (%s) from %s", state.recommender.model_version, state.recommender.precision,
                  settings.bundle_dir)
         try:

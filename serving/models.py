@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from feature_store.features import HistoryItem
-from retrieval.index import FaissIndex, set_search_threads
+from retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from serving.ranking import Recommender
 from serving.settings import ServingSettings
 from training.bundle import load_bundle
@@ -40,7 +40,8 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     torch.set_num_threads(threads)
     set_search_threads(threads)  # FAISS has its own OpenMP pool: idle threads in it spin on every search
     bundle = load_bundle(bundle_dir)
-    ef_search = settings.recall_ef_search or bundle.item_index_info.get("spec", {}).get("ef_search", 400)
+    spec = bundle.item_index_info.get("spec", {})
+    ef_search = settings.recall_ef_search or spec.get("ef_search", IndexSpec.ef_search)
     index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
     return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
 

@@ -1,5 +1,10 @@
-"""HTTP routes. Handlers are sync (`def`): FastAPI runs them in its thread pool, so torch and the
-Redis client never block the event loop."""
+"""HTTP routes.
+
+``/recommend`` runs inline on the event loop (``async def`` doing blocking work): a request is a few
+milliseconds of CPU, and a worker process per core serving one request at a time beats handing each
+to a thread pool, where 40 threads contend for the GIL and the cores and a burst turns into long
+tails. Its blocking calls are bounded (Redis timeouts, the breaker). The other handlers are sync
+(``def``) and run in FastAPI's thread pool."""
 
 from __future__ import annotations
 
@@ -73,14 +78,14 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
 
 
 @router.get("/recommend", response_model=RecommendResponse)
-def recommend_get(state: State, request: Request, user_id: Annotated[UserId, Query()],
+async def recommend_get(state: State, request: Request, user_id: Annotated[UserId, Query()],
                   k: Annotated[int | None, Query(ge=1)] = None, explain: bool = False,
                   shown: Annotated[list[ExternalId] | None, Query(max_length=500)] = None):
     return _recommend(state, request, user_id, k, explain=explain, shown=shown)
 
 
 @router.post("/recommend", response_model=RecommendResponse)
-def recommend_post(state: State, request: Request, body: RecommendRequest):
+async def recommend_post(state: State, request: Request, body: RecommendRequest):
     return _recommend(state, request, body.user_id, body.k, explain=body.explain, shown=body.shown,
                       context=body.context)
 

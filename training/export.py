@@ -1,7 +1,8 @@
 """Export a trained model as a bundle, with the FAISS index of its item embeddings for recall.
 
-The index is exact below 50,000 items and HNSW above (retrieval.index.IndexSpec); its kind, its
-parameters and, for HNSW, its measured recall@200 against exact search go to ``item_index.json``.
+The index is exact while a scan is cheaper (below 5M items × dims) and HNSW above
+(retrieval.index.IndexSpec); its kind, its parameters and, for HNSW, its measured recall@200 against
+exact search go to ``item_index.json``.
 """
 
 from __future__ import annotations

@@ -52,8 +52,9 @@ def test_bad_input_is_reported(tmp_path, vectors):
 def test_auto_is_exact_below_the_threshold_and_hnsw_from_it():
     from retrieval.index import IndexSpec
 
-    assert IndexSpec().resolve(49_999) == "flat" and IndexSpec().resolve(50_000) == "hnsw"
-    assert IndexSpec(kind="flat").resolve(10**7) == "flat" and IndexSpec(kind="hnsw").resolve(10) == "hnsw"
+    assert IndexSpec().resolve(156_249, 32) == "flat" and IndexSpec().resolve(156_250, 32) == "hnsw"
+    assert IndexSpec().resolve(100_000, 32) == "flat" and IndexSpec().resolve(100_000, 64) == "hnsw"  # items × dims
+    assert IndexSpec(kind="flat").resolve(10**7, 32) == "flat" and IndexSpec(kind="hnsw").resolve(10, 32) == "hnsw"
 
 
 @pytest.mark.slow
@@ -65,7 +66,7 @@ def test_hnsw_finds_95_percent_of_the_exact_top_200_on_100k_items(tmp_path):
     v = (rng.normal(size=(100_000, 32)) * rng.uniform(0.5, 1.5, size=(100_000, 1))).astype(np.float32)
     ids = np.arange(1, 100_001, dtype=np.int64)
     queries = np.stack([v[rng.integers(0, 100_000, 10)].mean(0) for _ in range(200)]).astype(np.float32)
-    index = FaissIndex.build(v, ids)
+    index = FaissIndex.build(v, ids, IndexSpec(kind="hnsw"))
     assert index.kind == "hnsw"
     recall = recall_at_k(index, ExactIndex(v, ids), queries, 200)
     assert recall >= 0.95, recall
