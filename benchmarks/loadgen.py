@@ -22,8 +22,9 @@ from dataclasses import dataclass
 class Outcome:
     sent_s: float     # the scheduled send time, from the start of the run
     latency_s: float  # from the scheduled send time to the last byte of the answer
-    status: int       # 0: no answer (connection error or past the timeout)
+    status: int       # 0: no answer (see ``failure``)
     degraded: bool    # the answer said "degraded": true
+    failure: str = ""  # why there was no answer: timeout, connect, connection limit, …
 
 
 def request_bytes(host: str, port: int, path: str) -> bytes:
@@ -52,30 +53,51 @@ async def drive(host: str, port: int, requests: Sequence[bytes], rps: float, sec
     outcomes: list[Outcome] = []
     loop = asyncio.get_running_loop()
 
-    async def one(request: bytes, scheduled: float) -> None:
+    async def connect() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         nonlocal open_count
+        if open_count >= max_connections:
+            raise ConnectionError("connection limit reached")
+        open_count += 1
+        try:
+            return await asyncio.open_connection(host, port)
+        except BaseException:
+            open_count -= 1
+            raise
+
+    def drop(conn: tuple[asyncio.StreamReader, asyncio.StreamWriter]) -> None:
+        nonlocal open_count
+        conn[1].close()
+        open_count -= 1
+
+    async def one(request: bytes, scheduled: float) -> None:
         conn = None
-        status, degraded = 0, False
+        status, degraded, failure = 0, False, ""
         try:
             async with asyncio.timeout_at(loop.time() + timeout_s - (time.perf_counter() - scheduled)):
-                if idle:
-                    conn = idle.pop()
-                elif open_count < max_connections:
-                    open_count += 1
-                    conn = await asyncio.open_connection(host, port)
-                else:
-                    raise ConnectionError("connection limit reached")
-                status, body = await _exchange(*conn, request)
+                reused = bool(idle)
+                conn = idle.pop() if reused else await connect()
+                try:
+                    status, body = await _exchange(*conn, request)
+                except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
+                    if not reused or getattr(exc, "partial", b""):
+                        raise
+                    # The server closed this idle connection (its keep-alive timeout) as the request
+                    # left: nothing was answered, so send it again on a fresh one, as HTTP clients do.
+                    drop(conn)
+                    conn = None
+                    conn = await connect()
+                    status, body = await _exchange(*conn, request)
                 degraded = b'"degraded":true' in body or b'"degraded": true' in body
             idle.append(conn)
             conn = None
-        except (TimeoutError, OSError, asyncio.IncompleteReadError, ValueError, ConnectionError):
-            status = 0
+        except TimeoutError:
+            status, failure = 0, "timeout"
+        except (OSError, asyncio.IncompleteReadError, ValueError) as exc:  # ConnectionError is an OSError
+            status, failure = 0, f"{'connect' if conn is None else 'read'}: {type(exc).__name__}"
         finally:
             if conn is not None:  # a half-used connection cannot be reused
-                conn[1].close()
-                open_count -= 1
-        outcomes.append(Outcome(scheduled - start, time.perf_counter() - scheduled, status, degraded))
+                drop(conn)
+        outcomes.append(Outcome(scheduled - start, time.perf_counter() - scheduled, status, degraded, failure))
 
     tasks = []
     start = time.perf_counter()

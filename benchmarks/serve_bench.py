@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -103,7 +104,12 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
             "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
             "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": len(results) - len(ok),
-            "degraded": sum(r.degraded for r in results), "workers": workers or 1, "index": index_info["kind"],
+            "degraded": sum(r.degraded for r in results),
+            "error_kinds": dict(Counter(
+                r.failure or (f"status {r.status}" if r.status != 200 else "late") for r in results
+                if not (r.status == 200 and r.latency_s <= timeout_s))),
+            "workers": workers or os.cpu_count(),  # dinrec serve's default with Redis: one per CPU
+            "index": index_info["kind"],
             "recall_at_200": index_info.get("recall_at_200", 1.0), "items": items, "users": users,
             "seq_len": seq_len, "cpus": os.cpu_count()}
 

@@ -12,7 +12,9 @@ def serve(
     bundle: Annotated[Path | None, typer.Option(help="bundle directory (default DINREC_BUNDLE_DIR)")] = None,
     host: Annotated[str | None, typer.Option(help="bind address (default DINREC_HOST)")] = None,
     port: Annotated[int | None, typer.Option(help="port (default DINREC_PORT)")] = None,
-    workers: Annotated[int | None, typer.Option(help="worker processes (default DINREC_WORKERS, 1)")] = None,
+    workers: Annotated[int | None, typer.Option(
+        help="worker processes (default DINREC_WORKERS, else a CPU each with Redis, 1 with the embedded store)",
+    )] = None,
 ) -> None:
     """Serve recommendations over HTTP (store and stream from DINREC_STORE / DINREC_STREAM)."""
     import os
@@ -25,9 +27,13 @@ def serve(
     for name, value in {"BUNDLE_DIR": bundle, "HOST": host, "PORT": port, "WORKERS": workers}.items():
         if value is not None:
             os.environ[f"DINREC_{name}"] = str(value)
+    from feature_store.settings import FeatureStoreSettings
     from serving.settings import ServingSettings
 
     settings = ServingSettings()
+    if settings.workers is None:  # a request is CPU work: one process per core, if they can share the store
+        settings.workers = (os.cpu_count() or 1) if FeatureStoreSettings().store == "redis" else 1
+        os.environ["DINREC_WORKERS"] = str(settings.workers)
     if settings.workers == 1:
         uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None)
     else:

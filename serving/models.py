@@ -36,7 +36,7 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     import torch
 
     # Each worker process gets its share of the cores: more threads than that only contend.
-    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // settings.workers)
+    threads = settings.torch_threads or max(1, (os.cpu_count() or 1) // (settings.workers or 1))
     torch.set_num_threads(threads)
     set_search_threads(threads)  # FAISS has its own OpenMP pool: idle threads in it spin on every search
     bundle = load_bundle(bundle_dir)

@@ -31,7 +31,9 @@ class ServingSettings(BaseSettings):
     blocked_categories: frozenset[str] = Field(frozenset(), description="no item of these categories (JSON list)")
     shown_penalty: float = Field(0.5, ge=0, le=1, description="score factor of items the request says were shown")
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused (413)")
-    workers: int = Field(1, ge=1, le=64, description="uvicorn worker processes (`dinrec serve --workers`)")
+    workers: int | None = Field(None, ge=1, le=64, description=(
+        "uvicorn worker processes (`dinrec serve --workers`); default: one per CPU with Redis as the store, "
+        "1 with the embedded store (it lives inside one process)"))
     torch_threads: int | None = Field(None, ge=1, le=256, description="per worker; default: CPUs / workers")
     log_format: Literal["json", "text"] = "json"
     max_k: int = Field(100, ge=1, le=1000)
