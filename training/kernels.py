@@ -23,14 +23,46 @@ from training.model import DIN
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("csrc") / "din_unit.cpp"
+_SCORE_SOURCE = Path(__file__).with_name("csrc") / "din_score.cpp"
+_SCORE_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 
 
-def _build_dir() -> Path:
+def _build_dir(source: Path = _SOURCE) -> Path:
     root = Path(os.environ.get("DINREC_KERNEL_CACHE", Path.home() / ".cache" / "dinrec" / "kernels"))
     # The build depends on the source, torch and the CPU's vector unit (an AVX2 build must not be
     # reused on a machine without AVX2).
-    key = hashlib.sha256(_SOURCE.read_bytes()).hexdigest()[:12]
+    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
     return root / f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{key}"
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag`` (e.g. avx512_bf16)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any(flag in line.split() for line in fh if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@functools.cache
+def load_score() -> bool:
+    """Build (or reuse) the fused serving unit (``csrc/din_score.cpp``) and register
+    ``torch.ops.dinrec_score``; False where the CPU lacks AVX-512 BF16 or the build fails (the scorer
+    then keeps its PyTorch ops)."""
+    if sys.platform != "linux" or not cpu_has("avx512_bf16"):
+        return False
+    try:
+        from torch.utils.cpp_extension import load as load_extension
+
+        build_dir = _build_dir(_SCORE_SOURCE)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        load_extension(name="dinrec_din_score", sources=[str(_SCORE_SOURCE)], extra_cflags=_SCORE_FLAGS,
+                       build_directory=str(build_dir), is_python_module=False, verbose=False)
+    except Exception as e:  # noqa: BLE001 - compiler missing, too old for AVX-512 BF16, …
+        log.warning("fused scoring unit unavailable (%s: %s); scoring uses PyTorch ops", type(e).__name__,
+                    str(e).strip().splitlines()[-1] if str(e).strip() else "")
+        return False
+    return True
 
 
 def _flags() -> list[str]:

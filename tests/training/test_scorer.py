@@ -11,14 +11,15 @@ from training.scorer import Scorer, bf16_supported, choose_precision
 
 
 def random_model(attention_activation: str, mlp_activation: str, attention_hidden=(80, 40), mlp_hidden=(64, 32),
-                 n_items: int = 500, n_cats: int = 20, seed: int = 0) -> tuple[DIN, torch.Tensor]:
+                 n_items: int = 500, n_cats: int = 20, seed: int = 0, dims: tuple[int, int] = (12, 6),
+                 scale: float = 0.3) -> tuple[DIN, torch.Tensor]:
     torch.manual_seed(seed)
-    model = DIN(DINConfig(n_items=n_items, n_categories=n_cats, item_dim=12, cat_dim=6,
+    model = DIN(DINConfig(n_items=n_items, n_categories=n_cats, item_dim=dims[0], cat_dim=dims[1],
                           attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
                           attention_activation=attention_activation, mlp_activation=mlp_activation)).eval()
     with torch.no_grad():  # trained-looking parameters, so every term of the function matters
         for p in model.parameters():
-            p.normal_(0, 0.3)
+            p.normal_(0, scale)
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm1d):
                 m.running_mean.normal_(0, 0.5)
@@ -86,6 +87,45 @@ def test_bf16_stays_close_and_auto_checks_before_choosing_it():
     assert precision == ("bf16" if worst <= 1e-3 else "fp32")
     assert choose_precision(model, item_cat, "auto", probes, tolerance=0.0)[0] == "fp32" or worst == 0.0
     assert choose_precision(model, item_cat, "fp32", probes) == ("fp32", None)
+
+
+def _fused_kernel_builds() -> bool:
+    from training.kernels import load_score
+
+    return load_score()
+
+
+@pytest.mark.skipif(not bf16_supported(), reason="this CPU has no AVX-512 BF16: the fused unit is not built")
+@pytest.mark.parametrize("attention_hidden", [(80, 40), (64, 32)])
+def test_the_fused_bf16_unit_scores_and_attends_like_fp32(attention_hidden):
+    assert _fused_kernel_builds(), "the fused scoring unit did not build on a CPU that has AVX-512 BF16"
+    model, item_cat = random_model("prelu", "relu", attention_hidden, dims=(32, 32), scale=0.15)
+    fused, exact = Scorer(model, item_cat, "bf16"), Scorer(model, item_cat, "fp32")
+    assert fused.fused and not exact.fused
+    g = torch.Generator().manual_seed(3)
+    for length in (50, 17, 8, 7, 1):  # whole tiles of 8 rows, tails, a single row
+        hist = torch.randint(1, 500, (length,), generator=g)
+        cand = torch.randperm(499, generator=g)[:60] + 1
+        got = fused.score(hist, item_cat[hist], cand, with_attention=True)
+        want = exact.score(hist, item_cat[hist], cand, with_attention=True)
+        p_got, p_want = torch.sigmoid(got.logits), torch.sigmoid(want.logits)
+        assert (p_got - p_want).abs().max() < 2e-3, (p_got - p_want).abs().max()
+        assert p_want.std() > 0.01  # the scores differ between candidates: the comparison has teeth
+        scale = want.attention.abs().max()
+        assert got.attention.shape == want.attention.shape
+        assert (got.attention - want.attention).abs().max() < 0.02 * scale
+        top = torch.argsort(want.logits, descending=True)[:5]
+        assert torch.equal(torch.argsort(got.logits, descending=True)[:5], top)
+    empty = torch.zeros(4, dtype=torch.long)  # no known behaviour: no unit to run
+    got, want = fused.score(empty, item_cat[empty], cand), exact.score(empty, item_cat[empty], cand)
+    assert torch.allclose(got.logits, want.logits, atol=0.05)
+
+
+def test_units_the_fused_kernel_was_not_built_for_keep_the_pytorch_ops():
+    model, item_cat = random_model("dice", "relu", (80, 40), dims=(32, 32))  # Dice, not PReLU
+    assert not Scorer(model, item_cat, "bf16").fused
+    model, item_cat = random_model("prelu", "relu", (80, 40))  # D = 18: not a multiple of 32
+    assert not Scorer(model, item_cat, "bf16").fused
 
 
 def test_a_trained_bundle_scores_the_same(tiny_run):
