@@ -1,8 +1,9 @@
 """Which model serves, and swapping it without downtime.
 
-With ``DINREC_REGISTRY_DIR`` the service serves the version an alias (``DINREC_MODEL_ALIAS``,
-default ``champion``) points at, and watches the alias: when it moves, the new bundle is loaded in
-the background (checksums verified), smoke-scored, and swapped in with one reference assignment.
+With ``DINREC_REGISTRY`` (a folder or ``s3://bucket/prefix``) the service serves the version an
+alias (``DINREC_MODEL_ALIAS``, default ``champion``) points at, and watches the alias: when it
+moves, the new bundle is loaded in the background (checksums verified), smoke-scored, and swapped
+in with one reference assignment.
 A request reads the model once when it starts, so requests in flight finish on the model they
 started with; the previous model is kept for ``rollback``. A bundle that fails to load or to score
 is refused and the current model keeps serving. Without a registry, ``DINREC_BUNDLE_DIR`` is served
@@ -23,7 +24,7 @@ from retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from serving.ranking import Recommender
 from serving.settings import ServingSettings
 from training.bundle import load_bundle
-from training.registry import Registry
+from training.registry import open_registry
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ def smoke_score(rec: Recommender) -> None:
 class ModelManager:
     def __init__(self, settings: ServingSettings, on_swap: Callable[[Recommender], None]) -> None:
         self.settings = settings
-        self.registry = Registry(settings.registry_dir) if settings.registry_dir else None
+        self.registry = open_registry(settings.registry, settings.registry_cache) if settings.registry else None
         self._on_swap = on_swap
         self._lock = threading.Lock()  # one load at a time
         self.version: str | None = None  # the registry version serving (None without a registry)

@@ -13,7 +13,10 @@ class ServingSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DINREC_", extra="ignore", validate_default=True)
 
     bundle_dir: Path = Field(Path("runs/latest/bundle"), description="the model bundle to serve (no registry)")
-    registry_dir: Path | None = Field(None, description="serve the version an alias points at in this registry")
+    registry: str | None = Field(None, description=(
+        "serve the version an alias points at in this registry: a folder or s3://bucket/prefix"))
+    registry_cache: Path | None = Field(None, description=(
+        "where versions from an S3 registry are downloaded (default ~/.cache/dinrec/registry/…)"))
     model_alias: str = Field("champion", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
     reload_poll_s: float = Field(2.0, gt=0, le=3600, description="how often the alias is checked for a new model")
     admin_token: SecretStr | None = Field(None, description="enables /admin/* with `Authorization: Bearer <token>`")

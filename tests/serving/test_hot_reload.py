@@ -40,7 +40,7 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
     store = MemoryStore()
     store.write(list(tiny_run[0].events()))
     users = sorted(set(tiny_run[0].user_id.tolist()))[:10]
-    settings = ServingSettings(registry_dir=registry.root, reload_poll_s=0.1, admin_token="s3cret",
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token="s3cret",
                                events_sink="store", score_precision="fp32")
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -123,7 +123,7 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
 
     from tests.conftest import REPO
 
-    env = {**os.environ, "DINREC_REGISTRY_DIR": str(tmp_path / "reg")}
+    env = {**os.environ, "DINREC_REGISTRY": str(tmp_path / "reg")}
 
     def dinrec(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, "-m", "dinrec_cli.main", "registry", *args], cwd=REPO, env=env,
