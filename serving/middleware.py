@@ -34,9 +34,10 @@ class RequestContext:
             elif name == b"content-length":
                 size = value
         rid = rid or uuid.uuid4().hex
-        scope.setdefault("state", {})["request_id"] = rid
-        token = logs.request_id.set(rid)
         t0 = time.perf_counter()
+        state_dict = scope.setdefault("state", {})
+        state_dict["request_id"], state_dict["started"] = rid, t0  # started: for the request's deadline
+        token = logs.request_id.set(rid)
         status = 500
         rid_header = (b"x-request-id", rid.encode("latin-1"))
 

@@ -47,6 +47,8 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     if history is None:  # the store is down or slow: the request's own context, else popularity
         reasons.append("feature_store")
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
+    started = getattr(request.state, "started", t0)
+    late = time.perf_counter() - started > s.request_deadline_ms / 1000
 
     def popular(n: int) -> list[tuple[str, float]]:
         # Live popularity from the store (fresh, knows new items); the bundle's when the store has none
@@ -54,13 +56,19 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         return state.features.popular(n) or rec.bundle.popularity
 
     shown_set = set(shown or ())
-    try:
-        ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain)
-    except Exception:  # recall or model failure: still an answer, from the bundle's popularity
-        log.exception("ranking failed for user %r; answering with popular items", user_id)
-        reasons.append("ranking")
+    ranking = None
+    if late:  # the store answered, but too late to rank: the bundle's popularity, with no further call
+        reasons.append("deadline")
+    else:
+        try:
+            ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain)
+        except Exception:  # recall or model failure: still an answer, from the bundle's popularity
+            log.exception("ranking failed for user %r; answering with popular items", user_id)
+            reasons.append("ranking")
+    if ranking is None:
         ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
                                          shown=shown_set)
+
     for stage, seconds in ranking.seconds.items():
         state.metrics.stages.labels(stage).observe(seconds)
     for reason in reasons:

@@ -57,7 +57,7 @@ class RecommendResponse(BaseModel):
     history_len: int
     items: list[RecommendedItem]
     degraded: bool = Field(False, description="answered without a dependency (see degraded_reasons)")
-    degraded_reasons: list[str] = Field(default_factory=list, description="feature_store, ranking")
+    degraded_reasons: list[str] = Field(default_factory=list, description="feature_store, deadline, ranking")
 
 
 class EventsRequest(BaseModel):

@@ -27,6 +27,9 @@ class ServingSettings(BaseSettings):
                                          description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
+    request_deadline_ms: int = Field(200, ge=1, le=60_000, description=(
+        "a /recommend that has spent this long before ranking (a slow store) answers from the bundle's "
+        "popularity instead, degraded with reason deadline"))
     store_cooldown_s: float = Field(
         1.0, gt=0, le=60, description="after a failed feature-store read, answer degraded this long before retrying")
     max_per_category: int | None = Field(None, ge=1, description="at most this many items of one category per list")

@@ -60,3 +60,46 @@ def test_redis_down_mid_stream_degrades_then_recovers(own_redis, tiny_run, uniqu
     assert len(during) > 20 and all(a[2] for a in during)
     assert after and all(not a[2] and a[3] == "din" for a in after)
     assert max(a[4] for a in during) < 1.0  # an outage costs a request at most one short timeout
+
+
+_BUSY_SCRIPT = """
+local t0 = redis.call('TIME')
+local start = tonumber(t0[1]) * 1000000 + tonumber(t0[2])
+while true do
+  local t = redis.call('TIME')
+  if tonumber(t[1]) * 1000000 + tonumber(t[2]) - start > tonumber(ARGV[1]) then return 1 end
+end
+"""
+
+
+def test_a_store_slower_than_the_deadline_gets_a_popular_answer_not_a_late_ranking(own_redis, tiny_run, unique):
+    import redis
+
+    store = RedisStore(own_redis.url, prefix=unique, socket_timeout_s=3.0)  # slow, but within its own timeout
+    store.write(list(tiny_run[0].events()))
+    user = sorted(set(tiny_run[0].user_id.tolist()))[0]
+    settings = ServingSettings(bundle_dir=tiny_run[2], request_deadline_ms=150, events_sink="store")
+    blocker = redis.Redis.from_url(own_redis.url)
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        fresh = c.get("/recommend", params={"user_id": user, "k": 5}).json()
+        assert not fresh["degraded"] and fresh["strategy"] == "din"
+        # A real slow Redis: a script that keeps the server busy for 0.6 s, so the history read waits.
+        busy = threading.Thread(target=blocker.eval, args=(_BUSY_SCRIPT, 0, 600_000))
+        busy.start()
+        time.sleep(0.1)
+        t0 = time.monotonic()
+        r = c.get("/recommend", params={"user_id": user, "k": 5})
+        took = time.monotonic() - t0
+        busy.join(timeout=10)
+        body = r.json()
+        assert r.status_code == 200 and took > 0.3  # it did wait on the store
+        assert body["degraded"] and body["degraded_reasons"] == ["deadline"] and body["strategy"] == "popular"
+        assert len(body["items"]) == 5 and body["history_len"] > 0  # the history came, too late to rank on
+        seen = {h.item_id for h in store.history(user, 1000)}
+        assert not seen & {x["item_id"] for x in body["items"]}  # still not the user's own items
+        again = c.get("/recommend", params={"user_id": user, "k": 5}).json()
+        assert not again["degraded"] and again["strategy"] == "din"  # nothing stays broken
+        metrics = c.get("/metrics").text
+        assert 'dinrec_degraded_responses_total{reason="deadline"} 1.0' in metrics
+    blocker.close()
+    store.close()
