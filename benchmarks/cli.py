@@ -91,3 +91,19 @@ def bench_serve_cmd(
     result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
                          seq_len=seq_len, workers=workers, index=index)
     typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
+@bench_app.command("ab")
+def bench_ab_cmd(
+    runs: Annotated[int, typer.Option(help="simulated experiments per scenario (A/A and A/B)")] = 2000,
+    users: Annotated[int, typer.Option(help="users per arm")] = 20_000,
+    looks: Annotated[int, typer.Option(help="times each experiment is analysed (after every batch)")] = 20,
+    lift: Annotated[float, typer.Option(help="the A/B scenario's true relative CTR lift")] = 0.05,
+    alpha: float = 0.05, seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """False-positive rates of the A/B tests (fixed, fixed with peeking, sequential) and their power."""
+    from benchmarks.ab_bench import bench_ab
+
+    result = bench_ab(runs=runs, users=users, looks=looks, lift=lift, alpha=alpha, seed=seed)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

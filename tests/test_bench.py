@@ -75,3 +75,16 @@ def test_bench_serve_drives_the_service_open_loop(redis_url):
     assert result["requests"] == 80 and result["errors"] == 0 and result["degraded"] == 0
     assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"]
     assert result["rps"] > 0
+
+
+def test_bench_ab_prints_the_error_rates_and_power():
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "ab", "--runs", "100", "--users", "2000",
+                          "--looks", "5", "--lift", "0.3", "--json"], cwd=REPO, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["runs"] == 100 and result["looks"] == 5
+    for key in ("aa_fpr_fixed", "aa_fpr_fixed_peeking", "aa_fpr_sequential", "power_fixed", "power_sequential"):
+        assert 0.0 <= result[key]["rate"] <= 1.0 and result[key]["se"] >= 0
+    assert result["aa_fpr_fixed_peeking"]["rate"] >= result["aa_fpr_fixed"]["rate"]  # more looks, more chances
+    assert result["power_fixed"]["rate"] > 0.8  # a 30 % lift on 2,000 users a side is found

@@ -1,0 +1,1 @@
+"""A/B experiments: definitions and assignment (assign.py), CTR statistics (stats.py)."""

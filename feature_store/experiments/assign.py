@@ -1,0 +1,127 @@
+"""Experiments and who sees which variant.
+
+An experiment names its variants (each a model alias or version and/or serving overrides), their
+weights, a coverage (the share of users in the experiment at all) and a seed. Assignment is a pure
+function of (seed, user id), so every replica and every restart agrees without storing anything:
+GrowthBook's v2 bucketing (FNV-1a 32 twice, ``n = fnv1a(str(fnv1a(seed + user))) % 10000 / 10000``)
+and its bucket ranges, where variant i owns ``[start_i, start_i + coverage · w_i)`` with
+``start_i`` the sum of the earlier weights — raising coverage only extends ranges, so an assigned
+user never moves. Users outside every range get the default (no experiment).
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from feature_store.schema import ExternalId
+
+_FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
+
+
+def fnv1a32(text: str) -> int:
+    """32-bit FNV-1a over the string's code points (as GrowthBook's SDKs hash)."""
+    h = _FNV_OFFSET
+    for ch in text:
+        h = ((h ^ ord(ch)) * _FNV_PRIME) & 0xFFFFFFFF
+    return h
+
+
+def bucket(seed: str, user_id: str) -> float:
+    """The user's position in [0, 1) for this seed (GrowthBook hash v2)."""
+    return (fnv1a32(str(fnv1a32(seed + user_id))) % 10000) / 10000
+
+
+def bucket_ranges(weights: list[float], coverage: float) -> list[tuple[float, float]]:
+    ranges, start = [], 0.0
+    for w in weights:
+        ranges.append((start, start + coverage * w))
+        start += w
+    return ranges
+
+
+class Overrides(BaseModel):
+    """Serving settings a variant changes (unset: the service's own)."""
+
+    model_config = ConfigDict(extra="forbid")
+    seq_len: int | None = Field(None, ge=1, le=10_000, description="history length used (e.g. 20 vs 50)")
+    recall_candidates: int | None = Field(None, ge=1, le=10_000)
+    strategy: Literal["din", "popular"] | None = Field(None, description="popular: a non-model baseline")
+
+
+class Variant(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: ExternalId
+    weight: float = Field(1.0, gt=0)
+    model: ExternalId | None = Field(None, description="a registry alias or version (unset: the default model)")
+    overrides: Overrides = Field(default_factory=Overrides)
+
+
+class Experiment(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: ExternalId
+    seed: str | None = Field(None, description="hash seed (default: the name); a new seed reshuffles users")
+    variants: list[Variant] = Field(min_length=2)
+    control: ExternalId | None = Field(None, description="the variant others are compared with (default: the first)")
+    coverage: float = Field(1.0, ge=0, le=1, description="share of users in the experiment")
+    status: Literal["draft", "running", "stopped"] = "draft"
+    start: datetime | None = None
+    stop: datetime | None = None
+
+    @field_validator("variants")
+    @classmethod
+    def _distinct(cls, variants: list[Variant]) -> list[Variant]:
+        names = [v.name for v in variants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"variant names must be distinct: {names}")
+        return variants
+
+    @model_validator(mode="after")
+    def _control_exists(self) -> Experiment:
+        if self.control is not None and self.control not in {v.name for v in self.variants}:
+            raise ValueError(f"control {self.control!r} is not one of the variants")
+        return self
+
+    @property
+    def control_name(self) -> str:
+        return self.control or self.variants[0].name
+
+    @property
+    def weights(self) -> dict[str, float]:
+        """Normalised to sum to 1."""
+        total = sum(v.weight for v in self.variants)
+        return {v.name: v.weight / total for v in self.variants}
+
+    def assign(self, user_id: str) -> Variant | None:
+        """The user's variant, or None (not running, or outside coverage)."""
+        if self.status != "running":
+            return None
+        n = bucket(self.seed or self.name, user_id)
+        for variant, (lo, hi) in zip(self.variants, bucket_ranges(list(self.weights.values()), self.coverage),
+                                     strict=True):
+            if lo <= n < hi:
+                return variant
+        return None
+
+
+class ExperimentFile(BaseModel):
+    """The versioned file of experiments: ``{"experiments": [...]}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    experiments: list[Experiment] = Field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ExperimentFile:
+        try:
+            return cls.model_validate(json.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise
+        except ValueError as exc:  # JSON or schema: say which file
+            raise ValueError(f"{path}: not a valid experiments file: {exc}") from exc
+
+    def running(self) -> list[Experiment]:
+        return [e for e in self.experiments if e.status == "running"]

@@ -1,0 +1,72 @@
+"""CTR statistics: the delta-method variance matches what repeated experiments show (a binomial one
+does not), SRM is flagged when assignment is skewed, and the sequential test stays honest when peeked at."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks.ab_bench import bench_ab
+from feature_store.experiments.stats import VariantSums, analyse, compare, srm_p_value
+
+
+def _users(rng, n_users: int, ctr: float = 0.05, concentration: float = 10.0) -> list[tuple[float, float]]:
+    n = 1 + rng.poisson(12, n_users)
+    p = rng.beta(ctr * concentration, (1 - ctr) * concentration, n_users)
+    return list(zip(n.astype(float), rng.binomial(n, p).astype(float), strict=True))
+
+
+def test_sums_are_the_per_user_sums():
+    s = VariantSums.of([(3, 1), (5, 0), (2, 2)])
+    assert (s.users, s.impressions, s.clicks, s.impressions_sq, s.clicks_sq, s.cross) == (3, 10, 3, 38, 5, 7)
+    assert s.ctr == pytest.approx(0.3)
+
+
+def test_the_delta_method_variance_is_what_repeated_experiments_show():
+    rng = np.random.default_rng(0)
+    ctrs, estimates = [], []
+    for _ in range(400):
+        s = VariantSums.of(_users(rng, 2000))
+        ctrs.append(s.ctr)
+        estimates.append(s.ctr_variance())
+    empirical = float(np.var(ctrs, ddof=1))
+    assert float(np.mean(estimates)) == pytest.approx(empirical, rel=0.15)
+    s = VariantSums.of(_users(rng, 2000))
+    binomial = s.ctr * (1 - s.ctr) / s.impressions  # impressions treated as independent
+    assert empirical > 1.5 * binomial  # that would understate it: the check has teeth
+
+
+def test_srm_is_flagged_when_assignment_is_skewed():
+    assert srm_p_value([10_400, 9_600], [0.5, 0.5]) < 0.001
+    assert srm_p_value([10_050, 9_950], [0.5, 0.5]) > 0.05
+    assert srm_p_value([7_530, 2_470], [0.75, 0.25]) > 0.05  # uneven on purpose is not a mismatch
+    rng = np.random.default_rng(1)
+    a, b = VariantSums.of(_users(rng, 10_400)), VariantSums.of(_users(rng, 9_600))
+    assert analyse({"a": a, "b": b}, "a")["srm"]["flagged"]
+
+
+def test_a_real_lift_is_found_and_the_sequence_is_wider_than_the_interval():
+    rng = np.random.default_rng(2)
+    control = VariantSums.of(_users(rng, 20_000, ctr=0.05))
+    better = VariantSums.of(_users(rng, 20_000, ctr=0.06))
+    r = compare(control, better, "b")
+    assert r.lift == pytest.approx(better.ctr / control.ctr - 1)
+    assert 0.1 < r.lift < 0.3 and r.significant and r.p_value < 1e-6 and r.sequential == "better"
+    assert r.cs_low < r.ci_low < r.lift < r.ci_high < r.cs_high
+    same = compare(control, control, "a2")
+    assert same.lift == 0 and same.p_value == 1.0 and same.sequential == "inconclusive"
+    worse = compare(control, VariantSums.of(_users(rng, 20_000, ctr=0.04)), "w")
+    assert worse.sequential == "worse"
+    empty = compare(VariantSums(0, 0, 0, 0, 0, 0), better, "x")
+    assert math.isnan(empty.lift) and empty.sequential == "inconclusive"
+
+
+def test_peeking_inflates_the_fixed_test_but_not_the_sequential_one():
+    r = bench_ab(runs=300, users=3000, looks=10, lift=0.25, seed=3)
+    assert r["runs"] == 300
+    assert 0.015 <= r["aa_fpr_fixed"]["rate"] <= 0.095  # ≈ alpha, one look (300 runs: ±2.5 se)
+    assert r["aa_fpr_fixed_peeking"]["rate"] > r["aa_fpr_fixed"]["rate"] + 0.04
+    assert r["aa_fpr_sequential"]["rate"] <= 0.05
+    assert r["power_fixed"]["rate"] > 0.8 and r["power_sequential"]["rate"] > 0.5
