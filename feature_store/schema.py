@@ -50,6 +50,9 @@ MIN_TS = 0.0
 MAX_TS = 4_102_444_800.0  # 2100-01-01
 
 
+_AB_FIELDS = ("request_id", "position", "model_version")
+
+
 class BehaviourEvent(BaseModel):
     """One thing a user did with an item, at a time."""
 
@@ -66,9 +69,14 @@ class BehaviourEvent(BaseModel):
     value: float | None = Field(default=None, allow_inf_nan=False, description="e.g. a rating for event_type='rate'")
     experiment: ExternalId | None = None
     variant: ExternalId | None = None
+    # A/B logging (optional; on the wire only when set, so other events keep the v1 bytes):
+    request_id: ExternalId | None = Field(default=None, description="the /recommend answer it is an impression of")
+    position: int | None = Field(default=None, ge=0, le=10_000, description="an impression's rank in that answer")
+    model_version: ExternalId | None = None
 
     def to_bytes(self) -> bytes:
-        return self.model_dump_json().encode()
+        unset = {k for k in _AB_FIELDS if getattr(self, k) is None}
+        return self.model_dump_json(exclude=unset).encode()
 
     @classmethod
     def from_bytes(cls, raw: bytes | str) -> BehaviourEvent:
@@ -97,7 +105,7 @@ def _describe(exc: ValidationError) -> str:
 
 def dumps_many(events: list[BehaviourEvent]) -> str:
     """Newline-delimited JSON, the file format of `dinrec data synth` and event logs."""
-    return "".join(e.model_dump_json() + "\n" for e in events)
+    return "".join(e.to_bytes().decode() + "\n" for e in events)
 
 
 def loads_many(text: str) -> list[BehaviourEvent]:

@@ -21,8 +21,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
-from scipy import stats
-
 
 @dataclass(frozen=True)
 class VariantSums:
@@ -93,6 +91,8 @@ def compare(control: VariantSums, treatment: VariantSums, name: str, *, alpha: f
     if mc <= 0 or not math.isfinite(vc) or not math.isfinite(vt):
         nan = math.nan
         return Comparison(name, nan, nan, nan, nan, nan, nan, nan, False, "inconclusive")
+    from scipy import stats  # lazily: the stores import this module for VariantSums alone
+
     lift = mt / mc - 1
     var = vt / mc**2 + mt**2 * vc / mc**4  # delta method for a ratio of independent estimates
     se = math.sqrt(var)
@@ -107,6 +107,8 @@ def compare(control: VariantSums, treatment: VariantSums, name: str, *, alpha: f
 
 def srm_p_value(users: Sequence[int], weights: Sequence[float]) -> float:
     """χ² goodness of fit of users per variant against the configured weights (1.0: no data)."""
+    from scipy import stats
+
     total = sum(users)
     if total == 0 or len(users) < 2:
         return 1.0

@@ -6,9 +6,10 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from feature_store.errors import MissingDependency
+from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem, is_behaviour
 from feature_store.schema import BehaviourEvent
 
@@ -16,6 +17,35 @@ if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings
 
 DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0
+
+
+class Record(NamedTuple):
+    """One event as a store applies it.
+
+    ``kind``: "B" a behaviour (history and popularity); "C" a click carrying a request id — a
+    behaviour, and an experiment click if that request's impression of the item was logged; "I" an
+    experiment impression (counted, never history)."""
+
+    kind: str
+    item: HistoryItem
+    request_id: str = ""
+    experiment: str = ""
+    variant: str = ""
+
+
+def to_records(events: Sequence[BehaviourEvent]) -> list[tuple[str, Record]]:
+    """(user, record) for the events a store applies; the rest (impressions outside experiments,
+    low ratings) have no effect on it."""
+    out = []
+    for e in events:
+        h = HistoryItem(e.ts, e.event_id, e.item_id, e.category_id)
+        if e.event_type == "impression":
+            if e.experiment and e.variant and e.request_id:
+                out.append((e.user_id, Record("I", h, e.request_id, e.experiment, e.variant)))
+        elif is_behaviour(e.event_type, e.value):
+            out.append((e.user_id, Record("C" if e.event_type == "click" and e.request_id else "B", h,
+                                          e.request_id or "")))
+    return out
 
 
 @dataclass(frozen=True)
@@ -53,6 +83,10 @@ class OnlineStore(ABC):
       or not at all (OffsetConflict): a consumer that resumes from the store's offsets never applies
       a record twice nor skips one, even if the store itself lost recent writes.
     * ``history`` returns the newest ``limit`` behaviours, oldest first.
+    * Experiments: an impression (with experiment, variant, request id) adds to its variant's
+      per-user counts; a click with a request id is attributed to the variant that request's
+      impression of the item was logged under, else counted apart — never joined silently; both
+      once per event id, in the same atomic step as everything else.
     """
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
@@ -66,16 +100,25 @@ class OnlineStore(ABC):
         self._clock = clock or time.time  # injectable: tests move time past the dedup window
 
     def write(self, events: Sequence[BehaviourEvent], offsets: StreamOffsets | None = None) -> int:
-        """Store the behaviours among ``events`` (and ``offsets``, atomically); return how many
-        were applied for the first time."""
-        items = [(e.user_id, HistoryItem(e.ts, e.event_id, e.item_id, e.category_id))
-                 for e in events if is_behaviour(e.event_type, e.value)]
+        """Store the behaviours and experiment impressions/clicks among ``events`` (and ``offsets``,
+        atomically); return how many were applied for the first time."""
+        items = to_records(events)
         if not items and offsets is None:
             return 0
         return self._write(items, offsets, self._clock())
 
     @abstractmethod
-    def _write(self, items: list[tuple[str, HistoryItem]], offsets: StreamOffsets | None, now: float) -> int: ...
+    def _write(self, items: list[tuple[str, Record]], offsets: StreamOffsets | None, now: float) -> int: ...
+
+    @abstractmethod
+    def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
+        """Per variant of ``experiment``: users, and sums over them of impressions, clicks, their
+        squares and products — counted once per event id, like the histories."""
+
+    @abstractmethod
+    def ab_unattributed(self) -> dict[str, int]:
+        """Clicks whose request has no logged impression of the item (``orphan_clicks``), and
+        experiment events of a user already counted under another variant (``variant_conflicts``)."""
 
     @abstractmethod
     def stream_offsets(self, topic: str) -> dict[int, int]:

@@ -7,8 +7,9 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
 from feature_store.errors import OffsetConflict
+from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem, merge_history
-from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, OnlineStore, StreamOffsets
+from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, OnlineStore, Record, StreamOffsets
 
 
 class MemoryStore(OnlineStore):
@@ -21,12 +22,40 @@ class MemoryStore(OnlineStore):
         # from the front (like the Redis store's ZREMRANGEBYSCORE).
         self._seen: dict[str, dict[str, float]] = defaultdict(dict)
         self._offsets: dict[str, dict[int, int]] = defaultdict(dict)
+        # Experiments: (request, item) -> (experiment, variant); (experiment, user) -> [variant, n, c];
+        # (experiment, variant) -> [users, n, c, n², c², n·c]. Attribution entries expire with the
+        # dedup window, as in Redis.
+        self._att: dict[tuple[str, str], tuple[str, str, float]] = {}
+        self._ab_user: dict[tuple[str, str], list] = {}
+        self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
+        self._unattributed: Counter[str] = Counter()
         self._lock = threading.Lock()  # the ingest thread writes while requests read
 
-    def _write(self, items: list[tuple[str, HistoryItem]], offsets: StreamOffsets | None, now: float) -> int:
-        by_user: dict[str, list[HistoryItem]] = defaultdict(list)
-        for user, h in items:
-            by_user[user].append(h)
+    def _count(self, user: str, experiment: str, variant: str, clicks: int) -> None:
+        """One impression (clicks=0) or click (clicks=1) of ``user`` in ``variant``."""
+        state = self._ab_user.setdefault((experiment, user), [variant, 0, 0])
+        if state[0] != variant:
+            self._unattributed["variant_conflicts"] += 1
+            return
+        _, n, c = state
+        sums = self._ab_sums[experiment].setdefault(variant, [0.0] * 6)
+        if n == 0 and c == 0:
+            sums[0] += 1
+        if clicks:
+            state[2] = c + 1
+            sums[2] += 1
+            sums[4] += 2 * c + 1
+            sums[5] += n
+        else:
+            state[1] = n + 1
+            sums[1] += 1
+            sums[3] += 2 * n + 1
+            sums[5] += c
+
+    def _write(self, items: list[tuple[str, Record]], offsets: StreamOffsets | None, now: float) -> int:
+        by_user: dict[str, list[Record]] = defaultdict(list)
+        for user, r in items:
+            by_user[user].append(r)
         added = 0
         with self._lock:
             if offsets is not None:
@@ -41,15 +70,27 @@ class MemoryStore(OnlineStore):
                     del seen[next(iter(seen))]
                 kept = {h.event_id for h in self._hist[user]}
                 fresh = []
-                for h in new:
+                for r in new:
+                    h = r.item
                     if h.event_id in seen:
                         continue
                     seen[h.event_id] = now
+                    if r.kind == "I":
+                        self._att[(r.request_id, h.item_id)] = (r.experiment, r.variant, now)
+                        self._count(user, r.experiment, r.variant, 0)
+                        added += 1
+                        continue
                     if h.event_id in kept:  # applied before, and its seen-entry has expired since
                         continue
                     kept.add(h.event_id)
                     self._pop[h.item_id] += 1
                     fresh.append(h)
+                    if r.kind == "C":
+                        att = self._att.get((r.request_id, h.item_id))
+                        if att is None or att[2] <= now - self.dedup_window_s:
+                            self._unattributed["orphan_clicks"] += 1
+                        else:
+                            self._count(user, att[0], att[1], 1)
                 added += len(fresh)
                 if fresh:
                     self._hist[user] = merge_history(self._hist[user], fresh, self.history_cap)
@@ -67,6 +108,15 @@ class MemoryStore(OnlineStore):
         with self._lock:
             ranked = sorted(self._pop.items(), key=lambda kv: (-kv[1], kv[0]))
         return [(item, float(n)) for item, n in ranked[:k]]
+
+    def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
+        with self._lock:
+            return {v: VariantSums(int(s[0]), *s[1:]) for v, s in sorted(self._ab_sums.get(experiment, {}).items())}
+
+    def ab_unattributed(self) -> dict[str, int]:
+        with self._lock:
+            return {"orphan_clicks": self._unattributed["orphan_clicks"],
+                    "variant_conflicts": self._unattributed["variant_conflicts"]}
 
     def ping(self) -> None:
         return None

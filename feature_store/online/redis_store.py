@@ -30,23 +30,31 @@ import redis
 from redis.exceptions import RedisError
 
 from feature_store.errors import OffsetConflict, StoreUnavailable
+from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem
-from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, OnlineStore, StreamOffsets
+from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, OnlineStore, Record, StreamOffsets
 
 log = logging.getLogger(__name__)
 
 SEP = "\x1f"
 
 # KEYS: offsets hash, popularity, then (history, seen) per user.
-# ARGV: now, dedup window (s), cap, n_partitions, (partition, expected, last)*,
-#       then per user: n_events, then one "ts␟event_id␟item_id␟category_id" per event (one argument
-#       per event, not four: packing arguments is most of the client's cost per event).
+# ARGV: now, dedup window (s), cap, prefix, n_partitions, (partition, expected, last)*,
+#       then per user: user id, n_events, then one record per event, fields joined by \31:
+#       kind (B/C/I, see online.base.Record), ts, event_id, item_id, category_id, request_id,
+#       experiment, variant (one argument per event, not eight: packing arguments is most of the
+#       client's cost per event).
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
 # A raw string: Lua, not Python, reads the \31 escapes (decimal 31, the separator).
+# Experiment keys are built here from the prefix (one Redis node, like every multi-user write):
+#   {prefix}:att:{request}           hash item -> "experiment\31variant" (expires with the dedup window)
+#   {prefix}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
+#   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users)
+#   {prefix}:ab:{exp}:variants       set;  {prefix}:ab:experiments  set;  {prefix}:ab:unattributed  hash
 _WRITE_SCRIPT = r"""
-local now, window, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
-local nparts = tonumber(ARGV[4])
-local i = 5
+local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
+local nparts = tonumber(ARGV[5])
+local i = 6
 local conflicts = {0}
 for _ = 1, nparts do
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
@@ -56,30 +64,74 @@ for _ = 1, nparts do
   i = i + 3
 end
 if #conflicts > 1 then return conflicts end
-i = 5
+i = 6
 for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
+end
+local function split(s)
+  local out, start = {}, 1
+  while true do
+    local j = string.find(s, '\31', start, true)
+    if not j then table.insert(out, string.sub(s, start)); return out end
+    table.insert(out, string.sub(s, start, j - 1)); start = j + 1
+  end
+end
+local function count(user, exp, var, click)
+  local ukey = prefix .. ':ab:' .. exp .. ':u:' .. user
+  local state = redis.call('HMGET', ukey, 'v', 'n', 'c')
+  if state[1] and state[1] ~= var then
+    redis.call('HINCRBY', prefix .. ':ab:unattributed', 'variant_conflicts', 1)
+    return
+  end
+  local n, c = tonumber(state[2] or '0'), tonumber(state[3] or '0')
+  local skey = prefix .. ':ab:' .. exp .. ':v:' .. var
+  if n == 0 and c == 0 then
+    redis.call('HINCRBY', skey, 'users', 1)
+    redis.call('SADD', prefix .. ':ab:' .. exp .. ':variants', var)
+    redis.call('SADD', prefix .. ':ab:experiments', exp)
+  end
+  if click then
+    redis.call('HSET', ukey, 'v', var, 'c', c + 1)
+    redis.call('HINCRBY', skey, 'c', 1); redis.call('HINCRBY', skey, 'c2', 2 * c + 1)
+    redis.call('HINCRBY', skey, 'nc', n)
+  else
+    redis.call('HSET', ukey, 'v', var, 'n', n + 1)
+    redis.call('HINCRBY', skey, 'n', 1); redis.call('HINCRBY', skey, 'n2', 2 * n + 1)
+    redis.call('HINCRBY', skey, 'nc', c)
+  end
 end
 local applied = 0
 local ttl = math.ceil(window)
 local increments = {}  -- item -> new behaviours: one ZINCRBY per item, not per event (Zipf traffic)
 for u = 1, (#KEYS - 2) / 2 do
   local hist, seen = KEYS[1 + 2 * u], KEYS[2 + 2 * u]
-  local n = tonumber(ARGV[i]); i = i + 1
+  local user = ARGV[i]
+  local n = tonumber(ARGV[i + 1]); i = i + 2
   redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
   for _ = 1, n do
-    local arg = ARGV[i]
-    local s1 = string.find(arg, '\31', 1, true)
-    local member = string.sub(arg, s1 + 1)
-    local s2 = string.find(member, '\31', 1, true)
-    if redis.call('ZADD', seen, 'NX', now, string.sub(member, 1, s2 - 1)) == 1 then
+    local f = split(ARGV[i])
+    local kind, eid, item = f[1], f[3], f[4]
+    if redis.call('ZADD', seen, 'NX', now, eid) == 1 then
+      if kind == 'I' then
+        local att = prefix .. ':att:' .. f[6]
+        redis.call('HSET', att, item, f[7] .. '\31' .. f[8])
+        redis.call('EXPIRE', att, ttl)
+        count(user, f[7], f[8], false)
+        applied = applied + 1
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
-      if redis.call('ZADD', hist, string.sub(arg, 1, s1 - 1), member) == 1 then
-        local s3 = string.find(member, '\31', s2 + 1, true)
-        local item = string.sub(member, s2 + 1, s3 - 1)
+      elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
         increments[item] = (increments[item] or 0) + 1
         applied = applied + 1
+        if kind == 'C' then
+          local ev = redis.call('HGET', prefix .. ':att:' .. f[6], item)
+          if ev then
+            local j = string.find(ev, '\31', 1, true)
+            count(user, string.sub(ev, 1, j - 1), string.sub(ev, j + 1), true)
+          else
+            redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', 1)
+          end
+        end
       end
     end
     i = i + 1
@@ -115,20 +167,21 @@ class RedisStore(OnlineStore):
     def _offsets_key(self, topic: str) -> str:
         return f"{self.prefix}:offsets:{topic}"
 
-    def _write(self, items: list[tuple[str, HistoryItem]], offsets: StreamOffsets | None, now: float) -> int:
-        by_user: dict[str, list[HistoryItem]] = {}
-        for user, h in items:
-            by_user.setdefault(user, []).append(h)
+    def _write(self, items: list[tuple[str, Record]], offsets: StreamOffsets | None, now: float) -> int:
+        by_user: dict[str, list[Record]] = {}
+        for user, r in items:
+            by_user.setdefault(user, []).append(r)
         keys = [self._offsets_key(offsets.topic if offsets else ""), self._pop_key]
-        args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap]
+        args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, self.prefix]
         parts = sorted(offsets.last) if offsets else []
         args.append(len(parts))
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
-        for user, hs in by_user.items():
+        for user, rs in by_user.items():
             keys += [self._hist_key(user), f"{self.prefix}:seen:{user}"]
-            args.append(len(hs))
-            args += [f"{h.ts!r}{SEP}{h.event_id}{SEP}{h.item_id}{SEP}{h.category_id}" for h in hs]
+            args += [user, len(rs)]
+            args += [SEP.join((r.kind, repr(r.item.ts), r.item.event_id, r.item.item_id, r.item.category_id,
+                               r.request_id, r.experiment, r.variant)) for r in rs]
         try:
             result = self._script(keys=keys, args=args)
         except RedisError as exc:
@@ -175,6 +228,26 @@ class RedisStore(OnlineStore):
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
         # Redis breaks score ties by member descending under desc=True; re-sort to match memory.
         return sorted(((m, float(s)) for m, s in rows), key=lambda kv: (-kv[1], kv[0]))
+
+    def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
+        base = f"{self.prefix}:ab:{experiment}"
+        try:
+            variants = sorted(self._r.smembers(f"{base}:variants"))
+            pipe = self._r.pipeline(transaction=False)
+            for v in variants:
+                pipe.hgetall(f"{base}:v:{v}")
+            rows = pipe.execute()
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        return {v: VariantSums(int(r.get("users", 0)), *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc")))
+                for v, r in zip(variants, rows, strict=True)}
+
+    def ab_unattributed(self) -> dict[str, int]:
+        try:
+            raw = self._r.hgetall(f"{self.prefix}:ab:unattributed")
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        return {k: int(raw.get(k, 0)) for k in ("orphan_clicks", "variant_conflicts")}
 
     def ping(self) -> None:
         try:

@@ -39,15 +39,25 @@ def make_events(seed: int = 7, n_users: int = N_USERS, per_user_n: int = PER_USE
     per_user: list[list[BehaviourEvent]] = []
     for u in range(n_users):
         ts, evs = 1_700_000_000.0 + u, []
+        shown: list[tuple[str, str]] = []  # (request, item) of this user's impressions so far
         for j in range(per_user_n):
             if rng.random() > 0.05:  # 5%: the same timestamp as the previous event (a tie)
                 ts += rng.choice([1.0, 2.5, 7.0])
             kind = rng.choices(["click", "view", "buy", "impression", "rate"], [60, 20, 5, 10, 5])[0]
             late = rng.random() < 0.05  # out of order: sent now, timestamped well before its neighbours
+            item, ab = f"i{int(rng.paretovariate(1.2)) % 1500}", {}
+            if kind == "impression":  # an experiment impression; users alternate between two variants
+                ab = {"request_id": f"r{u}-{j // 5}", "experiment": "chaos", "variant": "AB"[u % 2], "position": 0}
+                shown.append((ab["request_id"], item))
+            elif kind == "click" and shown and rng.random() < 0.5:  # a click on something shown earlier
+                request, item = rng.choice(shown)
+                ab = {"request_id": request}
+            elif kind == "click" and rng.random() < 0.05:  # a click naming a request never logged
+                ab = {"request_id": f"lost-{u}-{j}"}
             evs.append(BehaviourEvent(
-                event_id=f"u{u}-e{j}", user_id=f"u{u:03d}", item_id=f"i{int(rng.paretovariate(1.2)) % 1500}",
+                event_id=f"u{u}-e{j}", user_id=f"u{u:03d}", item_id=item,
                 category_id=f"c{rng.randrange(30)}", event_type=kind, ts=ts - (500.0 if late else 0.0),
-                value=float(rng.randint(1, 5)) if kind == "rate" else None))
+                value=float(rng.randint(1, 5)) if kind == "rate" else None, **ab))
         per_user.append(evs)
     # Interleave users the way a live stream would, then add exact duplicates: half soon after the
     # original, half at the very end (far past the history cap of CAP).
@@ -74,6 +84,34 @@ def expected_state(events: list[BehaviourEvent]) -> tuple[dict[str, list[tuple]]
     histories = {u: [(e.ts, e.event_id, e.item_id, e.category_id)
                      for e in sorted(hs, key=lambda e: (e.ts, e.event_id))][-CAP:] for u, hs in hist.items()}
     return histories, Counter(e.item_id for e in kept)
+
+
+def expected_ab(events: list[BehaviourEvent]) -> tuple[dict[str, tuple], int]:
+    """Per variant (users, Σn, Σc, Σn², Σc², Σn·c) and the orphan clicks, from the sent events alone:
+    each (user, event id) once, in the order first sent (a user's events share a partition)."""
+    seen: set[tuple[str, str]] = set()
+    shown: dict[tuple[str, str], str] = {}
+    per_user: dict[str, list] = {}
+    orphans = 0
+    for e in events:
+        if (e.user_id, e.event_id) in seen:
+            continue
+        seen.add((e.user_id, e.event_id))
+        if e.event_type == "impression" and e.experiment:
+            shown[(e.request_id, e.item_id)] = e.variant
+            per_user.setdefault(e.user_id, [e.variant, 0, 0])[1] += 1
+        elif e.event_type == "click" and e.request_id:
+            variant = shown.get((e.request_id, e.item_id))
+            if variant is None:
+                orphans += 1
+            else:
+                per_user.setdefault(e.user_id, [variant, 0, 0])[2] += 1
+    sums: dict[str, list[float]] = {}
+    for variant, n, c in per_user.values():
+        acc = sums.setdefault(variant, [0, 0, 0, 0, 0, 0])
+        for k, x in enumerate((1, n, c, n * n, c * c, n * c)):
+            acc[k] += x
+    return {v: tuple(acc) for v, acc in sums.items()}, orphans
 
 
 class Ingesters:
@@ -138,6 +176,12 @@ def assert_store_holds_exactly(store: RedisStore, events: list[BehaviourEvent]) 
     got_pop = dict(store.popular(10**6))
     wrong = {i: (got_pop.get(i), n) for i, n in want_pop.items() if got_pop.get(i) != n}
     assert not wrong and len(got_pop) == len(want_pop), f"{len(wrong)} items' counts differ: {list(wrong.items())[:5]}"
+    want_ab, orphans = expected_ab(events)
+    got_ab = {v: (s.users, s.impressions, s.clicks, s.impressions_sq, s.clicks_sq, s.cross)
+              for v, s in store.ab_sums("chaos").items()}
+    assert got_ab == want_ab, f"experiment sums differ: {got_ab} != {want_ab}"
+    assert store.ab_unattributed() == {"orphan_clicks": orphans, "variant_conflicts": 0}
+    assert orphans > 0 and all(s[2] > 100 for s in want_ab.values())  # both kinds of click were exercised
 
 
 def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka_bootstrap, unique, tmp_path):

@@ -196,3 +196,41 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
     finally:
         s.flush_prefix()
         s.close()
+
+
+def imp(user: str, item: str, req: str, variant: str, ts: float = 1.0, exp: str = "exp1") -> BehaviourEvent:
+    return BehaviourEvent(event_id=f"imp-{req}-{item}", user_id=user, item_id=item, ts=ts, event_type="impression",
+                          request_id=req, experiment=exp, variant=variant, position=0)
+
+
+def click(user: str, item: str, req: str, ts: float = 2.0, eid: str | None = None) -> BehaviourEvent:
+    return BehaviourEvent(event_id=eid or f"clk-{req}-{item}", user_id=user, item_id=item, ts=ts, event_type="click",
+                          request_id=req)
+
+
+def test_experiment_sums_count_each_impression_and_attributed_click_once(store):
+    events = [imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A"), imp("u1", "c", "r2", "A"),
+              imp("u2", "a", "r3", "B"), imp("u2", "b", "r3", "B"),
+              click("u1", "a", "r1"), click("u1", "c", "r2"), click("u2", "b", "r3")]
+    assert store.write(events) == 8
+    assert store.write(events) == 0  # redelivered: nothing counts twice
+    store.write(events[3:6])  # a partial redelivery too
+    sums = store.ab_sums("exp1")
+    a, b = sums["A"], sums["B"]
+    # u1: 3 impressions, 2 clicks; u2: 2 impressions, 1 click.
+    assert (a.users, a.impressions, a.clicks, a.impressions_sq, a.clicks_sq, a.cross) == (1, 3, 2, 9, 4, 6)
+    assert (b.users, b.impressions, b.clicks, b.impressions_sq, b.clicks_sq, b.cross) == (1, 2, 1, 4, 1, 2)
+    assert store.ab_unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0}
+    assert [h.item_id for h in store.history("u1", 10)] == ["a", "c"]  # clicks are history, impressions not
+    assert store.ab_sums("no-such-experiment") == {}
+
+
+def test_clicks_without_a_logged_impression_are_counted_apart(store):
+    store.write([imp("u1", "a", "r1", "A")])
+    store.write([click("u1", "z", "r1"),  # shown nothing called z in r1
+                 click("u1", "a", "r-unknown"),  # a request never logged
+                 BehaviourEvent(event_id="plain", user_id="u1", item_id="a", ts=3.0, event_type="click")])
+    assert store.ab_unattributed()["orphan_clicks"] == 2  # the plain click (no request id) is no experiment click
+    assert store.ab_sums("exp1")["A"].clicks == 0
+    store.write([imp("u1", "b", "r9", "B")])  # the same user under another variant: not mixed in
+    assert store.ab_unattributed()["variant_conflicts"] == 1 and "B" not in store.ab_sums("exp1")
