@@ -16,10 +16,14 @@ from feature_store.online import OnlineStore, open_store
 from feature_store.outbox import open_outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream, open_stream
+from feature_store.streams.base import event_record
 from serving import logs
+from serving.ab_routes import router as ab_router
 from serving.admin import router as admin_router
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
+from serving.experiments import Experiments
+from serving.impressions import ImpressionLog
 from serving.middleware import RequestContext
 from serving.models import ModelManager
 from serving.ranking import Recommender
@@ -50,6 +54,10 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         models.watch(watch_stop)
         if settings.events_sink == "stream":
             state.outbox = open_outbox(state.stream, fs_settings)
+        state.experiments = Experiments.load(settings.experiments_file)
+        sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
+                else state.store.write)
+        state.impressions = ImpressionLog(sink, on_drop=state.metrics.impressions_dropped.inc)
         in_app = settings.ingest_in_app if settings.ingest_in_app is not None else fs_settings.stream == "inprocess"
         if in_app:
             ingestor = Ingestor(state.stream, state.store, fs_settings.consumer_group,
@@ -77,6 +85,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
             yield
         finally:
             watch_stop.set()
+            state.impressions.close()  # into the outbox (or store) before the outbox drains
             if state.outbox is not None:  # what it cannot send in time stays journaled for the next start
                 state.outbox.close(drain_timeout_s=settings.shutdown_drain_s)
             state.ingest_stop.set()
@@ -94,6 +103,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)
+    app.include_router(ab_router)
     return app
 
 

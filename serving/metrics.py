@@ -29,6 +29,8 @@ class ServiceMetrics:
         self.degraded = Counter("dinrec_degraded_responses", "answers given without a dependency", ["reason"],
                                 registry=r)
         self.in_flight = Gauge("dinrec_in_flight_requests", "requests being served", registry=r)
+        self.impressions_dropped = Counter("dinrec_impressions_dropped", "impressions not logged (queue full or "
+                                           "sink failing)", registry=r)
         self.model = Gauge("dinrec_model_info", "the model being served (value 1)", ["version", "precision"],
                            registry=r)
 

@@ -86,7 +86,8 @@ class Recommender:
 
     @torch.inference_mode()
     def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]], *,
-             rerank: Reranker | None = None, shown: Collection[str] = (), explain: bool = False) -> Ranking:
+             rerank: Reranker | None = None, shown: Collection[str] = (), explain: bool = False,
+             candidates: int | None = None) -> Ranking:
         """``popular(n)``: the n most popular (item, count), called only when no behaviour is usable.
         ``rerank`` applies the business rules (``shown``: items recently shown to the user); with
         ``explain`` each item says which behaviours drew it (DIN's attention weights, largest first)."""
@@ -99,7 +100,7 @@ class Recommender:
 
         t0 = time.perf_counter()
         query = recall_query(self._item_vectors, known)  # (1, item_dim)
-        cand, _ = self.index.search(query, self.recall_candidates, exclude=[set(known)])
+        cand, _ = self.index.search(query, candidates or self.recall_candidates, exclude=[set(known)])
         cand = cand[0][cand[0] >= 0]  # (N,)
         t1 = time.perf_counter()
         if len(cand) == 0:

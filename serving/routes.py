@@ -20,6 +20,7 @@ from feature_store.schema import ExternalId
 from feature_store.streams.base import event_record
 from serving.deps import State
 from serving.errors import InvalidRequest
+from serving.impressions import ServedList
 from serving.schemas import (
     ContextItem,
     EventsRequest,
@@ -41,12 +42,17 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         raise InvalidRequest(f"k: must be <= {s.max_k}", field="k")
     rec = state.recommender
     reasons: list[str] = []
+    assigned = state.experiments.assign(user_id)
+    experiment, variant = assigned if assigned else (None, None)
+    overrides = variant.overrides if variant else None
     t0 = time.perf_counter()
     history = state.features.history(user_id, rec.seq_len)
     state.metrics.stages.labels("features").observe(time.perf_counter() - t0)
     if history is None:  # the store is down or slow: the request's own context, else popularity
         reasons.append("feature_store")
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
+    if overrides and overrides.seq_len:  # the variant looks at fewer behaviours (20 vs 50, say)
+        history = history[-overrides.seq_len:]
     started = getattr(request.state, "started", t0)
     late = time.perf_counter() - started > s.request_deadline_ms / 1000
 
@@ -59,9 +65,12 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     ranking = None
     if late:  # the store answered, but too late to rank: the bundle's popularity, with no further call
         reasons.append("deadline")
+    elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
+        ranking = rec.rank_by_popularity(history, k, popular, rerank=state.reranker, shown=shown_set)
     else:
         try:
-            ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain)
+            ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain,
+                               candidates=overrides.recall_candidates if overrides else None)
         except Exception:  # recall or model failure: still an answer, from the bundle's popularity
             log.exception("ranking failed for user %r; answering with popular items", user_id)
             reasons.append("ranking")
@@ -71,6 +80,11 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
 
     for stage, seconds in ranking.seconds.items():
         state.metrics.stages.labels(stage).observe(seconds)
+    exp_name, variant_name = (experiment.name, variant.name) if experiment else (None, None)
+    if state.impressions is not None and (exp_name or state.outbox is not None):  # the store keeps only A/B ones
+        state.impressions.log(ServedList(request.state.request_id, user_id,
+                                         [(x.item_id, x.category_id) for x in ranking.items], exp_name,
+                                         variant_name, rec.model_version, time.time()))
     for reason in reasons:
         state.metrics.degraded.labels(reason).inc()
     # Built as JSON here, not through the response model: validating and encoding the model again
@@ -82,7 +96,8 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
                    "because": None if x.because is None else [
                        {"item_id": b.item_id, "category_id": b.category_id, "weight": b.weight} for b in x.because]}
                   for x in ranking.items],
-        "degraded": bool(reasons), "degraded_reasons": reasons}), media_type="application/json")
+        "degraded": bool(reasons), "degraded_reasons": reasons, "experiment": exp_name, "variant": variant_name}),
+        media_type="application/json")
 
 
 @router.get("/recommend", response_model=RecommendResponse)

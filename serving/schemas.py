@@ -58,6 +58,8 @@ class RecommendResponse(BaseModel):
     items: list[RecommendedItem]
     degraded: bool = Field(False, description="answered without a dependency (see degraded_reasons)")
     degraded_reasons: list[str] = Field(default_factory=list, description="feature_store, deadline, ranking")
+    experiment: str | None = Field(None, description="the A/B experiment this user is in (null: none)")
+    variant: str | None = Field(None, description="the user's variant in it")
 
 
 class EventsRequest(BaseModel):

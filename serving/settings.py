@@ -27,6 +27,8 @@ class ServingSettings(BaseSettings):
                                          description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
+    experiments_file: Path | None = Field(None, description=(
+        "A/B experiments to run (JSON, feature_store.experiments.assign.ExperimentFile); none by default"))
     request_deadline_ms: int = Field(200, ge=1, le=60_000, description=(
         "a /recommend that has spent this long before ranking (a slow store) answers from the bundle's "
         "popularity instead, degraded with reason deadline"))

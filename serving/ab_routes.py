@@ -1,0 +1,32 @@
+"""Read-only A/B endpoints: the experiments running and their results (what the dashboard shows)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.exceptions import HTTPException
+
+from feature_store.experiments.stats import VariantSums, analyse
+from serving.deps import State
+
+router = APIRouter()
+
+
+@router.get("/experiments")
+def list_experiments(state: State) -> dict:
+    return {"experiments": [e.model_dump(mode="json") for e in state.experiments.all]}
+
+
+@router.get("/experiments/{name}/results")
+def experiment_results(state: State, name: str) -> dict:
+    """Per variant users, impressions, clicks and CTR (delta-method se); per treatment the lift
+    against control with a fixed-horizon CI and p-value and the always-valid confidence sequence;
+    the sample-ratio check; clicks that could not be attributed."""
+    exp = state.experiments.get(name)
+    if exp is None:
+        raise HTTPException(404, f"no experiment {name!r}")
+    counted = state.store.ab_sums(name)  # StoreUnavailable → 503 in the one error shape
+    empty = VariantSums(0, 0, 0, 0, 0, 0)  # a variant nobody has seen yet still gets its row
+    sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
+    return {"experiment": exp.model_dump(mode="json"),
+            "results": analyse(sums, exp.control_name, exp.weights),
+            "unattributed": state.store.ab_unattributed()}

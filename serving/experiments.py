@@ -1,0 +1,33 @@
+"""The experiments a service runs: loaded from ``DINREC_EXPERIMENTS_FILE`` at start-up, assigned per
+request (feature_store.experiments.assign: deterministic, so every replica agrees)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from feature_store.experiments.assign import Experiment, ExperimentFile, Variant
+
+
+class Experiments:
+    def __init__(self, experiments: list[Experiment]) -> None:
+        for exp in experiments:
+            for v in exp.variants:
+                if v.model is not None:  # refused, not ignored: a variant must serve what it says
+                    raise ValueError(f"experiment {exp.name!r}, variant {v.name!r}: serving a variant's own model "
+                                     f"(model={v.model!r}) is not supported yet; use overrides")
+        self.all = experiments
+
+    @classmethod
+    def load(cls, path: str | Path | None) -> Experiments:
+        return cls(ExperimentFile.load(path).experiments if path else [])
+
+    def get(self, name: str) -> Experiment | None:
+        return next((e for e in self.all if e.name == name), None)
+
+    def assign(self, user_id: str) -> tuple[Experiment, Variant] | None:
+        """The first running experiment that takes this user, and the user's variant in it."""
+        for exp in self.all:
+            variant = exp.assign(user_id)
+            if variant is not None:
+                return exp, variant
+        return None

@@ -1,0 +1,87 @@
+"""Impression logging, off the request path: one event per item of every list served.
+
+The request hands its list to a bounded queue (a few microseconds); a background thread builds the
+events and writes them in batches to the sink — the outbox (so, the stream: A/B counters and the
+next retraining's data) or the store directly. Event ids are ``imp-{request_id}-{position}``, so a
+batch written twice is counted once. If the queue is full (the sink is stuck), lists are dropped and
+counted (``dinrec_impressions_dropped_total``), never blocking a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from feature_store.schema import BehaviourEvent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ServedList:
+    request_id: str
+    user_id: str
+    items: Sequence[tuple[str, str]]  # (item, category), in the order shown
+    experiment: str | None
+    variant: str | None
+    model_version: str
+    ts: float
+
+    def events(self) -> list[BehaviourEvent]:
+        return [BehaviourEvent(event_id=f"imp-{self.request_id}-{pos}", user_id=self.user_id, item_id=item,
+                               category_id=cat, event_type="impression", ts=self.ts, request_id=self.request_id,
+                               position=pos, experiment=self.experiment, variant=self.variant,
+                               model_version=self.model_version)
+                for pos, (item, cat) in enumerate(self.items)]
+
+
+class ImpressionLog:
+    def __init__(self, sink: Callable[[list[BehaviourEvent]], None], *, max_pending: int = 20_000,
+                 batch: int = 200, on_drop: Callable[[int], None] = lambda n: None) -> None:
+        self._sink, self._batch, self._on_drop = sink, batch, on_drop
+        self._queue: queue.Queue[ServedList | None] = queue.Queue(max_pending)
+        self._thread = threading.Thread(target=self._run, name="dinrec-impressions", daemon=True)
+        self._thread.start()
+
+    def log(self, served: ServedList) -> None:
+        try:
+            self._queue.put_nowait(served)
+        except queue.Full:
+            self._on_drop(len(served.items))
+
+    def _run(self) -> None:
+        stopping = False
+        while not stopping:
+            first = self._queue.get()
+            lists = [first]
+            while len(lists) < self._batch:
+                try:
+                    lists.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            stopping = None in lists
+            events = [e for s in lists if s is not None for e in s.events()]
+            if events:
+                self._write(events)
+
+    def _write(self, events: list[BehaviourEvent]) -> None:
+        for attempt in range(3):
+            try:
+                self._sink(events)
+                return
+            except Exception as exc:  # noqa: BLE001 - a sink failure must not end the logger
+                log.warning("impression log write failed (attempt %d): %s", attempt + 1, exc)
+                time.sleep(0.2 * (attempt + 1))
+        self._on_drop(len(events))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Write what is queued (up to ``timeout_s``), then stop."""
+        try:
+            self._queue.put(None, timeout=timeout_s)
+        except queue.Full:
+            return
+        self._thread.join(timeout=timeout_s)

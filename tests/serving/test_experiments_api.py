@@ -1,0 +1,69 @@
+"""A/B through the API: users get sticky variants named in every answer, each served list is logged as
+impressions, clicks sent back with the request id are attributed, and the results endpoint adds up."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from feature_store.online.memory import MemoryStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.experiments import Experiments
+from serving.settings import ServingSettings
+from tests.conftest import wait_until
+from tests.serving.conftest import live_server
+
+EXPERIMENT = {"name": "baseline", "status": "running", "seed": "s1",
+              "variants": [{"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]}
+
+
+def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    users = sorted(set(tiny_run[0].user_id.tolist()))[:40]
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
+                               score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        answers = {u: c.get("/recommend", params={"user_id": u, "k": 4}).json() for u in users}
+        assert {a["experiment"] for a in answers.values()} == {"baseline"}
+        by_variant = {v: [u for u, a in answers.items() if a["variant"] == v] for v in ("din", "popular")}
+        assert by_variant["din"] and by_variant["popular"]  # 40 users, 50/50: both arms get some
+        assert all(answers[u]["strategy"] == "popular" for u in by_variant["popular"])
+        assert all(answers[u]["strategy"] == "din" for u in by_variant["din"] if answers[u]["history_len"])
+        again = c.get("/recommend", params={"user_id": users[0], "k": 4}).json()
+        assert again["variant"] == answers[users[0]]["variant"]  # sticky
+
+        shown = sum(len(a["items"]) for a in answers.values()) + len(again["items"])
+        wait_until(lambda: sum(s.impressions for s in store.ab_sums("baseline").values()) == shown,
+                   what="every shown item logged as an impression")
+
+        clicks = [{"event_id": f"click-{u}", "user_id": u, "item_id": answers[u]["items"][0]["item_id"],
+                   "event_type": "click", "ts": 1.8e9, "request_id": answers[u]["request_id"]}
+                  for u in users[:10]]
+        clicks.append({"event_id": "stray", "user_id": users[0], "item_id": "nothing-shown", "event_type": "click",
+                       "ts": 1.8e9, "request_id": answers[users[0]]["request_id"]})
+        assert c.post("/events", json={"events": clicks}).status_code == 202
+        assert c.post("/events", json={"events": clicks}).status_code == 202  # a retry counts nothing twice
+
+        r = c.get("/experiments/baseline/results").json()
+        got = r["results"]["variants"]
+        assert {v: got[v]["users"] for v in got} == {v: len(us) for v, us in by_variant.items()}
+        assert sum(got[v]["clicks"] for v in got) == 10
+        assert got["din"]["clicks"] == sum(1 for u in users[:10] if u in by_variant["din"])
+        assert r["unattributed"]["orphan_clicks"] == 1
+        assert [x["variant"] for x in r["results"]["comparisons"]] == ["popular"]
+        assert 0 <= r["results"]["srm"]["p_value"] <= 1
+        assert c.get("/experiments/nope/results").status_code == 404
+        assert [e["name"] for e in c.get("/experiments").json()["experiments"]] == ["baseline"]
+
+
+def test_a_variant_naming_its_own_model_is_refused_until_serving_supports_it(tmp_path):
+    path = tmp_path / "experiments.json"
+    exp = {**EXPERIMENT, "variants": [{"name": "a"}, {"name": "b", "model": "challenger"}]}
+    path.write_text(json.dumps({"experiments": [exp]}))
+    with pytest.raises(ValueError, match="variant 'b'.*not supported yet"):
+        Experiments.load(path)
