@@ -29,4 +29,4 @@ def experiment_results(state: State, name: str) -> dict:
     sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
     return {"experiment": exp.model_dump(mode="json"),
             "results": analyse(sums, exp.control_name, exp.weights),
-            "unattributed": state.store.ab_unattributed()}
+            "stopped": state.store.ab_stopped(name), "unattributed": state.store.ab_unattributed()}

@@ -23,6 +23,7 @@ from serving.admin import router as admin_router
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
 from serving.experiments import Experiments
+from serving.guardrail import Guardrail
 from serving.impressions import ImpressionLog
 from serving.middleware import RequestContext
 from serving.models import ModelManager
@@ -55,6 +56,14 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         if settings.events_sink == "stream":
             state.outbox = open_outbox(state.stream, fs_settings)
         state.experiments = Experiments.load(settings.experiments_file)
+        state.guardrail = Guardrail(state.store, state.experiments, min_users=settings.guardrail_min_users,
+                                    interval_s=settings.guardrail_interval_s)
+        if state.experiments.all:
+            try:  # decisions other replicas already made apply from the first request
+                state.guardrail.check()
+            except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
+                log.warning("guardrail: first check failed: %s", exc)
+            state.guardrail.run(watch_stop)
         sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
                 else state.store.write)
         state.impressions = ImpressionLog(sink, on_drop=state.metrics.impressions_dropped.inc)

@@ -14,6 +14,7 @@ from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
 from serving.degraded import GuardedStore
 from serving.experiments import Experiments
+from serving.guardrail import Guardrail
 from serving.impressions import ImpressionLog
 from serving.metrics import ServiceMetrics
 from serving.models import ModelManager
@@ -40,6 +41,7 @@ class ServiceState:
         self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty)
     models: ModelManager | None = None  # what serves, and hot reloads (set by the lifespan)
     experiments: Experiments = field(default_factory=lambda: Experiments([]))
+    guardrail: Guardrail | None = None  # stops a significantly worse variant (set by the lifespan)
     impressions: ImpressionLog | None = None  # every served list, one event per item (set by the lifespan)
     ingest_stop: threading.Event = field(default_factory=threading.Event)
     ingest_thread: threading.Thread | None = None

@@ -43,6 +43,8 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     rec = state.recommender
     reasons: list[str] = []
     assigned = state.experiments.assign(user_id)
+    if assigned and state.guardrail and assigned[1].name in state.guardrail.stopped(assigned[0].name):
+        assigned = None  # the variant was stopped: its users leave the experiment (control experience)
     experiment, variant = assigned if assigned else (None, None)
     overrides = variant.overrides if variant else None
     t0 = time.perf_counter()

@@ -29,6 +29,9 @@ class ServingSettings(BaseSettings):
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
     experiments_file: Path | None = Field(None, description=(
         "A/B experiments to run (JSON, feature_store.experiments.assign.ExperimentFile); none by default"))
+    guardrail_interval_s: float = Field(30.0, gt=0, le=3600, description=(
+        "how often the guardrail analyses running experiments (and stops a significantly worse variant)"))
+    guardrail_min_users: int = Field(100, ge=2, description="users each arm needs before the guardrail may act")
     request_deadline_ms: int = Field(200, ge=1, le=60_000, description=(
         "a /recommend that has spent this long before ranking (a slow store) answers from the bundle's "
         "popularity instead, degraded with reason deadline"))

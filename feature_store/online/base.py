@@ -116,6 +116,15 @@ class OnlineStore(ABC):
         squares and products — counted once per event id, like the histories."""
 
     @abstractmethod
+    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
+        """Record that ``variant`` is stopped, unless it already is (then the first decision stands);
+        True if this call recorded it. Every replica reads the same decisions."""
+
+    @abstractmethod
+    def ab_stopped(self, experiment: str) -> dict[str, dict]:
+        """The stopped variants of ``experiment`` and the decision that stopped each."""
+
+    @abstractmethod
     def ab_unattributed(self) -> dict[str, int]:
         """Clicks whose request has no logged impression of the item (``orphan_clicks``), and
         experiment events of a user already counted under another variant (``variant_conflicts``)."""

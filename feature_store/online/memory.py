@@ -29,6 +29,7 @@ class MemoryStore(OnlineStore):
         self._ab_user: dict[tuple[str, str], list] = {}
         self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
+        self._ab_stopped: dict[str, dict[str, dict]] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
 
     def _count(self, user: str, experiment: str, variant: str, clicks: int) -> None:
@@ -112,6 +113,18 @@ class MemoryStore(OnlineStore):
     def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
         with self._lock:
             return {v: VariantSums(int(s[0]), *s[1:]) for v, s in sorted(self._ab_sums.get(experiment, {}).items())}
+
+    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
+        with self._lock:
+            stopped = self._ab_stopped.setdefault(experiment, {})
+            if variant in stopped:
+                return False
+            stopped[variant] = dict(decision)
+            return True
+
+    def ab_stopped(self, experiment: str) -> dict[str, dict]:
+        with self._lock:
+            return {v: dict(d) for v, d in self._ab_stopped.get(experiment, {}).items()}
 
     def ab_unattributed(self) -> dict[str, int]:
         with self._lock:

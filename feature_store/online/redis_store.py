@@ -23,6 +23,7 @@ Reads for many users go out in one pipeline.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 
@@ -241,6 +242,19 @@ class RedisStore(OnlineStore):
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
         return {v: VariantSums(int(r.get("users", 0)), *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc")))
                 for v, r in zip(variants, rows, strict=True)}
+
+    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
+        try:  # HSETNX: of several replicas deciding at once, exactly one records it
+            return bool(self._r.hsetnx(f"{self.prefix}:ab:{experiment}:stopped", variant, json.dumps(decision)))
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
+
+    def ab_stopped(self, experiment: str) -> dict[str, dict]:
+        try:
+            raw = self._r.hgetall(f"{self.prefix}:ab:{experiment}:stopped")
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        return {v: json.loads(d) for v, d in raw.items()}
 
     def ab_unattributed(self) -> dict[str, int]:
         try:

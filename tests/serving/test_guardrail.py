@@ -1,0 +1,75 @@
+"""The guardrail stops a variant whose CTR is significantly worse — once, for every replica — and its
+users leave the experiment; a variant that is merely different, or too small to judge, keeps running."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from feature_store.experiments.assign import Experiment
+from feature_store.online.memory import MemoryStore
+from feature_store.online.redis_store import RedisStore
+from feature_store.schema import BehaviourEvent
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.experiments import Experiments
+from serving.guardrail import Guardrail
+from serving.settings import ServingSettings
+from tests.conftest import wait_until
+from tests.serving.conftest import live_server
+
+EXPERIMENT = {"name": "risky", "status": "running", "seed": "g",
+              "variants": [{"name": "control"}, {"name": "bad"}, {"name": "same"}]}
+
+
+def traffic(variant: str, users: int, shown: int, clicked: int, prefix: str = "") -> list[BehaviourEvent]:
+    """``users`` users of ``variant``, each shown ``shown`` items in one request and clicking ``clicked``."""
+    events = []
+    for u in range(users):
+        user, req = f"{prefix}{variant}-u{u}", f"{prefix}{variant}-r{u}"
+        for p in range(shown):
+            common = {"user_id": user, "item_id": f"i{p}", "ts": 1.8e9 + p, "request_id": req}
+            events.append(BehaviourEvent(event_id=f"imp-{req}-{p}", event_type="impression", experiment="risky",
+                                         variant=variant, position=p, **common))
+            if p < clicked or (p == clicked and u % 2):  # a little spread between users
+                events.append(BehaviourEvent(event_id=f"clk-{req}-{p}", event_type="click", **common))
+    return events
+
+
+@pytest.mark.redis
+def test_a_worse_variant_is_stopped_once_for_every_replica(redis_url, unique):
+    store = RedisStore(redis_url, prefix=unique)
+    experiments = Experiments([Experiment.model_validate(EXPERIMENT)])
+    one, two = Guardrail(store, experiments, min_users=100), Guardrail(store, experiments, min_users=100)
+    store.write(traffic("control", 60, 10, 1) + traffic("bad", 60, 10, 0) + traffic("same", 60, 10, 1))
+    assert one.check() == [] and store.ab_stopped("risky") == {}  # 60 users an arm: too few to judge
+    store.write(traffic("control", 300, 10, 1, "b") + traffic("bad", 300, 10, 0, "b")
+                + traffic("same", 300, 10, 1, "b"))
+    made = one.check()
+    assert [d["variant"] for d in made] == ["bad"] and made[0]["cs_high"] < 0 < made[0]["users"]["variant"]
+    assert two.check() == []  # the other replica finds the decision made and adopts it
+    assert one.stopped("risky") == two.stopped("risky") == {"bad"}
+    assert store.ab_stopped("risky")["bad"]["at"] == made[0]["at"]  # the first decision stands
+    store.flush_prefix()
+    store.close()
+
+
+def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny_run, tmp_path):
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    exp = Experiments.load(path).get("risky")
+    bad_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist())) if exp.assign(u).name == "bad")
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
+                               guardrail_interval_s=0.2, guardrail_min_users=50, score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        assert c.get("/recommend", params={"user_id": bad_user}).json()["variant"] == "bad"
+        store.write(traffic("control", 200, 10, 1) + traffic("bad", 200, 10, 0) + traffic("same", 200, 10, 1))
+        wait_until(lambda: c.get("/recommend", params={"user_id": bad_user}).json()["experiment"] is None,
+                   timeout_s=20, what="the bad arm's user to leave the experiment")
+        results = c.get("/experiments/risky/results").json()
+        assert list(results["stopped"]) == ["bad"] and results["stopped"]["bad"]["reason"] == "guardrail"
+        same = [x for x in results["results"]["comparisons"] if x["variant"] == "same"][0]
+        assert same["sequential"] == "inconclusive"  # equal CTR: left running
