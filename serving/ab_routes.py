@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from fastapi import APIRouter
+from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
 from feature_store.experiments.stats import VariantSums, analyse
 from serving.deps import State
 
 router = APIRouter()
+_DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
+
+
+@router.get("/dashboard", include_in_schema=False)
+def dashboard() -> HTMLResponse:
+    """The A/B dashboard: one self-contained page (no CDN) that reads the two endpoints below."""
+    return HTMLResponse(_DASHBOARD.read_text(encoding="utf-8"))
 
 
 @router.get("/experiments")
@@ -29,4 +39,5 @@ def experiment_results(state: State, name: str) -> dict:
     sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
     return {"experiment": exp.model_dump(mode="json"),
             "results": analyse(sums, exp.control_name, exp.weights),
-            "stopped": state.store.ab_stopped(name), "unattributed": state.store.ab_unattributed()}
+            "stopped": state.store.ab_stopped(name), "unattributed": state.store.ab_unattributed(),
+            "timeline": state.store.ab_timeline(name)}

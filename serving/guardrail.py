@@ -1,4 +1,5 @@
 """The guardrail: a variant whose CTR is significantly worse than control is stopped by itself.
+(Each check also records a snapshot of the counts: the dashboard's CTR-over-time.)
 
 Every ``interval_s`` each replica analyses its running experiments from the store's counters. A
 treatment is stopped when the always-valid confidence sequence for its CTR lift lies wholly below
@@ -41,6 +42,10 @@ class Guardrail:
             if exp.status != "running":
                 continue
             sums = self.store.ab_sums(exp.name)
+            now = time.time()
+            self.store.ab_snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
+                "t": now, "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks}
+                                       for v, s in sums.items()}})
             control = sums.get(exp.control_name, VariantSums(0, 0, 0, 0, 0, 0))
             for variant in exp.variants:
                 treated = sums.get(variant.name)

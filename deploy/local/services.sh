@@ -39,6 +39,13 @@ wait_for() {  # wait_for NAME SECONDS COMMAND...
 
 pid_alive() { [[ -f "$1" ]] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+# ---------------------------------------------------------------- browser (the dashboard's test)
+browser_install() {
+  if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then return; fi
+  log "installing chromium + chromium-driver (Debian packages) for the dashboard test"
+  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver) >/dev/null
+}
+
 # ---------------------------------------------------------------- redis
 redis_ping() { redis-cli -p "$REDIS_PORT" ping 2>/dev/null | grep -q PONG; }
 
@@ -155,7 +162,7 @@ print_env() {
 }
 
 case "${1:-}" in
-  start) redis_start; kafka_start; aemm_install; print_env ;;
+  start) redis_start; kafka_start; aemm_install; browser_install; print_env ;;
   stop) kafka_stop; redis_stop ;;
   kafka-start) kafka_start ;;
   kafka-stop) kafka_stop ;;

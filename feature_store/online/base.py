@@ -125,6 +125,15 @@ class OnlineStore(ABC):
         """The stopped variants of ``experiment`` and the decision that stopped each."""
 
     @abstractmethod
+    def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
+        """Keep ``snapshot`` (the experiment's counts at one time) under ``bucket`` unless one is
+        there already; the timeline the dashboard draws."""
+
+    @abstractmethod
+    def ab_timeline(self, experiment: str) -> list[dict]:
+        """The snapshots of ``experiment``, oldest first."""
+
+    @abstractmethod
     def ab_unattributed(self) -> dict[str, int]:
         """Clicks whose request has no logged impression of the item (``orphan_clicks``), and
         experiment events of a user already counted under another variant (``variant_conflicts``)."""

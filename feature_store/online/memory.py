@@ -30,6 +30,7 @@ class MemoryStore(OnlineStore):
         self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
         self._ab_stopped: dict[str, dict[str, dict]] = {}
+        self._ab_timeline: dict[str, dict[int, dict]] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
 
     def _count(self, user: str, experiment: str, variant: str, clicks: int) -> None:
@@ -125,6 +126,18 @@ class MemoryStore(OnlineStore):
     def ab_stopped(self, experiment: str) -> dict[str, dict]:
         with self._lock:
             return {v: dict(d) for v, d in self._ab_stopped.get(experiment, {}).items()}
+
+    def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
+        with self._lock:
+            timeline = self._ab_timeline.setdefault(experiment, {})
+            if bucket in timeline:
+                return False
+            timeline[bucket] = dict(snapshot)
+            return True
+
+    def ab_timeline(self, experiment: str) -> list[dict]:
+        with self._lock:
+            return [dict(s) for _, s in sorted(self._ab_timeline.get(experiment, {}).items())]
 
     def ab_unattributed(self) -> dict[str, int]:
         with self._lock:

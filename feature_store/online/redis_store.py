@@ -256,6 +256,19 @@ class RedisStore(OnlineStore):
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
         return {v: json.loads(d) for v, d in raw.items()}
 
+    def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
+        try:
+            return bool(self._r.hsetnx(f"{self.prefix}:ab:{experiment}:timeline", str(bucket), json.dumps(snapshot)))
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
+
+    def ab_timeline(self, experiment: str) -> list[dict]:
+        try:
+            raw = self._r.hgetall(f"{self.prefix}:ab:{experiment}:timeline")
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        return [json.loads(v) for _, v in sorted(raw.items(), key=lambda kv: int(kv[0]))]
+
     def ab_unattributed(self) -> dict[str, int]:
         try:
             raw = self._r.hgetall(f"{self.prefix}:ab:unattributed")

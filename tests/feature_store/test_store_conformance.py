@@ -234,3 +234,12 @@ def test_clicks_without_a_logged_impression_are_counted_apart(store):
     assert store.ab_sums("exp1")["A"].clicks == 0
     store.write([imp("u1", "b", "r9", "B")])  # the same user under another variant: not mixed in
     assert store.ab_unattributed()["variant_conflicts"] == 1 and "B" not in store.ab_sums("exp1")
+
+
+def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
+    assert store.ab_stop("exp1", "B", {"at": 1.0, "lift": -0.2}) is True
+    assert store.ab_stop("exp1", "B", {"at": 2.0, "lift": -0.3}) is False  # another replica, later: ignored
+    assert store.ab_stopped("exp1") == {"B": {"at": 1.0, "lift": -0.2}} and store.ab_stopped("exp2") == {}
+    assert store.ab_snapshot("exp1", 11, {"t": 11.5}) and store.ab_snapshot("exp1", 10, {"t": 10.5})
+    assert not store.ab_snapshot("exp1", 11, {"t": 11.9})
+    assert store.ab_timeline("exp1") == [{"t": 10.5}, {"t": 11.5}]  # oldest first, first writer kept

@@ -1,0 +1,77 @@
+"""The A/B dashboard in a real headless Chromium (Debian's package, driven through its chromedriver):
+the page loads with no network beyond the service, its numbers equal the results JSON, the
+guardrail's stop shows as a banner, both charts draw, and a screenshot is kept as an artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import pytest
+
+from feature_store.online.memory import MemoryStore
+from feature_store.settings import FeatureStoreSettings
+from feature_store.streams.inprocess import InProcessStream
+from serving.settings import ServingSettings
+from tests.conftest import REPO, wait_until
+from tests.serving.conftest import live_server
+from tests.serving.test_guardrail import EXPERIMENT, traffic
+
+ARTIFACTS = REPO / ".artifacts"
+
+
+def _browser():
+    chromium, driver = shutil.which("chromium"), shutil.which("chromedriver")
+    if not (chromium and driver):
+        if os.environ.get("DINREC_REQUIRE_SERVICES") == "1":
+            pytest.fail("chromium and chromium-driver (Debian packages) are required; .ci/run installs them")
+        pytest.skip("no chromium / chromedriver on this machine (apt-get install chromium chromium-driver)")
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1200,1400"):
+        options.add_argument(arg)
+    return webdriver.Chrome(service=Service(executable_path=driver), options=options)
+
+
+def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
+    store = MemoryStore()
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
+                               guardrail_interval_s=0.3, guardrail_min_users=50, score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        store.write(traffic("control", 150, 10, 1) + traffic("bad", 150, 10, 0) + traffic("same", 150, 10, 1))
+        wait_until(lambda: len(c.get("/experiments/risky/results").json()["timeline"]) >= 1, timeout_s=20,
+                   what="a first snapshot")
+        store.write(traffic("control", 150, 10, 1, "b") + traffic("bad", 150, 10, 0, "b")
+                    + traffic("same", 150, 10, 1, "b"))
+        wait_until(lambda: (lambda r: len(r["timeline"]) >= 2 and "bad" in r["stopped"])(
+            c.get("/experiments/risky/results").json()), timeout_s=20, what="a second snapshot and the stop")
+        want = c.get("/experiments/risky/results").json()
+        browser = _browser()
+        try:
+            browser.get(f"{c.base_url}/dashboard")
+            WebDriverWait(browser, 20).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
+            for variant, numbers in want["results"]["variants"].items():
+                row = browser.find_element(By.CSS_SELECTOR, f'tr[data-variant="{variant}"]')
+                for field in ("users", "impressions", "clicks"):
+                    shown = row.find_element(By.CSS_SELECTOR, f'td[data-field="{field}"]').text
+                    assert int(shown.replace(",", "")) == numbers[field], (variant, field)
+                ctr = row.find_element(By.CSS_SELECTOR, 'td[data-field="ctr"]').text
+                assert ctr == f"{100 * numbers['ctr']:.2f}%"
+            banner = browser.find_element(By.CSS_SELECTOR, '[data-banner="stopped"]')
+            assert banner.get_attribute("data-variant") == "bad" and "guardrail" in banner.text
+            assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
+            assert browser.find_elements(By.CSS_SELECTOR, "svg.ctr-chart polyline")
+            ARTIFACTS.mkdir(exist_ok=True)
+            shot = ARTIFACTS / "dashboard.png"
+            assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
+        finally:
+            browser.quit()
