@@ -11,6 +11,7 @@ import typer
 
 from benchmarks.cli import bench_app
 from dinrec_cli.demo import demo
+from dinrec_cli.simulate import simulate
 from feature_store.cli import data_app
 from feature_store.ingest_cli import ingest_app
 from serving.cli import serve
@@ -28,6 +29,7 @@ app.add_typer(registry_app, name="registry")
 app.add_typer(spot_app, name="spot")
 app.command("serve")(serve)
 app.command("demo")(demo)
+app.command("simulate")(simulate)
 app.add_typer(bench_app, name="bench")
 
 

@@ -36,7 +36,23 @@ class SyntheticConfig:
     seed: int = 0
 
 
+@dataclass(frozen=True)
+class World:
+    """The ground truth behind a synthetic log (what a simulated user's clicks are drawn from):
+    item index → category index and within-category popularity weight (1 / rank^s), and each
+    user's category interests as they stand at the end of the log (rows sum to 1)."""
+
+    item_category: np.ndarray  # (n_items,) int
+    item_weight: np.ndarray    # (n_items,) float
+    interest: np.ndarray       # (n_users, n_categories) float
+
+
 def generate(cfg: SyntheticConfig = SyntheticConfig()) -> Interactions:
+    return generate_world(cfg)[0]
+
+
+def generate_world(cfg: SyntheticConfig = SyntheticConfig()) -> tuple[Interactions, World]:
+    """The log and the world it was drawn from (same seed, same log as :func:`generate`)."""
     rng = np.random.default_rng(cfg.seed)
     span = cfg.days * 86_400.0
     item_cat = rng.integers(0, cfg.n_categories, size=cfg.n_items)
@@ -45,10 +61,13 @@ def generate(cfg: SyntheticConfig = SyntheticConfig()) -> Interactions:
     # Per category: items ordered by arrival, so "available at t" is a prefix; cumulative Zipf
     # weights over that order let one searchsorted draw an available item.
     by_cat, cum_w, arrivals = [], [], []
+    item_weight = np.zeros(cfg.n_items)
+    final_interest = np.zeros((cfg.n_users, cfg.n_categories))
     for c in range(cfg.n_categories):
         members = np.flatnonzero(item_cat == c)
         members = members[np.argsort(arrival[members], kind="stable")]
         ranks = rng.permutation(len(members)) + 1  # popularity rank independent of arrival
+        item_weight[members] = 1.0 / ranks.astype(np.float64) ** cfg.zipf_s
         by_cat.append(members)
         cum_w.append(np.cumsum(1.0 / ranks.astype(np.float64) ** cfg.zipf_s))
         arrivals.append(arrival[members])
@@ -74,11 +93,13 @@ def generate(cfg: SyntheticConfig = SyntheticConfig()) -> Interactions:
             users.append(u)
             items.append(int(by_cat[c][min(j, k - 1)]))
             times.append(round(float(t), 3))
+        final_interest[u] = np.diff(interest, prepend=0.0) / interest[-1]  # the CDF back to weights
 
     items_arr = np.asarray(items)
-    return Interactions.from_columns(
+    data = Interactions.from_columns(
         np.char.add("u", np.asarray(users).astype(str)),
         np.char.add("i", items_arr.astype(str)),
         np.char.add("c", item_cat[items_arr].astype(str)),
         np.asarray(times), event_type="click", source=f"synthetic-seed{cfg.seed}",
     )
+    return data, World(item_cat, item_weight, final_interest)

@@ -1,0 +1,59 @@
+"""Simulated users for rehearsing an experiment before real users see it.
+
+The users come from a synthetic world (feature_store.datasets.synthetic.World): each has known
+category interests. They ask a running service for recommendations over HTTP and click each shown
+item with probability ``position_bias(p) · (base + gain · interest[user, category(item)])``, where
+``position_bias(p) = 1 / log2(p + 2)`` (the top slot is seen most), then send the clicks back through
+``POST /events`` with the answer's request id — exactly what a client integration does. The truth
+is known, so the experiment's verdict can be checked against it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from feature_store.datasets.synthetic import World
+
+
+@dataclass(frozen=True)
+class ClickModel:
+    base: float = 0.01   # clicks on things the user has no interest in
+    gain: float = 0.6    # how much interest in the item's category adds
+
+    def probability(self, interest: float, position: int) -> float:
+        return min(1.0, (self.base + self.gain * interest) / math.log2(position + 2))
+
+
+def simulate(client, world: World, *, users: int, rounds: int, k: int = 10, seed: int = 0,
+             clicks: ClickModel = ClickModel()) -> dict:
+    """``rounds`` requests per user (users u0 … u{users−1}, shuffled each round) against ``client``
+    (an httpx client with the service's base URL); returns what was served and clicked, per variant."""
+    rng = np.random.default_rng(seed)
+    served: dict[str, dict[str, int]] = {}
+    for _ in range(rounds):
+        batch = []
+        for u in rng.permutation(users):
+            r = client.get("/recommend", params={"user_id": f"u{u}", "k": k})
+            r.raise_for_status()
+            body = r.json()
+            tally = served.setdefault(body.get("variant") or "(none)", {"requests": 0, "shown": 0, "clicked": 0})
+            tally["requests"] += 1
+            for pos, item in enumerate(body["items"]):
+                tally["shown"] += 1
+                idx = int(item["item_id"].removeprefix("i"))
+                p = clicks.probability(float(world.interest[u, world.item_category[idx]]), pos)
+                if rng.random() < p:
+                    tally["clicked"] += 1
+                    batch.append({"event_id": f"sim-{body['request_id']}-{pos}", "user_id": f"u{u}",
+                                  "item_id": item["item_id"], "category_id": item["category_id"],
+                                  "event_type": "click", "ts": time.time(), "request_id": body["request_id"]})
+            if len(batch) >= 200:
+                client.post("/events", json={"events": batch}).raise_for_status()
+                batch = []
+        if batch:
+            client.post("/events", json={"events": batch}).raise_for_status()
+    return served

@@ -1,0 +1,34 @@
+"""`dinrec simulate`: simulated users over HTTP, counted exactly by the service's A/B path, and an
+A/A experiment that (with the sequential test) finds nothing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from serving.simulate import ClickModel
+from tests.conftest import REPO
+
+
+def test_the_click_model_follows_interest_and_position():
+    m = ClickModel(base=0.01, gain=0.6)
+    assert m.probability(0.5, 0) == 0.31  # top slot: log2(2) = 1
+    assert m.probability(0.5, 2) == 0.31 / 2  # third slot: log2(4) = 2
+    assert m.probability(0.0, 0) < m.probability(0.1, 0) < m.probability(1.0, 0) <= 1.0
+
+
+def test_an_aa_simulation_counts_every_impression_and_click_and_finds_nothing():
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "simulate", "--experiment", "aa", "--users", "300",
+                          "--rounds", "2", "--k", "8"], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    report = json.loads(out.stdout)
+    served, variants = report["served"], report["results"]["variants"]
+    assert set(served) == {"a", "b"} and sum(v["requests"] for v in served.values()) == 600
+    for name in ("a", "b"):  # what the users saw and clicked is exactly what the counters hold
+        assert variants[name]["impressions"] == served[name]["shown"]
+        assert variants[name]["clicks"] == served[name]["clicked"] > 0
+        assert variants[name]["users"] == served[name]["requests"] // 2
+    (comparison,) = report["results"]["comparisons"]
+    assert comparison["sequential"] == "inconclusive" and report["stopped"] == {}
+    assert not report["results"]["srm"]["flagged"]
