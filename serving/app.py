@@ -56,6 +56,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         if settings.events_sink == "stream":
             state.outbox = open_outbox(state.stream, fs_settings)
         state.experiments = Experiments.load(settings.experiments_file)
+        models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
         state.guardrail = Guardrail(state.store, state.experiments, min_users=settings.guardrail_min_users,
                                     interval_s=settings.guardrail_interval_s)
         if state.experiments.all:

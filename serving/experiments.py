@@ -10,12 +10,11 @@ from feature_store.experiments.assign import Experiment, ExperimentFile, Variant
 
 class Experiments:
     def __init__(self, experiments: list[Experiment]) -> None:
-        for exp in experiments:
-            for v in exp.variants:
-                if v.model is not None:  # refused, not ignored: a variant must serve what it says
-                    raise ValueError(f"experiment {exp.name!r}, variant {v.name!r}: serving a variant's own model "
-                                     f"(model={v.model!r}) is not supported yet; use overrides")
         self.all = experiments
+
+    def models(self) -> set[str]:
+        """The registry aliases or versions running experiments' variants serve."""
+        return {v.model for e in self.all if e.status == "running" for v in e.variants if v.model}
 
     @classmethod
     def load(cls, path: str | Path | None) -> Experiments:

@@ -24,7 +24,7 @@ from retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from serving.ranking import Recommender
 from serving.settings import ServingSettings
 from training.bundle import load_bundle
-from training.registry import open_registry
+from training.registry import RegistryError, open_registry
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,36 @@ class ModelManager:
         # (a pinned reload, a rollback). Cleared in effect when the alias moves on.
         self._hold: str | None = None
         self.current = self._load(self._target_version())
+        # Models experiment variants name (a registry alias or version) -> (version, model), beside
+        # the one that serves everyone else; an alias is followed by the watcher like the main one.
+        self.variants: dict[str, tuple[str, Recommender]] = {}
+
+    def load_variants(self, names: set[str]) -> None:
+        """Load (verified, smoke-scored) every model the running experiments' variants name."""
+        if names and self.registry is None:
+            raise ValueError(f"experiment variants name models {sorted(names)} but no registry is set "
+                             "(DINREC_REGISTRY)")
+        for name in sorted(names):
+            self._load_variant(name)
+
+    def _variant_version(self, name: str) -> str:
+        try:
+            return self.registry.resolve(name)  # type: ignore[union-attr]
+        except RegistryError:
+            return name  # not an alias: a version
+
+    def _load_variant(self, name: str) -> None:
+        version = self._variant_version(name)
+        bundle_dir = self.registry.bundle_dir(version)  # type: ignore[union-attr]
+        if not Path(bundle_dir).is_dir():
+            raise ReloadFailed(f"experiment variant model {name!r}: no version {version!r} in the registry")
+        rec = load_recommender(self.settings, bundle_dir)
+        smoke_score(rec)
+        self.variants = {**self.variants, name: (version, rec)}  # replaced whole: requests read it lock-free
+        log.info("experiment variant model %s: version %s (%s)", name, version, rec.model_version)
+
+    def variant_model(self, name: str) -> Recommender:
+        return self.variants[name][1]
 
     def _target_version(self) -> str | None:
         return self.registry.resolve(self.settings.model_alias) if self.registry else None
@@ -129,6 +159,12 @@ class ModelManager:
                         self.reload()
                 except Exception as exc:  # noqa: BLE001 - a bad alias or bundle must not end the watcher
                     log.error("model reload failed; still serving %s: %s", self.current.model_version, exc)
+                for name, (version, _) in list(self.variants.items()):
+                    try:
+                        if self._variant_version(name) != version:
+                            self._load_variant(name)
+                    except Exception as exc:  # noqa: BLE001 - the variant keeps its current model
+                        log.error("variant model %s reload failed; keeping version %s: %s", name, version, exc)
 
         thread = threading.Thread(target=loop, name="dinrec-model-watch", daemon=True)
         thread.start()

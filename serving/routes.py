@@ -47,6 +47,8 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         assigned = None  # the variant was stopped: its users leave the experiment (control experience)
     experiment, variant = assigned if assigned else (None, None)
     overrides = variant.overrides if variant else None
+    if variant and variant.model and state.models is not None:  # the variant serves its own model
+        rec = state.models.variant_model(variant.model)
     t0 = time.perf_counter()
     history = state.features.history(user_id, rec.seq_len)
     state.metrics.stages.labels("features").observe(time.perf_counter() - t0)

@@ -11,6 +11,7 @@ from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.experiments import Experiments
+from serving.models import ModelManager
 from serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
@@ -61,9 +62,11 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         assert [e["name"] for e in c.get("/experiments").json()["experiments"]] == ["baseline"]
 
 
-def test_a_variant_naming_its_own_model_is_refused_until_serving_supports_it(tmp_path):
+def test_variants_naming_models_need_a_registry(tiny_run, tmp_path):
     path = tmp_path / "experiments.json"
     exp = {**EXPERIMENT, "variants": [{"name": "a"}, {"name": "b", "model": "challenger"}]}
     path.write_text(json.dumps({"experiments": [exp]}))
-    with pytest.raises(ValueError, match="variant 'b'.*not supported yet"):
-        Experiments.load(path)
+    assert Experiments.load(path).models() == {"challenger"}
+    manager = ModelManager(ServingSettings(bundle_dir=tiny_run[2], score_precision="fp32"), on_swap=lambda rec: None)
+    with pytest.raises(ValueError, match="name models \\['challenger'\\] but no registry"):
+        manager.load_variants(Experiments.load(path).models())  # the lifespan's call: the service does not start

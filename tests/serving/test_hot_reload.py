@@ -138,3 +138,27 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     assert listed["aliases"] == {"champion": "a", "challenger": "b"} and set(listed["versions"]) == {"a", "b"}
     again = dinrec("publish", str(tiny_run[2]), "--version", "a")
     assert again.returncode == 2 and "immutable" in again.stderr
+
+
+def test_experiment_variants_serve_the_models_they_name_and_follow_their_alias(registry, tiny_run, tmp_path):
+    import json
+
+    v1, v2 = (load_bundle(registry.bundle_dir(v)).model_version for v in ("v1", "v2"))
+    registry.set_alias("challenger", "v2")
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [{"name": "models", "status": "running", "variants": [
+        {"name": "champion"}, {"name": "challenger", "model": "challenger"}]}]}))
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    users = sorted(set(tiny_run[0].user_id.tolist()))[:30]
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, experiments_file=path,
+                               events_sink="store", score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        answers = {u: c.get("/recommend", params={"user_id": u, "k": 3}).json() for u in users}
+        arms = {v: {a["model_version"] for a in answers.values() if a["variant"] == v}
+                for v in ("champion", "challenger")}
+        assert arms == {"champion": {v1}, "challenger": {v2}}
+        registry.set_alias("challenger", "v1")  # the challenger alias moves: its arm follows, nothing else does
+        user = next(u for u, a in answers.items() if a["variant"] == "challenger")
+        wait_until(lambda: c.get("/recommend", params={"user_id": user, "k": 3}).json()["model_version"] == v1,
+                   timeout_s=30, what="the challenger arm to follow its alias")
