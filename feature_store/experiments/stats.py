@@ -32,6 +32,7 @@ class VariantSums:
     impressions_sq: float
     clicks_sq: float
     cross: float
+    tail_clicks: float = 0.0  # clicks on long-tail items (outside the top 10 % by popularity at the time)
 
     @classmethod
     def of(cls, per_user: Sequence[tuple[float, float]]) -> VariantSums:
@@ -130,7 +131,8 @@ def analyse(sums: dict[str, VariantSums], control: str, weights: dict[str, float
     return {
         "control": control,
         "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks, "ctr": s.ctr,
-                         "ctr_se": math.sqrt(s.ctr_variance()) if math.isfinite(s.ctr_variance()) else None}
+                         "ctr_se": math.sqrt(s.ctr_variance()) if math.isfinite(s.ctr_variance()) else None,
+                         "long_tail_click_share": s.tail_clicks / s.clicks if s.clicks else None}
                      for v, s in sums.items()},
         "comparisons": [_json_safe(asdict(compare(sums[control], sums[v], v, alpha=alpha, tuning_users=tuning_users)))
                         for v in names if v != control],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
@@ -33,14 +34,23 @@ class MemoryStore(OnlineStore):
         self._ab_timeline: dict[str, dict[int, dict]] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
 
-    def _count(self, user: str, experiment: str, variant: str, clicks: int) -> None:
+    def _long_tail(self, item: str) -> bool:
+        """Outside the top 10 % of items by behaviours so far (as the Redis store's script decides)."""
+        mine = self._pop.get(item)
+        if mine is None:
+            return True
+        ahead = sum(1 for n in self._pop.values() if n > mine) + sum(  # ties: Redis orders them by member
+            1 for other, n in self._pop.items() if n == mine and other > item)
+        return ahead >= math.ceil(0.1 * len(self._pop))
+
+    def _count(self, user: str, experiment: str, variant: str, clicks: int, item: str = "") -> None:
         """One impression (clicks=0) or click (clicks=1) of ``user`` in ``variant``."""
         state = self._ab_user.setdefault((experiment, user), [variant, 0, 0])
         if state[0] != variant:
             self._unattributed["variant_conflicts"] += 1
             return
         _, n, c = state
-        sums = self._ab_sums[experiment].setdefault(variant, [0.0] * 6)
+        sums = self._ab_sums[experiment].setdefault(variant, [0.0] * 7)
         if n == 0 and c == 0:
             sums[0] += 1
         if clicks:
@@ -48,6 +58,7 @@ class MemoryStore(OnlineStore):
             sums[2] += 1
             sums[4] += 2 * c + 1
             sums[5] += n
+            sums[6] += self._long_tail(item)
         else:
             state[1] = n + 1
             sums[1] += 1
@@ -59,6 +70,7 @@ class MemoryStore(OnlineStore):
         for user, r in items:
             by_user[user].append(r)
         added = 0
+        increments: Counter[str] = Counter()  # applied after the batch, as the Redis script does
         with self._lock:
             if offsets is not None:
                 held = self._offsets[offsets.topic]
@@ -79,23 +91,24 @@ class MemoryStore(OnlineStore):
                     seen[h.event_id] = now
                     if r.kind == "I":
                         self._att[(r.request_id, h.item_id)] = (r.experiment, r.variant, now)
-                        self._count(user, r.experiment, r.variant, 0)
+                        self._count(user, r.experiment, r.variant, 0, h.item_id)
                         added += 1
                         continue
                     if h.event_id in kept:  # applied before, and its seen-entry has expired since
                         continue
                     kept.add(h.event_id)
-                    self._pop[h.item_id] += 1
+                    increments[h.item_id] += 1
                     fresh.append(h)
                     if r.kind == "C":
                         att = self._att.get((r.request_id, h.item_id))
                         if att is None or att[2] <= now - self.dedup_window_s:
                             self._unattributed["orphan_clicks"] += 1
                         else:
-                            self._count(user, att[0], att[1], 1)
+                            self._count(user, att[0], att[1], 1, h.item_id)
                 added += len(fresh)
                 if fresh:
                     self._hist[user] = merge_history(self._hist[user], fresh, self.history_cap)
+            self._pop.update(increments)
         return added
 
     def stream_offsets(self, topic: str) -> dict[int, int]:

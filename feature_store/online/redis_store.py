@@ -50,7 +50,8 @@ SEP = "\x1f"
 # Experiment keys are built here from the prefix (one Redis node, like every multi-user write):
 #   {prefix}:att:{request}           hash item -> "experiment\31variant" (expires with the dedup window)
 #   {prefix}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
-#   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users)
+#   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users), tail_c
+#                                    (clicks on items outside the top 10 % by popularity at the time)
 #   {prefix}:ab:{exp}:variants       set;  {prefix}:ab:experiments  set;  {prefix}:ab:unattributed  hash
 _WRITE_SCRIPT = r"""
 local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
@@ -78,7 +79,12 @@ local function split(s)
     table.insert(out, string.sub(s, start, j - 1)); start = j + 1
   end
 end
-local function count(user, exp, var, click)
+local function long_tail(item)
+  -- Outside the top 10 % of items by behaviours so far (this batch's increments land at the end).
+  local rank = redis.call('ZREVRANK', KEYS[2], item)
+  return (not rank) or rank >= math.ceil(0.1 * redis.call('ZCARD', KEYS[2]))
+end
+local function count(user, exp, var, click, item)
   local ukey = prefix .. ':ab:' .. exp .. ':u:' .. user
   local state = redis.call('HMGET', ukey, 'v', 'n', 'c')
   if state[1] and state[1] ~= var then
@@ -96,6 +102,7 @@ local function count(user, exp, var, click)
     redis.call('HSET', ukey, 'v', var, 'c', c + 1)
     redis.call('HINCRBY', skey, 'c', 1); redis.call('HINCRBY', skey, 'c2', 2 * c + 1)
     redis.call('HINCRBY', skey, 'nc', n)
+    if long_tail(item) then redis.call('HINCRBY', skey, 'tail_c', 1) end
   else
     redis.call('HSET', ukey, 'v', var, 'n', n + 1)
     redis.call('HINCRBY', skey, 'n', 1); redis.call('HINCRBY', skey, 'n2', 2 * n + 1)
@@ -118,7 +125,7 @@ for u = 1, (#KEYS - 2) / 2 do
         local att = prefix .. ':att:' .. f[6]
         redis.call('HSET', att, item, f[7] .. '\31' .. f[8])
         redis.call('EXPIRE', att, ttl)
-        count(user, f[7], f[8], false)
+        count(user, f[7], f[8], false, item)
         applied = applied + 1
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
       elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
@@ -128,7 +135,7 @@ for u = 1, (#KEYS - 2) / 2 do
           local ev = redis.call('HGET', prefix .. ':att:' .. f[6], item)
           if ev then
             local j = string.find(ev, '\31', 1, true)
-            count(user, string.sub(ev, 1, j - 1), string.sub(ev, j + 1), true)
+            count(user, string.sub(ev, 1, j - 1), string.sub(ev, j + 1), true, item)
           else
             redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', 1)
           end
@@ -240,7 +247,8 @@ class RedisStore(OnlineStore):
             rows = pipe.execute()
         except RedisError as exc:
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return {v: VariantSums(int(r.get("users", 0)), *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc")))
+        return {v: VariantSums(int(r.get("users", 0)),
+                               *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc", "tail_c")))
                 for v, r in zip(variants, rows, strict=True)}
 
     def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:

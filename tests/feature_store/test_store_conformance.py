@@ -243,3 +243,14 @@ def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     assert store.ab_snapshot("exp1", 11, {"t": 11.5}) and store.ab_snapshot("exp1", 10, {"t": 10.5})
     assert not store.ab_snapshot("exp1", 11, {"t": 11.9})
     assert store.ab_timeline("exp1") == [{"t": 10.5}, {"t": 11.5}]  # oldest first, first writer kept
+
+
+def test_clicks_on_long_tail_items_are_counted_per_variant(store):
+    # 20 items; "h" is the most popular, so with the top 10 % (2 items) as the head, "h" and "g" are head.
+    store.write([BehaviourEvent(event_id=f"pop-{i}-{j}", user_id=f"p{j}", item_id=item, ts=1.0)
+                 for i, item in enumerate([*"abcdefghijklmnopqrs", "t"]) for j in range(1 + 9 * (item == "h")
+                                                                                     + 4 * (item == "g"))])
+    store.write([imp("u1", "h", "r1", "A"), imp("u1", "z", "r1", "A"), imp("u2", "g", "r2", "A"),
+                 click("u1", "h", "r1"), click("u1", "z", "r1"), click("u2", "g", "r2")])
+    a = store.ab_sums("exp1")["A"]
+    assert a.clicks == 3 and a.tail_clicks == 1  # only "z" (never seen before) is in the long tail

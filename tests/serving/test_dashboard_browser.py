@@ -66,6 +66,8 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
                     assert int(shown.replace(",", "")) == numbers[field], (variant, field)
                 ctr = row.find_element(By.CSS_SELECTOR, 'td[data-field="ctr"]').text
                 assert ctr == f"{100 * numbers['ctr']:.2f}%"
+                tail = row.find_element(By.CSS_SELECTOR, 'td[data-field="long_tail"]').text
+                assert tail == f"{100 * numbers['long_tail_click_share']:.1f}%"
             banner = browser.find_element(By.CSS_SELECTOR, '[data-banner="stopped"]')
             assert banner.get_attribute("data-variant") == "bad" and "guardrail" in banner.text
             assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
