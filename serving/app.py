@@ -20,6 +20,8 @@ from feature_store.streams.base import event_record
 from serving import logs
 from serving.ab_routes import router as ab_router
 from serving.admin import router as admin_router
+from serving.admin_experiments import router as admin_experiments_router
+from serving.admin_experiments import watch_file as watch_experiments
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
 from serving.experiments import Experiments
@@ -59,12 +61,13 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
         state.guardrail = Guardrail(state.store, state.experiments, min_users=settings.guardrail_min_users,
                                     interval_s=settings.guardrail_interval_s)
-        if state.experiments.all:
+        if settings.experiments_file is not None:  # experiments may also arrive later, by the admin API
             try:  # decisions other replicas already made apply from the first request
                 state.guardrail.check()
             except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
                 log.warning("guardrail: first check failed: %s", exc)
             state.guardrail.run(watch_stop)
+        watch_experiments(state, watch_stop)
         sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
                 else state.store.write)
         state.impressions = ImpressionLog(sink, on_drop=state.metrics.impressions_dropped.inc)
@@ -114,6 +117,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     app.include_router(router)
     app.include_router(admin_router)
     app.include_router(ab_router)
+    app.include_router(admin_experiments_router)
     return app
 
 

@@ -9,8 +9,11 @@ from feature_store.experiments.assign import Experiment, ExperimentFile, Variant
 
 
 class Experiments:
-    def __init__(self, experiments: list[Experiment]) -> None:
+    """An immutable set of experiments (the service swaps in a new one when the file changes)."""
+
+    def __init__(self, experiments: list[Experiment], version: int = 0, mtime_ns: int | None = None) -> None:
         self.all = experiments
+        self.version, self.mtime_ns = version, mtime_ns
 
     def models(self) -> set[str]:
         """The registry aliases or versions running experiments' variants serve."""
@@ -18,7 +21,14 @@ class Experiments:
 
     @classmethod
     def load(cls, path: str | Path | None) -> Experiments:
-        return cls(ExperimentFile.load(path).experiments if path else [])
+        if not path:
+            return cls([])
+        mtime = Path(path).stat().st_mtime_ns
+        loaded = ExperimentFile.load(path)
+        return cls(loaded.experiments, loaded.version, mtime)
+
+    def as_file(self) -> ExperimentFile:
+        return ExperimentFile(version=self.version, experiments=self.all)
 
     def get(self, name: str) -> Experiment | None:
         return next((e for e in self.all if e.name == name), None)

@@ -12,6 +12,7 @@ user never moves. Users outside every range get the default (no experiment).
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime
 from pathlib import Path
 from typing import Literal
@@ -109,10 +110,28 @@ class Experiment(BaseModel):
 
 
 class ExperimentFile(BaseModel):
-    """The versioned file of experiments: ``{"experiments": [...]}``."""
+    """The versioned file of experiments: ``{"version": n, "experiments": [...]}`` (each save adds 1)."""
 
     model_config = ConfigDict(extra="forbid")
+    version: int = Field(0, ge=0)
     experiments: list[Experiment] = Field(default_factory=list)
+
+    @field_validator("experiments")
+    @classmethod
+    def _distinct_names(cls, experiments: list[Experiment]) -> list[Experiment]:
+        names = [e.name for e in experiments]
+        if len(set(names)) != len(names):
+            raise ValueError(f"experiment names must be distinct: {names}")
+        return experiments
+
+    def save(self, path: str | Path) -> ExperimentFile:
+        """Write the next version atomically (temp file, then rename): a reader never sees half a file."""
+        nxt = self.model_copy(update={"version": self.version + 1})
+        path = Path(path)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(nxt.model_dump_json(indent=1))
+        os.replace(tmp, path)
+        return nxt
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentFile:
