@@ -45,6 +45,13 @@ def bucket_ranges(weights: list[float], coverage: float) -> list[tuple[float, fl
     return ranges
 
 
+def _distinct_names(named: list, what: str) -> list:
+    names = [x.name for x in named]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{what} names must be distinct: {names}")
+    return named
+
+
 class Overrides(BaseModel):
     """Serving settings a variant changes (unset: the service's own)."""
 
@@ -76,10 +83,7 @@ class Experiment(BaseModel):
     @field_validator("variants")
     @classmethod
     def _distinct(cls, variants: list[Variant]) -> list[Variant]:
-        names = [v.name for v in variants]
-        if len(set(names)) != len(names):
-            raise ValueError(f"variant names must be distinct: {names}")
-        return variants
+        return _distinct_names(variants, "variant")
 
     @model_validator(mode="after")
     def _control_exists(self) -> Experiment:
@@ -118,11 +122,8 @@ class ExperimentFile(BaseModel):
 
     @field_validator("experiments")
     @classmethod
-    def _distinct_names(cls, experiments: list[Experiment]) -> list[Experiment]:
-        names = [e.name for e in experiments]
-        if len(set(names)) != len(names):
-            raise ValueError(f"experiment names must be distinct: {names}")
-        return experiments
+    def _distinct(cls, experiments: list[Experiment]) -> list[Experiment]:
+        return _distinct_names(experiments, "experiment")
 
     def save(self, path: str | Path) -> ExperimentFile:
         """Write the next version atomically (temp file, then rename): a reader never sees half a file."""
