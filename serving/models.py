@@ -91,8 +91,7 @@ class ModelManager:
         bundle_dir = self.registry.bundle_dir(version)  # type: ignore[union-attr]
         if not Path(bundle_dir).is_dir():
             raise ReloadFailed(f"experiment variant model {name!r}: no version {version!r} in the registry")
-        rec = load_recommender(self.settings, bundle_dir)
-        smoke_score(rec)
+        rec = self._verified(bundle_dir)
         self.variants = {**self.variants, name: (version, rec)}  # replaced whole: requests read it lock-free
         log.info("experiment variant model %s: version %s (%s)", name, version, rec.model_version)
 
@@ -102,10 +101,15 @@ class ModelManager:
     def _target_version(self) -> str | None:
         return self.registry.resolve(self.settings.model_alias) if self.registry else None
 
-    def _load(self, version: str | None) -> Recommender:
-        bundle_dir = self.registry.bundle_dir(version) if self.registry and version else self.settings.bundle_dir
+    def _verified(self, bundle_dir: Path) -> Recommender:
+        """A bundle loaded (checksums verified) and smoke-scored: what may serve."""
         rec = load_recommender(self.settings, bundle_dir)
         smoke_score(rec)
+        return rec
+
+    def _load(self, version: str | None) -> Recommender:
+        bundle_dir = self.registry.bundle_dir(version) if self.registry and version else self.settings.bundle_dir
+        rec = self._verified(bundle_dir)
         self.version = version
         return rec
 

@@ -44,7 +44,7 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     reasons: list[str] = []
     assigned = state.experiments.assign(user_id)
     if assigned and state.guardrail and assigned[1].name in state.guardrail.stopped(assigned[0].name):
-        assigned = None  # the variant was stopped: its users leave the experiment (control experience)
+        assigned = None  # the variant was stopped: its users leave the experiment (default experience)
     experiment, variant = assigned if assigned else (None, None)
     overrides = variant.overrides if variant else None
     if variant and variant.model and state.models is not None:  # the variant serves its own model

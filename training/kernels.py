@@ -51,16 +51,23 @@ def load_score() -> bool:
     then keeps its PyTorch ops)."""
     if sys.platform != "linux" or not cpu_has("avx512_bf16"):
         return False
+    return _build_extension("dinrec_din_score", _SCORE_SOURCE, _SCORE_FLAGS, [],
+                            "fused scoring unit unavailable (%s: %s); scoring uses PyTorch ops")
+
+
+def _build_extension(name: str, source: Path, cflags: list[str], ldflags: list[str], failure: str) -> bool:
+    """Compile (or reuse the cached build of) ``source`` and register its ops; False, logging
+    ``failure`` % (error type, last line), where that fails — compiler or headers missing, …:
+    the caller keeps its PyTorch ops."""
     try:
         from torch.utils.cpp_extension import load as load_extension
 
-        build_dir = _build_dir(_SCORE_SOURCE)
+        build_dir = _build_dir(source)
         build_dir.mkdir(parents=True, exist_ok=True)
-        load_extension(name="dinrec_din_score", sources=[str(_SCORE_SOURCE)], extra_cflags=_SCORE_FLAGS,
+        load_extension(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=ldflags,
                        build_directory=str(build_dir), is_python_module=False, verbose=False)
-    except Exception as e:  # noqa: BLE001 - compiler missing, too old for AVX-512 BF16, …
-        log.warning("fused scoring unit unavailable (%s: %s); scoring uses PyTorch ops", type(e).__name__,
-                    str(e).strip().splitlines()[-1] if str(e).strip() else "")
+    except Exception as e:  # noqa: BLE001 - any build failure means "use the PyTorch ops"
+        log.warning(failure, type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
         return False
     return True
 
@@ -84,19 +91,8 @@ def build() -> bool:
     if sys.platform != "linux":
         log.info("fused Dice kernel: only built on Linux; using PyTorch ops")
         return False
-    try:
-        from torch.utils.cpp_extension import load as load_extension
-
-        build_dir = _build_dir()
-        build_dir.mkdir(parents=True, exist_ok=True)
-        load_extension(name="dinrec_din_unit", sources=[str(_SOURCE)], extra_cflags=_flags(),
-                       extra_ldflags=["-fopenmp"], build_directory=str(build_dir), is_python_module=False,
-                       verbose=False)
-    except Exception as e:  # compiler missing, headers missing, …: the PyTorch path still works
-        log.warning("fused Dice kernel unavailable (%s: %s); training uses PyTorch ops", type(e).__name__,
-                    str(e).strip().splitlines()[-1] if str(e).strip() else "")
-        return False
-    return True
+    return _build_extension("dinrec_din_unit", _SOURCE, _flags(), ["-fopenmp"],
+                            "fused Dice kernel unavailable (%s: %s); training uses PyTorch ops")
 
 
 class _DinUnit(torch.autograd.Function):

@@ -59,12 +59,9 @@ def recall_query(item_vectors: np.ndarray, known: list[int]) -> np.ndarray:
 
 def bf16_supported() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); otherwise bf16 is slower."""
-    try:
-        with open("/proc/cpuinfo") as fh:
-            flags = fh.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    from training.kernels import cpu_has
+
+    return cpu_has("avx512_bf16") or cpu_has("amx_bf16")
 
 
 def _activation_fn(module: torch.nn.Module):

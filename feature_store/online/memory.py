@@ -30,8 +30,8 @@ class MemoryStore(OnlineStore):
         self._ab_user: dict[tuple[str, str], list] = {}
         self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
-        self._ab_stopped: dict[str, dict[str, dict]] = {}
-        self._ab_timeline: dict[str, dict[int, dict]] = {}
+        # (stopped | timeline, experiment) -> key (variant | time bucket) -> document
+        self._ab_docs: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
 
     def _long_tail(self, item: str) -> bool:
@@ -128,29 +128,30 @@ class MemoryStore(OnlineStore):
         with self._lock:
             return {v: VariantSums(int(s[0]), *s[1:]) for v, s in sorted(self._ab_sums.get(experiment, {}).items())}
 
-    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
+    def _put_first(self, table: str, experiment: str, key, doc: dict) -> bool:
+        """Keep ``doc`` under ``key`` unless one is there (the first writer wins, as HSETNX in Redis)."""
         with self._lock:
-            stopped = self._ab_stopped.setdefault(experiment, {})
-            if variant in stopped:
+            docs = self._ab_docs.setdefault((table, experiment), {})
+            if key in docs:
                 return False
-            stopped[variant] = dict(decision)
+            docs[key] = dict(doc)
             return True
+
+    def _docs(self, table: str, experiment: str) -> dict:
+        with self._lock:
+            return {k: dict(d) for k, d in self._ab_docs.get((table, experiment), {}).items()}
+
+    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
+        return self._put_first("stopped", experiment, variant, decision)
 
     def ab_stopped(self, experiment: str) -> dict[str, dict]:
-        with self._lock:
-            return {v: dict(d) for v, d in self._ab_stopped.get(experiment, {}).items()}
+        return self._docs("stopped", experiment)
 
     def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
-        with self._lock:
-            timeline = self._ab_timeline.setdefault(experiment, {})
-            if bucket in timeline:
-                return False
-            timeline[bucket] = dict(snapshot)
-            return True
+        return self._put_first("timeline", experiment, bucket, snapshot)
 
     def ab_timeline(self, experiment: str) -> list[dict]:
-        with self._lock:
-            return [dict(s) for _, s in sorted(self._ab_timeline.get(experiment, {}).items())]
+        return [d for _, d in sorted(self._docs("timeline", experiment).items())]
 
     def ab_unattributed(self) -> dict[str, int]:
         with self._lock:

@@ -251,31 +251,31 @@ class RedisStore(OnlineStore):
                                *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc", "tail_c")))
                 for v, r in zip(variants, rows, strict=True)}
 
-    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
-        try:  # HSETNX: of several replicas deciding at once, exactly one records it
-            return bool(self._r.hsetnx(f"{self.prefix}:ab:{experiment}:stopped", variant, json.dumps(decision)))
+    def _put_first(self, key: str, field: str, doc: dict) -> bool:
+        try:  # HSETNX: of several replicas writing at once, exactly one records it
+            return bool(self._r.hsetnx(key, field, json.dumps(doc)))
         except RedisError as exc:
             raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
+
+    def _docs(self, key: str) -> dict[str, dict]:
+        try:
+            raw = self._r.hgetall(key)
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        return {f: json.loads(d) for f, d in raw.items()}
+
+    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
+        return self._put_first(f"{self.prefix}:ab:{experiment}:stopped", variant, decision)
 
     def ab_stopped(self, experiment: str) -> dict[str, dict]:
-        try:
-            raw = self._r.hgetall(f"{self.prefix}:ab:{experiment}:stopped")
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return {v: json.loads(d) for v, d in raw.items()}
+        return self._docs(f"{self.prefix}:ab:{experiment}:stopped")
 
     def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
-        try:
-            return bool(self._r.hsetnx(f"{self.prefix}:ab:{experiment}:timeline", str(bucket), json.dumps(snapshot)))
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
+        return self._put_first(f"{self.prefix}:ab:{experiment}:timeline", str(bucket), snapshot)
 
     def ab_timeline(self, experiment: str) -> list[dict]:
-        try:
-            raw = self._r.hgetall(f"{self.prefix}:ab:{experiment}:timeline")
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return [json.loads(v) for _, v in sorted(raw.items(), key=lambda kv: int(kv[0]))]
+        docs = self._docs(f"{self.prefix}:ab:{experiment}:timeline")
+        return [d for _, d in sorted(docs.items(), key=lambda kv: int(kv[0]))]
 
     def ab_unattributed(self) -> dict[str, int]:
         try:

@@ -28,6 +28,23 @@ namespace {
 constexpr int kMaxD = 256;
 constexpr int kMaxH1 = 128;
 
+// acc[t][j] = Σ_k x[t, k]·w[k, j] for T rows of bf16 pairs x (``pairs`` per row, as int32 words) and
+// weights packed as (pairs, NB × 16 lanes, 2): per input pair, NB weight vectors against T broadcast
+// pairs, so each loaded weight vector serves all T rows. Both layers' products are this.
+template <int T, int NB>
+inline void bf16_products(const int32_t* x32, int pairs, const __m512i* w, __m512 (&acc)[T][NB]) {
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < NB; ++j) acc[t][j] = _mm512_setzero_ps();
+  for (int k = 0; k < pairs; ++k) {
+    __m512bh wk[NB];
+    for (int j = 0; j < NB; ++j) wk[j] = (__m512bh)_mm512_loadu_si512(w + k * NB + j);
+    for (int t = 0; t < T; ++t) {
+      __m512bh x = (__m512bh)_mm512_set1_epi32(x32[t * pairs + k]);
+      for (int j = 0; j < NB; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], x, wk[j]);
+    }
+  }
+}
+
 // The first layer and its PReLU for T rows: bf16 rows of x into xbuf (T × H1).
 template <int T, int NB1>
 inline void first_layer(const float* q, const float* h, int D, const float* a, const float* b, const __m512i* wp,
@@ -42,19 +59,8 @@ inline void first_layer(const float* q, const float* h, int D, const float* a, c
       _mm512_storeu_si512(reinterpret_cast<__m512i*>(pbuf + t * D + d), (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
     }
   }
-  // z = Wp·p: per input pair, NB1 weight vectors against T broadcast pairs.
-  __m512 acc[T][NB1];
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < NB1; ++j) acc[t][j] = _mm512_setzero_ps();
-  const int32_t* p32 = reinterpret_cast<const int32_t*>(pbuf);
-  for (int dp = 0; dp < D / 2; ++dp) {
-    __m512bh w[NB1];
-    for (int j = 0; j < NB1; ++j) w[j] = (__m512bh)_mm512_loadu_si512(wp + dp * NB1 + j);
-    for (int t = 0; t < T; ++t) {
-      __m512bh x = (__m512bh)_mm512_set1_epi32(p32[t * (D / 2) + dp]);
-      for (int j = 0; j < NB1; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], x, w[j]);
-    }
-  }
+  __m512 acc[T][NB1];  // z = Wp·p
+  bf16_products<T, NB1>(reinterpret_cast<const int32_t*>(pbuf), D / 2, wp, acc);
   // + a + b, PReLU, to bf16 for the next layer.
   const __m512 zero = _mm512_setzero_ps();
   for (int t = 0; t < T; ++t) {
@@ -77,18 +83,8 @@ template <int T, int NB1, int NB2>
 inline void second_layer(const uint16_t* xbuf, const __m512i* w2, const float* b2, const float* alpha2,
                          const float* wo, float bo, float* out) {
   constexpr int H1 = NB1 * 16;
-  __m512 acc[T][NB2];
-  for (int t = 0; t < T; ++t)
-    for (int j = 0; j < NB2; ++j) acc[t][j] = _mm512_setzero_ps();
-  const int32_t* x32 = reinterpret_cast<const int32_t*>(xbuf);
-  for (int kp = 0; kp < H1 / 2; ++kp) {
-    __m512bh w[NB2];
-    for (int j = 0; j < NB2; ++j) w[j] = (__m512bh)_mm512_loadu_si512(w2 + kp * NB2 + j);
-    for (int t = 0; t < T; ++t) {
-      __m512bh x = (__m512bh)_mm512_set1_epi32(x32[t * (H1 / 2) + kp]);
-      for (int j = 0; j < NB2; ++j) acc[t][j] = _mm512_dpbf16_ps(acc[t][j], x, w[j]);
-    }
-  }
+  __m512 acc[T][NB2];  // W2·x
+  bf16_products<T, NB2>(reinterpret_cast<const int32_t*>(xbuf), H1 / 2, w2, acc);
   const __m512 zero = _mm512_setzero_ps();
   for (int t = 0; t < T; ++t) {
     __m512 s = zero;
