@@ -30,7 +30,8 @@ def list_experiments(state: State) -> dict:
 def experiment_results(state: State, name: str) -> dict:
     """Per variant users, impressions, clicks and CTR (delta-method se); per treatment the lift
     against control with a fixed-horizon CI and p-value and the always-valid confidence sequence;
-    the sample-ratio check; clicks that could not be attributed."""
+    the sample-ratio check; clicks that could not be attributed; stopped variants, the ramp steps
+    reached and a promoted winner (the guardrail's decisions)."""
     exp = state.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
@@ -40,4 +41,6 @@ def experiment_results(state: State, name: str) -> dict:
     return {"experiment": exp.model_dump(mode="json"),
             "results": analyse(sums, exp.control_name, exp.weights),
             "stopped": state.store.ab_stopped(name), "unattributed": state.store.ab_unattributed(),
+            "ramp": state.store.ab_ramp_log(name) if exp.ramp else None,
+            "winner": state.store.ab_conclusion(name),
             "timeline": state.store.ab_timeline(name)}

@@ -60,7 +60,8 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
         state.experiments = Experiments.load(settings.experiments_file)
         models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
         state.guardrail = Guardrail(state.store, state.experiments, min_users=settings.guardrail_min_users,
-                                    interval_s=settings.guardrail_interval_s)
+                                    interval_s=settings.guardrail_interval_s,
+                                    promote=models.promote if models.registry is not None else None)
         if settings.experiments_file is not None:  # experiments may also arrive later, by the admin API
             try:  # decisions other replicas already made apply from the first request
                 state.guardrail.check()

@@ -3,6 +3,7 @@ request (feature_store.experiments.assign: deterministic, so every replica agree
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 from feature_store.experiments.assign import Experiment, ExperimentFile, Variant
@@ -33,10 +34,11 @@ class Experiments:
     def get(self, name: str) -> Experiment | None:
         return next((e for e in self.all if e.name == name), None)
 
-    def assign(self, user_id: str) -> tuple[Experiment, Variant] | None:
-        """The first running experiment that takes this user, and the user's variant in it."""
+    def assign(self, user_id: str, coverage: Mapping[str, float] | None = None) -> tuple[Experiment, Variant] | None:
+        """The first running experiment that takes this user, and the user's variant in it (``coverage``:
+        per experiment, the ramp step now in force)."""
         for exp in self.all:
-            variant = exp.assign(user_id)
+            variant = exp.assign(user_id, (coverage or {}).get(exp.name))
             if variant is not None:
                 return exp, variant
         return None

@@ -1,5 +1,6 @@
-"""The guardrail: a variant whose CTR is significantly worse than control is stopped by itself.
-(Each check also records a snapshot of the counts: the dashboard's CTR-over-time.)
+"""The guardrail: a variant whose CTR is significantly worse than control is stopped by itself; a
+ramp moves up only while nothing is worse; a winner takes its registry alias. (Each check also
+records a snapshot of the counts: the dashboard's CTR-over-time.)
 
 Every ``interval_s`` each replica analyses its running experiments from the store's counters. A
 treatment is stopped when the always-valid confidence sequence for its CTR lift lies wholly below
@@ -9,6 +10,13 @@ written to the store once (the first replica's stands: HSETNX in Redis), so ever
 same list; its users then leave the experiment — they get the default experience (no variant
 overrides) and their lists are logged outside it, so the stopped arm's numbers freeze and control's
 stay clean.
+
+A safe rollout (``Experiment.ramp``) starts at its first coverage step and moves to the next once the
+step has been held ``ramp_hold_s`` with every arm at ``min_users`` and no arm stopped; each step is
+recorded once, like a stop. An experiment with ``promote`` ends when a treatment that serves its own
+model is significantly *better* under the same sequential test: the winner is recorded once and that
+replica moves the alias (e.g. ``champion``) to the winner's version — every replica's model watcher
+then hot-reloads it — and everyone leaves the experiment.
 """
 
 from __future__ import annotations
@@ -16,37 +24,71 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 
+from feature_store.experiments.assign import Experiment, Variant
 from feature_store.experiments.stats import VariantSums, compare
 from feature_store.online import OnlineStore
 from serving.experiments import Experiments
 
 log = logging.getLogger(__name__)
+_EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
+
+
+@dataclass(frozen=True)
+class Standing:
+    """What requests need to know of one experiment between checks."""
+
+    stopped: frozenset[str] = frozenset()
+    coverage: float | None = None  # the ramp step in force (None: the experiment's own coverage)
+    concluded: bool = False  # a winner was promoted: nobody is in the experiment any more
 
 
 class Guardrail:
     def __init__(self, store: OnlineStore, experiments: Experiments, *, alpha: float = 0.05, min_users: int = 100,
-                 interval_s: float = 30.0) -> None:
+                 interval_s: float = 30.0, promote: Callable[[str, str], str] | None = None) -> None:
+        """``promote(alias, model)`` moves a registry alias to the version ``model`` (an alias or a
+        version) names and returns that version."""
         self.store, self.experiments = store, experiments
         self.alpha, self.min_users, self.interval_s = alpha, min_users, interval_s
-        self._stopped: dict[str, frozenset[str]] = {}  # read by requests: replaced whole, never mutated
+        self.promote = promote
+        self._standing: dict[str, Standing] = {}  # read by requests: replaced whole, never mutated
 
     def stopped(self, experiment: str) -> frozenset[str]:
-        return self._stopped.get(experiment, frozenset())
+        return self._standing.get(experiment, Standing()).stopped
+
+    def assign(self, user_id: str) -> tuple[Experiment, Variant] | None:
+        """The user's experiment and variant as the decisions stand: ramp coverage applied, stopped
+        variants and concluded experiments left (their users get the default experience)."""
+        standing = self._standing
+        coverage = {name: s.coverage for name, s in standing.items() if s.coverage is not None}
+        assigned = self.experiments.assign(user_id, coverage)
+        if assigned is None:
+            return None
+        s = standing.get(assigned[0].name)
+        if s is not None and (s.concluded or assigned[1].name in s.stopped):
+            return None
+        return assigned
 
     def check(self) -> list[dict]:
-        """Analyse every running experiment once; stop what is significantly worse. Returns the
-        decisions this call recorded (a replica that finds one already recorded adopts it)."""
-        made = []
+        """Analyse every running experiment once; stop what is significantly worse, move ramps, promote
+        winners. Returns the decisions this call recorded (a replica that finds one recorded adopts it)."""
+        made: list[dict] = []
+        standing = dict(self._standing)
         for exp in self.experiments.all:
             if exp.status != "running":
+                continue
+            if self.store.ab_conclusion(exp.name) is not None:  # decided: the numbers stay as they were
+                standing[exp.name] = Standing(concluded=True)
                 continue
             sums = self.store.ab_sums(exp.name)
             now = time.time()
             self.store.ab_snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
                 "t": now, "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks}
                                        for v, s in sums.items()}})
-            control = sums.get(exp.control_name, VariantSums(0, 0, 0, 0, 0, 0))
+            control = sums.get(exp.control_name, _EMPTY)
+            judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
             for variant in exp.variants:
                 treated = sums.get(variant.name)
                 if variant.name == exp.control_name or treated is None:
@@ -54,17 +96,56 @@ class Guardrail:
                 if min(control.users, treated.users) < self.min_users:
                     continue
                 r = compare(control, treated, variant.name, alpha=self.alpha)
-                if r.sequential != "worse":
-                    continue
-                decision = {"experiment": exp.name, "variant": variant.name, "at": time.time(), "reason": "guardrail",
-                            "lift": r.lift, "cs_low": r.cs_low, "cs_high": r.cs_high,
+                evidence = {"lift": r.lift, "cs_low": r.cs_low, "cs_high": r.cs_high,
                             "users": {"control": control.users, "variant": treated.users}}
-                if self.store.ab_stop(exp.name, variant.name, decision):
-                    log.warning("guardrail stopped %s/%s: CTR lift %+.1f%% (always-valid CI %+.1f%% .. %+.1f%%)",
-                                exp.name, variant.name, 100 * r.lift, 100 * r.cs_low, 100 * r.cs_high)
-                    made.append(decision)
-            self._stopped = {**self._stopped, exp.name: frozenset(self.store.ab_stopped(exp.name))}
+                if r.sequential == "worse":
+                    decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "guardrail",
+                                **evidence}
+                    if self.store.ab_stop(exp.name, variant.name, decision):
+                        log.warning("guardrail stopped %s/%s: CTR lift %+.1f%% (always-valid CI %+.1f%% .. %+.1f%%)",
+                                    exp.name, variant.name, 100 * r.lift, 100 * r.cs_low, 100 * r.cs_high)
+                        made.append(decision)
+                elif r.sequential == "better" and exp.promote and variant.model and self.promote is not None:
+                    made += self._conclude(exp, variant, now, evidence)
+            stopped = frozenset(self.store.ab_stopped(exp.name))
+            concluded = self.store.ab_conclusion(exp.name) is not None
+            coverage = self._ramp(exp, now, green=judged and not stopped, made=made) if exp.ramp else None
+            standing[exp.name] = Standing(stopped, coverage, concluded)
+        self._standing = standing
         return made
+
+    def _conclude(self, exp: Experiment, variant: Variant, now: float, evidence: dict) -> list[dict]:
+        decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "winner",
+                    "model": variant.model, "alias": exp.promote, **evidence}
+        if not self.store.ab_conclude(exp.name, decision):
+            return []  # another replica promoted it
+        try:
+            version = self.promote(exp.promote, variant.model)  # type: ignore[misc, arg-type]
+        except Exception as exc:  # noqa: BLE001 - recorded once: an operator must finish it by hand
+            log.error("experiment %s: %s won but moving alias %s to its model %s failed: %s",
+                      exp.name, variant.name, exp.promote, variant.model, exc)
+            return [decision]
+        log.warning("experiment %s: %s won (CTR lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); alias %s -> %s",
+                    exp.name, variant.name, 100 * evidence["lift"], 100 * evidence["cs_low"],
+                    100 * evidence["cs_high"], exp.promote, version)
+        return [{**decision, "version": version}]
+
+    def _ramp(self, exp: Experiment, now: float, *, green: bool, made: list[dict]) -> float:
+        """The coverage step in force, after moving to the next one if this one has been held long
+        enough with every arm judged and none stopped."""
+        steps = exp.ramp or []
+        reached = self.store.ab_ramp_log(exp.name)
+        if not reached:
+            self.store.ab_ramp(exp.name, 0, {"step": 0, "coverage": steps[0], "at": now})
+            reached = self.store.ab_ramp_log(exp.name)
+        at = min(len(reached), len(steps)) - 1  # a step past the list's end (it was shortened): its last
+        if green and at + 1 < len(steps) and now - reached[at]["at"] >= exp.ramp_hold_s:
+            record = {"step": at + 1, "coverage": steps[at + 1], "at": now}
+            if self.store.ab_ramp(exp.name, at + 1, record):
+                log.info("experiment %s: ramp to %.0f%% of users", exp.name, 100 * steps[at + 1])
+                made.append({"experiment": exp.name, "reason": "ramp", **record})
+            at += 1
+        return steps[at]
 
     def run(self, stop: threading.Event) -> threading.Thread:
         def loop() -> None:

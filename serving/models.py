@@ -95,6 +95,13 @@ class ModelManager:
         self.variants = {**self.variants, name: (version, rec)}  # replaced whole: requests read it lock-free
         log.info("experiment variant model %s: version %s (%s)", name, version, rec.model_version)
 
+    def promote(self, alias: str, model: str) -> str:
+        """Point ``alias`` at the version ``model`` (an alias or a version) names; returns the version.
+        Replicas serving ``alias`` pick it up with their next poll."""
+        version = self._variant_version(model)
+        self.registry.set_alias(alias, version)  # type: ignore[union-attr]
+        return version
+
     def variant_model(self, name: str) -> Recommender:
         return self.variants[name][1]
 

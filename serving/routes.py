@@ -42,9 +42,9 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         raise InvalidRequest(f"k: must be <= {s.max_k}", field="k")
     rec = state.recommender
     reasons: list[str] = []
-    assigned = state.experiments.assign(user_id)
-    if assigned and state.guardrail and assigned[1].name in state.guardrail.stopped(assigned[0].name):
-        assigned = None  # the variant was stopped: its users leave the experiment (default experience)
+    # As the guardrail's decisions stand: a stopped variant's or concluded experiment's users get the
+    # default experience, and a ramp's users are those within its current step.
+    assigned = state.guardrail.assign(user_id) if state.guardrail else state.experiments.assign(user_id)
     experiment, variant = assigned if assigned else (None, None)
     overrides = variant.overrides if variant else None
     if variant and variant.model and state.models is not None:  # the variant serves its own model

@@ -7,6 +7,12 @@ GrowthBook's v2 bucketing (FNV-1a 32 twice, ``n = fnv1a(str(fnv1a(seed + user)))
 and its bucket ranges, where variant i owns ``[start_i, start_i + coverage · w_i)`` with
 ``start_i`` the sum of the earlier weights — raising coverage only extends ranges, so an assigned
 user never moves. Users outside every range get the default (no experiment).
+
+A safe rollout sets ``ramp`` — coverage steps such as 1% → 5% → 10% → 25% → 50% — instead of one
+coverage; the guardrail (serving.guardrail) moves to the next step once the current one has been held
+``ramp_hold_s`` with every arm judged and none worse. Because raising coverage only extends ranges,
+a ramp never reassigns anyone. ``promote`` names a registry alias that a treatment's model takes
+when it wins under the sequential test: how a retrained challenger becomes champion.
 """
 
 from __future__ import annotations
@@ -15,7 +21,7 @@ import json
 import os
 from datetime import datetime
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -79,6 +85,19 @@ class Experiment(BaseModel):
     status: Literal["draft", "running", "stopped"] = "draft"
     start: datetime | None = None
     stop: datetime | None = None
+    ramp: list[Annotated[float, Field(gt=0, le=1)]] | None = Field(None, min_length=1, description=(
+        "safe rollout: coverage steps (e.g. [0.01, 0.05, 0.1, 0.25, 0.5]), each held ramp_hold_s while the "
+        "guardrail is green; replaces coverage"))
+    ramp_hold_s: float = Field(3600.0, ge=0, description="least time at each ramp step")
+    promote: ExternalId | None = Field(None, description=(
+        "registry alias a treatment's model is moved to when it wins under the sequential test (ends the experiment)"))
+
+    @field_validator("ramp")
+    @classmethod
+    def _increasing(cls, ramp: list[float] | None) -> list[float] | None:
+        if ramp is not None and any(b <= a for a, b in zip(ramp, ramp[1:], strict=False)):
+            raise ValueError(f"ramp steps must increase: {ramp}")
+        return ramp
 
     @field_validator("variants")
     @classmethod
@@ -101,12 +120,15 @@ class Experiment(BaseModel):
         total = sum(v.weight for v in self.variants)
         return {v.name: v.weight / total for v in self.variants}
 
-    def assign(self, user_id: str) -> Variant | None:
-        """The user's variant, or None (not running, or outside coverage)."""
+    def assign(self, user_id: str, coverage: float | None = None) -> Variant | None:
+        """The user's variant, or None (not running, or outside coverage). ``coverage`` overrides the
+        experiment's own (a ramp's current step; default: the first step of a ramp, else ``coverage``)."""
         if self.status != "running":
             return None
+        if coverage is None:
+            coverage = self.ramp[0] if self.ramp else self.coverage
         n = bucket(self.seed or self.name, user_id)
-        for variant, (lo, hi) in zip(self.variants, bucket_ranges(list(self.weights.values()), self.coverage),
+        for variant, (lo, hi) in zip(self.variants, bucket_ranges(list(self.weights.values()), coverage),
                                      strict=True):
             if lo <= n < hi:
                 return variant

@@ -125,6 +125,22 @@ class OnlineStore(ABC):
         """The stopped variants of ``experiment`` and the decision that stopped each."""
 
     @abstractmethod
+    def ab_ramp(self, experiment: str, step: int, record: dict) -> bool:
+        """Record that ``experiment``'s ramp reached ``step`` (first writer wins, like ``ab_stop``)."""
+
+    @abstractmethod
+    def ab_ramp_log(self, experiment: str) -> list[dict]:
+        """The ramp steps ``experiment`` has reached, in order."""
+
+    @abstractmethod
+    def ab_conclude(self, experiment: str, decision: dict) -> bool:
+        """Record ``experiment``'s winner (first writer wins); True if this call recorded it."""
+
+    @abstractmethod
+    def ab_conclusion(self, experiment: str) -> dict | None:
+        """The winner recorded for ``experiment``, if any."""
+
+    @abstractmethod
     def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
         """Keep ``snapshot`` (the experiment's counts at one time) under ``bucket`` unless one is
         there already; the timeline the dashboard draws."""

@@ -147,6 +147,18 @@ class MemoryStore(OnlineStore):
     def ab_stopped(self, experiment: str) -> dict[str, dict]:
         return self._docs("stopped", experiment)
 
+    def ab_ramp(self, experiment: str, step: int, record: dict) -> bool:
+        return self._put_first("ramp", experiment, step, record)
+
+    def ab_ramp_log(self, experiment: str) -> list[dict]:
+        return [d for _, d in sorted(self._docs("ramp", experiment).items())]
+
+    def ab_conclude(self, experiment: str, decision: dict) -> bool:
+        return self._put_first("concluded", experiment, "winner", decision)
+
+    def ab_conclusion(self, experiment: str) -> dict | None:
+        return self._docs("concluded", experiment).get("winner")
+
     def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
         return self._put_first("timeline", experiment, bucket, snapshot)
 

@@ -270,6 +270,19 @@ class RedisStore(OnlineStore):
     def ab_stopped(self, experiment: str) -> dict[str, dict]:
         return self._docs(f"{self.prefix}:ab:{experiment}:stopped")
 
+    def ab_ramp(self, experiment: str, step: int, record: dict) -> bool:
+        return self._put_first(f"{self.prefix}:ab:{experiment}:ramp", str(step), record)
+
+    def ab_ramp_log(self, experiment: str) -> list[dict]:
+        docs = self._docs(f"{self.prefix}:ab:{experiment}:ramp")
+        return [d for _, d in sorted(docs.items(), key=lambda kv: int(kv[0]))]
+
+    def ab_conclude(self, experiment: str, decision: dict) -> bool:
+        return self._put_first(f"{self.prefix}:ab:{experiment}:concluded", "winner", decision)
+
+    def ab_conclusion(self, experiment: str) -> dict | None:
+        return self._docs(f"{self.prefix}:ab:{experiment}:concluded").get("winner")
+
     def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
         return self._put_first(f"{self.prefix}:ab:{experiment}:timeline", str(bucket), snapshot)
 

@@ -54,6 +54,8 @@ def test_only_a_running_experiment_assigns_and_a_new_seed_reshuffles():
     ({"variants": [{"name": "a"}, {"name": "a"}]}, "distinct"),
     ({"control": "nope"}, "not one of the variants"),
     ({"coverage": 1.5}, "less than or equal to 1"),
+    ({"ramp": [0.1, 0.05, 0.5]}, "ramp steps must increase"),
+    ({"ramp": [0.1, 1.2]}, "less than or equal to 1"),
     ({"variants": [{"name": "a", "weight": 0}, {"name": "b"}]}, "greater than 0"),
     ({"variants": [{"name": "a", "overrides": {"seq_len": 20, "temperature": 2}}, {"name": "b"}]}, "Extra inputs"),
 ])

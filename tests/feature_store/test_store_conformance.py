@@ -243,6 +243,12 @@ def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     assert store.ab_snapshot("exp1", 11, {"t": 11.5}) and store.ab_snapshot("exp1", 10, {"t": 10.5})
     assert not store.ab_snapshot("exp1", 11, {"t": 11.9})
     assert store.ab_timeline("exp1") == [{"t": 10.5}, {"t": 11.5}]  # oldest first, first writer kept
+    for step in (1, 0, 1, 2):  # steps 0 and 1 reached; a second replica's step 1 is ignored
+        store.ab_ramp("exp1", step, {"step": step, "at": float(10 * step + len(store.ab_ramp_log("exp1")))})
+    assert store.ab_ramp_log("exp1") == [{"step": 0, "at": 1.0}, {"step": 1, "at": 10.0}, {"step": 2, "at": 22.0}]
+    assert store.ab_conclusion("exp1") is None and store.ab_ramp_log("exp2") == []
+    assert store.ab_conclude("exp1", {"winner": "B"}) and not store.ab_conclude("exp1", {"winner": "C"})
+    assert store.ab_conclusion("exp1") == {"winner": "B"} and store.ab_conclusion("exp2") is None
 
 
 def test_clicks_on_long_tail_items_are_counted_per_variant(store):

@@ -5,9 +5,14 @@ from __future__ import annotations
 import contextlib
 
 import httpx
+import pytest
+import torch
 
 from serving.app import create_app
 from serving.server import free_port, serve_in_thread
+from training.bundle import load_bundle
+from training.export import export_bundle
+from training.registry import Registry
 
 
 @contextlib.contextmanager
@@ -19,3 +24,18 @@ def live_server(settings, fs_settings=None, **deps):
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         client.service_state = lambda: app.state.dinrec
         yield client
+
+
+@pytest.fixture
+def registry(tiny_run, tmp_path):
+    """A local registry with two versions of the tiny model (v2 perturbed); champion -> v1."""
+    _, samples, bundle_dir, metrics = tiny_run
+    reg = Registry(tmp_path / "registry")
+    reg.publish(bundle_dir, "v1")
+    model = load_bundle(bundle_dir).model
+    with torch.no_grad():  # a different model: its scores and version differ
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics), "v2")
+    reg.set_alias("champion", "v1")
+    return reg

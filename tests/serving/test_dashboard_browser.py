@@ -42,7 +42,7 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
     from selenium.webdriver.support.ui import WebDriverWait
 
     path = tmp_path / "experiments.json"
-    path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
+    path.write_text(json.dumps({"experiments": [{**EXPERIMENT, "ramp": [0.5, 1.0], "ramp_hold_s": 3600}]}))
     store = MemoryStore()
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
                                guardrail_interval_s=0.3, guardrail_min_users=50, score_precision="fp32")
@@ -70,6 +70,8 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
                 assert tail == f"{100 * numbers['long_tail_click_share']:.1f}%"
             banner = browser.find_element(By.CSS_SELECTOR, '[data-banner="stopped"]')
             assert banner.get_attribute("data-variant") == "bad" and "guardrail" in banner.text
+            ramp = browser.find_element(By.CSS_SELECTOR, '[data-banner="ramp"]')  # held at its first step
+            assert [r["step"] for r in want["ramp"]] == [0] and "50%" in ramp.text and "held" in ramp.text
             assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
             assert browser.find_elements(By.CSS_SELECTOR, "svg.ctr-chart polyline")
             ARTIFACTS.mkdir(exist_ok=True)

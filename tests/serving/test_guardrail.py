@@ -23,14 +23,15 @@ EXPERIMENT = {"name": "risky", "status": "running", "seed": "g",
               "variants": [{"name": "control"}, {"name": "bad"}, {"name": "same"}]}
 
 
-def traffic(variant: str, users: int, shown: int, clicked: int, prefix: str = "") -> list[BehaviourEvent]:
+def traffic(variant: str, users: int, shown: int, clicked: int, prefix: str = "",
+            experiment: str = "risky") -> list[BehaviourEvent]:
     """``users`` users of ``variant``, each shown ``shown`` items in one request and clicking ``clicked``."""
     events = []
     for u in range(users):
         user, req = f"{prefix}{variant}-u{u}", f"{prefix}{variant}-r{u}"
         for p in range(shown):
             common = {"user_id": user, "item_id": f"i{p}", "ts": 1.8e9 + p, "request_id": req}
-            events.append(BehaviourEvent(event_id=f"imp-{req}-{p}", event_type="impression", experiment="risky",
+            events.append(BehaviourEvent(event_id=f"imp-{req}-{p}", event_type="impression", experiment=experiment,
                                          variant=variant, position=p, **common))
             if p < clicked or (p == clicked and u % 2):  # a little spread between users
                 events.append(BehaviourEvent(event_id=f"clk-{req}-{p}", event_type="click", **common))
@@ -73,3 +74,63 @@ def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny
         assert list(results["stopped"]) == ["bad"] and results["stopped"]["bad"]["reason"] == "guardrail"
         same = [x for x in results["results"]["comparisons"] if x["variant"] == "same"][0]
         assert same["sequential"] == "inconclusive"  # equal CTR: left running
+
+
+def test_a_ramp_moves_up_only_when_held_and_green_and_never_moves_a_user():
+    store = MemoryStore()
+    ramp = {**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 0,
+            "variants": [{"name": "control"}, {"name": "bad"}]}
+    experiments = Experiments([Experiment.model_validate(ramp)])
+    guard = Guardrail(store, experiments, min_users=50)
+    users = [f"user{i}" for i in range(4000)]
+    assert guard.check() == []  # step 0 recorded, nothing judged yet
+    first = {u: a[1].name for u in users if (a := guard.assign(u))}
+    assert 0.08 < len(first) / len(users) < 0.12  # 10 % of users
+    store.write(traffic("control", 60, 10, 1) + traffic("bad", 60, 10, 1))  # judged, equal: green
+    made = guard.check()
+    assert [(d["reason"], d["step"], d["coverage"]) for d in made] == [("ramp", 1, 0.5)]
+    second = {u: a[1].name for u in users if (a := guard.assign(u))}
+    assert 0.45 < len(second) / len(users) < 0.55
+    assert all(second[u] == v for u, v in first.items())  # everyone already in keeps their variant
+    assert guard.check() == [] and len(store.ab_ramp_log("risky")) == 2  # the last step: it stays
+
+
+def test_a_ramp_holds_while_a_variant_is_stopped_or_the_step_is_young():
+    store = MemoryStore()
+    young = Experiment.model_validate({**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 3600})
+    guard = Guardrail(store, Experiments([young]), min_users=50)
+    guard.check()
+    store.write(traffic("control", 300, 10, 1) + traffic("same", 300, 10, 1) + traffic("bad", 300, 10, 1))
+    assert guard.check() == []  # green, but held for less than an hour
+    store2 = MemoryStore()
+    held = Experiment.model_validate({**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 0})
+    guard2 = Guardrail(store2, Experiments([held]), min_users=50)
+    store2.write(traffic("control", 300, 10, 1) + traffic("bad", 300, 10, 0) + traffic("same", 300, 10, 1))
+    assert [d["reason"] for d in guard2.check()] == ["guardrail"]  # bad stopped; the ramp does not move
+    assert [r["step"] for r in store2.ab_ramp_log("risky")] == [0]
+
+
+def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registry, tiny_run, tmp_path):
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [
+        {"name": "rollout", "status": "running", "seed": "w", "promote": "champion",
+         "variants": [{"name": "control"}, {"name": "challenger", "model": "v2"}]}]}))
+    store = MemoryStore()
+    store.write(list(tiny_run[0].events()))
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token="t",
+                               experiments_file=path, events_sink="store", guardrail_interval_s=0.2,
+                               guardrail_min_users=50, score_precision="fp32")
+    exp = Experiments.load(path).get("rollout")
+    challenger_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist()))
+                           if exp.assign(u).name == "challenger")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        assert c.get("/admin/model", headers={"authorization": "Bearer t"}).json()["version"] == "v1"
+        assert c.get("/recommend", params={"user_id": challenger_user}).json()["variant"] == "challenger"
+        store.write(traffic("control", 200, 10, 0, "w", "rollout") + traffic("challenger", 200, 10, 2, "w", "rollout"))
+        wait_until(lambda: c.get("/admin/model", headers={"authorization": "Bearer t"}).json()["version"] == "v2",
+                   timeout_s=20, what="the service to serve the winner's version")
+        assert registry.resolve("champion") == "v2"
+        results = c.get("/experiments/rollout/results").json()
+        assert results["winner"]["variant"] == "challenger" and results["winner"]["cs_low"] > 0
+        assert results["stopped"] == {}
+        assert c.get("/recommend", params={"user_id": challenger_user}).json()["experiment"] is None  # it ended

@@ -7,7 +7,6 @@ import threading
 import time
 
 import pytest
-import torch
 
 from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
@@ -16,24 +15,9 @@ from serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 from training.bundle import load_bundle
-from training.export import export_bundle
-from training.registry import Registry, RegistryError
+from training.registry import RegistryError
 
 ADMIN = {"authorization": "Bearer s3cret"}
-
-
-@pytest.fixture
-def registry(tiny_run, tmp_path):
-    _, samples, bundle_dir, metrics = tiny_run
-    reg = Registry(tmp_path / "registry")
-    reg.publish(bundle_dir, "v1")
-    model = load_bundle(bundle_dir).model
-    with torch.no_grad():  # a different model: its scores and version differ
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics), "v2")
-    reg.set_alias("champion", "v1")
-    return reg
 
 
 def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(registry, tiny_run):
