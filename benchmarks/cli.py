@@ -107,3 +107,19 @@ def bench_ab_cmd(
 
     result = bench_ab(runs=runs, users=users, looks=looks, lift=lift, alpha=alpha, seed=seed)
     typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
+@bench_app.command("recall")
+def bench_recall_cmd(
+    data: Annotated[Path, typer.Option(help="dataset folder")],
+    epochs: Annotated[int, typer.Option(help="DIN epochs (it ranks the final recommendations)")] = 3,
+    recall_epochs: Annotated[int, typer.Option(help="recall towers' epochs (early-stopped on validation)")] = 20,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 50, k: int = 10, seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """HR@50/200/1000 of the FAISS recall stage beside item-to-item CF and popularity on the dataset's
+    leave-one-out test split, and the long-tail share of the final recommendations."""
+    from benchmarks.recall_bench import bench_recall
+
+    result = bench_recall(data, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, k=k, seed=seed)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

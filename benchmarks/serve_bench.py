@@ -32,6 +32,8 @@ from serving.server import free_port
 from training.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
 from training.export import build_item_index
 from training.model import DIN, DINConfig
+from training.recall import RecallSpace
+from training.towers import Towers, TowersConfig
 from training.vocab import Vocab
 
 
@@ -45,9 +47,10 @@ def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed:
     item_category = np.concatenate([[0], rng.integers(1, categories + 1, items)]).astype(np.int64)
     vocab = Vocab(["<pad>", *(f"i{i}" for i in range(1, items + 1))],
                   ["<pad>", *(f"c{c}" for c in range(1, categories + 1))], item_category)
-    built, info = build_item_index(model, index)
+    towers = Towers(TowersConfig(n_items=items + 1, n_categories=categories + 1, seq_len=seq_len)).eval()
+    built, info = build_item_index(RecallSpace(model, towers, item_category), index)
     popular = [(f"i{i}", float(items - i)) for i in range(1, 1001)]
-    return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, extra_files={
+    return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, towers=towers, extra_files={
         ITEM_INDEX_FILE: built.save, ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info))})
 
 

@@ -30,7 +30,7 @@ def demo(
     from serving.app import create_app
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
-    from training.export import export_bundle
+    from training.export import export_with_recall
     from training.loop import train
     from training.samples import build_samples
     from training.settings import TrainSettings
@@ -49,7 +49,7 @@ def demo(
     m = result.metrics
     say(f"3/5 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
         f"{m['samples_per_s']:.0f} samples/s")
-    bundle = export_bundle(out / "bundle", result.model, samples, m)
+    bundle = export_with_recall(out / "bundle", result.model, samples, m, settings)
     say(f"4/5 exported bundle + FAISS index to {bundle}")
 
     store, stream = MemoryStore(history_cap=50), InProcessStream()

@@ -41,7 +41,7 @@ def simulate(
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
     from serving.simulate import simulate as run
-    from training.export import export_bundle
+    from training.export import export_with_recall
     from training.loop import train
     from training.samples import build_samples
     from training.settings import TrainSettings
@@ -53,8 +53,9 @@ def simulate(
     cfg = SyntheticConfig(n_users=max(users, 600), n_items=800, n_categories=20, mean_events_per_user=30, seed=seed)
     data, world = generate_world(cfg)
     samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20)
-    result = train(samples, TrainSettings(epochs=3, progress=False), out)
-    bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
+    train_settings = TrainSettings(epochs=3, progress=False)
+    result = train(samples, train_settings, out)
+    bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, train_settings)
     say(f"trained DIN on {len(data)} synthetic behaviours: test AUC {result.metrics['test_auc']:.3f}")
 
     exp_file = out / "experiments.json"

@@ -38,7 +38,8 @@ class ServiceState:
     def __post_init__(self) -> None:
         s = self.settings
         self.features = GuardedStore(self.store, s.store_cooldown_s)
-        self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty)
+        self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty,
+                                 s.tail_share)
     models: ModelManager | None = None  # what serves, and hot reloads (set by the lifespan)
     experiments: Experiments = field(default_factory=lambda: Experiments([]))
     guardrail: Guardrail | None = None  # stops a significantly worse variant (set by the lifespan)

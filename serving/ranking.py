@@ -1,4 +1,5 @@
-"""The request path: history → query vector → FAISS recall → DIN scores (training.scorer) → top-k.
+"""The request path: history → query vector (training.recall: the recall towers' user tower) → FAISS
+recall → DIN scores (training.scorer) → top-k.
 
 Built once per bundle (the service swaps the whole Recommender when a new bundle loads).
 """
@@ -15,7 +16,8 @@ from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex
 from serving.rerank import Reranker
 from training.bundle import Bundle
-from training.scorer import Scorer, choose_precision, recall_query, recall_space
+from training.recall import RecallSpace
+from training.scorer import Scorer, choose_precision
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,12 @@ class Recommender:
         self._item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
         # Category name by item index, as a list: indexing it per candidate is ~20x cheaper than numpy.
         self._item_cat_name = [bundle.vocab.categories[c] for c in bundle.vocab.item_category.tolist()]
-        self._item_vectors = recall_space(self.model)  # (n_items, item_dim), row = item index
+        self.recall = RecallSpace(self.model, bundle.towers, bundle.vocab.item_category)
+        long_tail = bundle.long_tail()
+        self._tail = long_tail.tolist() if long_tail is not None else None  # by item index; a list: cheap lookups
+        if index.dim != self.recall.dim:
+            raise ValueError(f"bundle {bundle.path}: its index has {index.dim}-d vectors, its {self.recall.kind} "
+                             f"recall space {self.recall.dim}-d")
         chosen, _ = choose_precision(self.model, self._item_cat, precision, self._probes())
         self.scorer = Scorer(self.model, self._item_cat, chosen)
 
@@ -87,10 +94,11 @@ class Recommender:
     @torch.inference_mode()
     def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]], *,
              rerank: Reranker | None = None, shown: Collection[str] = (), explain: bool = False,
-             candidates: int | None = None) -> Ranking:
+             candidates: int | None = None, tail_share: float | None = None) -> Ranking:
         """``popular(n)``: the n most popular (item, count), called only when no behaviour is usable.
-        ``rerank`` applies the business rules (``shown``: items recently shown to the user); with
-        ``explain`` each item says which behaviours drew it (DIN's attention weights, largest first)."""
+        ``rerank`` applies the business rules (``shown``: items recently shown to the user) and the
+        long-tail lane (``tail_share`` overrides its share); with ``explain`` each item says which
+        behaviours drew it (DIN's attention weights, largest first)."""
         rerank = rerank or Reranker()
         window = history[-self.seq_len:]
         items, cats = self._encode(window)
@@ -99,7 +107,7 @@ class Recommender:
             return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown)
 
         t0 = time.perf_counter()
-        query = recall_query(self._item_vectors, known)  # (1, item_dim)
+        query = self.recall.query(items, cats)  # (1, D)
         cand, _ = self.index.search(query, candidates or self.recall_candidates, exclude=[set(known)])
         cand = cand[0][cand[0] >= 0]  # (N,)
         t1 = time.perf_counter()
@@ -112,7 +120,8 @@ class Recommender:
         candidates = [(names[c], cat_names[c], s) for c, s in zip(cand.tolist(), scores, strict=True)]
         behaviours = [h for h, i in zip(window, items, strict=True) if i]  # the scorer's L (known ones), in order
         out = []
-        for j, score in rerank.select(candidates, k, shown):
+        tail = [self._tail[c] for c in cand.tolist()] if self._tail is not None else None
+        for j, score in rerank.select(candidates, k, shown, tail, tail_share):
             because = None
             if explain and scored.attention is not None:
                 weights = scored.attention[j]  # (L,)

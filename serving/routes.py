@@ -74,7 +74,8 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     else:
         try:
             ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain,
-                               candidates=overrides.recall_candidates if overrides else None)
+                               candidates=overrides.recall_candidates if overrides else None,
+                               tail_share=overrides.tail_share if overrides else None)
         except Exception:  # recall or model failure: still an answer, from the bundle's popularity
             log.exception("ranking failed for user %r; answering with popular items", user_id)
             reasons.append("ranking")

@@ -96,7 +96,7 @@ def synthetic_dataset_dir(folder: Path, **config) -> Path:
 def tiny_run(tmp_path_factory):
     """A small synthetic log, trained for two epochs and exported: (data, samples, bundle_dir, metrics)."""
     from feature_store.datasets.synthetic import SyntheticConfig, generate
-    from training.export import export_bundle
+    from training.export import export_with_recall
     from training.loop import train
     from training.samples import build_samples
     from training.settings import TrainSettings
@@ -104,8 +104,9 @@ def tiny_run(tmp_path_factory):
     data = generate(SyntheticConfig(n_users=300, n_items=200, n_categories=10, mean_events_per_user=25, seed=11))
     samples = build_samples(data, seq_len=20)
     out = tmp_path_factory.mktemp("tiny-run")
-    result = train(samples, TrainSettings(epochs=2, progress=False, item_dim=8, cat_dim=8), out)
-    bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
+    settings = TrainSettings(epochs=2, progress=False, item_dim=8, cat_dim=8, recall_epochs=3, recall_dim=16)
+    result = train(samples, settings, out)
+    bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, settings)
     return data, samples, bundle, result.metrics
 
 

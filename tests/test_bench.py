@@ -88,3 +88,22 @@ def test_bench_ab_prints_the_error_rates_and_power():
         assert 0.0 <= result[key]["rate"] <= 1.0 and result[key]["se"] >= 0
     assert result["aa_fpr_fixed_peeking"]["rate"] >= result["aa_fpr_fixed"]["rate"]  # more looks, more chances
     assert result["power_fixed"]["rate"] > 0.8  # a 30 % lift on 2,000 users a side is found
+
+
+def test_bench_recall_prints_the_stage_beside_both_baselines(tmp_path):
+    (tmp_path / "events.jsonl").write_text(dumps_many(list(generate(
+        SyntheticConfig(n_users=300, n_items=400, n_categories=10, mean_events_per_user=25, seed=4)).events())))
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "recall", "--data", str(tmp_path),
+                          "--epochs", "1", "--recall-epochs", "4", "--seq-len", "20", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    for name in ("faiss", "din_mean", "item_cf", "popularity"):
+        assert {"hr@50", "hr@200", "hr@1000"} <= set(result[name])
+        assert result[name]["hr@50"] <= result[name]["hr@200"] <= result[name]["hr@1000"] <= 1
+    assert result["faiss"]["hr@200"] > result["popularity"]["hr@200"]  # the towers learn the categories
+    assert result["ratios"]["faiss_vs_popularity_hr@200"] == pytest.approx(
+        result["faiss"]["hr@200"] / result["popularity"]["hr@200"], abs=1e-3)
+    lane, plain = result["final"]["lane"], result["final"]["no_lane"]
+    assert result["long_tail_share"] == lane["long_tail_share"] >= plain["long_tail_share"]
+    assert result["item_cf"]["window"] in (5, 10, 20)

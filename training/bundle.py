@@ -8,7 +8,10 @@
       vocab.json           index → item id / category id, item → category
       metrics.json         offline metrics of this model (what promotion compares)
       popularity.json      most popular items, the fallback for users with no history
-      item_index.faiss     inner-product index of the item embeddings (recall)
+      item_counts.npy      behaviours per item index in the training log (what "long tail" means)
+      towers.safetensors   recall towers (training.towers), with towers_config.json; optional:
+                           without them recall uses DIN's item embeddings (training.recall)
+      item_index.faiss     inner-product index of the recall space's item vectors
 
 Readers refuse formats and versions they do not know, and any file whose checksum differs.
 """
@@ -23,16 +26,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from safetensors.torch import load_file, save_file
 
 from feature_store.schema import SCHEMA_VERSION
+from retrieval.baselines import long_tail_mask
 from training.model import DIN, DINConfig
+from training.towers import Towers, TowersConfig
 from training.vocab import Vocab
 
 BUNDLE_FORMAT = "dinrec-bundle"
 BUNDLE_FORMAT_VERSION = 1
 ITEM_INDEX_FILE = "item_index.faiss"
 ITEM_INDEX_INFO_FILE = "item_index.json"
+ITEM_COUNTS_FILE = "item_counts.npy"
 
 
 class BundleError(ValueError):
@@ -65,6 +72,12 @@ class Bundle:
     metrics: dict
     popularity: list[tuple[str, float]]
     model: DIN
+    towers: Towers | None = None  # the recall towers (None: recall from DIN's item embeddings)
+    item_counts: np.ndarray | None = None  # (n_items,) behaviours per item index (None: older bundles)
+
+    def long_tail(self, head_share: float = 0.2) -> np.ndarray | None:
+        """(n_items,) bool by item index: outside the top ``head_share`` of items by training count."""
+        return long_tail_mask(self.item_counts, head_share) if self.item_counts is not None else None
 
     @property
     def model_version(self) -> str:
@@ -89,7 +102,7 @@ class Bundle:
 
 def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popularity: list[tuple[str, float]],
                  extra_files: dict[str, Callable[[Path], None]] | None = None,
-                 model_version: str | None = None) -> Path:
+                 model_version: str | None = None, towers: Towers | None = None) -> Path:
     """Write a bundle atomically: everything goes to a temp dir that is renamed into place."""
     out = Path(out)
     tmp = out.parent / f".tmp-{out.name}-{time.time_ns()}"
@@ -98,6 +111,10 @@ def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popul
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "model_config.json").write_text(json.dumps(model.cfg.to_json(), indent=1))
+        if towers is not None:
+            save_file({k: v.detach().cpu().contiguous() for k, v in towers.state_dict().items()},
+                      str(tmp / "towers.safetensors"))
+            (tmp / "towers_config.json").write_text(json.dumps(towers.cfg.to_json(), indent=1))
         (tmp / "vocab.json").write_text(json.dumps(vocab.to_json()))
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=1, default=str))
         (tmp / "popularity.json").write_text(json.dumps([[i, c] for i, c in popularity]))
@@ -164,9 +181,16 @@ def load_bundle(path: str | Path) -> Bundle:
         vocab = Vocab.from_json(json.loads((path / "vocab.json").read_text()))
         model = DIN(config)
         model.load_state_dict(load_file(str(path / "model.safetensors")))
+        towers = None
+        if "towers.safetensors" in manifest["files"]:
+            towers = Towers(TowersConfig.from_json(json.loads((path / "towers_config.json").read_text())))
+            towers.load_state_dict(load_file(str(path / "towers.safetensors")))
+            towers.eval()
+        item_counts = np.load(path / ITEM_COUNTS_FILE) if ITEM_COUNTS_FILE in manifest["files"] else None
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise BundleError(f"{path}: cannot build the model from the bundle: {exc}") from exc
     model.eval()
     popularity = [(str(i), float(c)) for i, c in json.loads((path / "popularity.json").read_text())]
     return Bundle(path=path, manifest=manifest, config=config, vocab=vocab,
-                  metrics=json.loads((path / "metrics.json").read_text()), popularity=popularity, model=model)
+                  metrics=json.loads((path / "metrics.json").read_text()), popularity=popularity, model=model,
+                  towers=towers, item_counts=item_counts)

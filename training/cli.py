@@ -37,15 +37,18 @@ def train(
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
     precision: Annotated[str | None, typer.Option(help="auto, fp32, bf16 or fp16")] = None,
     patience: Annotated[int | None, typer.Option(help="early stopping on val GAUC (epochs); 0 = off")] = None,
+    recall_epochs: Annotated[int | None, typer.Option(help="recall towers' epochs; 0 = recall from DIN's "
+                                                           "item embeddings")] = None,
     checkpoint_dir: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = None,
     resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint), none, or a checkpoint name")] = "none",
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar")] = False,
 ) -> None:
-    """Train DIN, evaluate AUC/GAUC/logloss, export a bundle; print the final metrics as JSON."""
+    """Train DIN and the recall towers, evaluate (AUC/GAUC/logloss; recall HR@200), export a bundle;
+    print the final metrics as JSON."""
     from feature_store.datasets import load_dataset
     from training.checkpoint import open_checkpoint_store
-    from training.export import export_bundle
+    from training.export import export_with_recall
     from training.loop import TrainingInterrupted
     from training.loop import train as run_training
     from training.samples import SampleSet, build_samples, is_sample_dir
@@ -54,7 +57,8 @@ def train(
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size,
                                    "negatives": negatives, "seed": seed, "device": device, "precision": precision,
-                                   "patience": patience, "checkpoint_every": checkpoint_every}.items() if v is not None}
+                                   "patience": patience, "checkpoint_every": checkpoint_every,
+                                   "recall_epochs": recall_epochs}.items() if v is not None}
     if no_progress:
         overrides["progress"] = False
     settings = TrainSettings(**overrides)
@@ -76,8 +80,8 @@ def train(
     except TrainingInterrupted as exc:
         typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
         sys.exit(EXIT_INTERRUPTED)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 exports
-        bundle = export_bundle(out / "bundle", result.model, samples, result.metrics)
+    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 trains recall and exports
+        bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, settings)
         final = _clean(result.metrics)
         final["bundle"] = str(bundle)
         typer.echo(json.dumps(final))

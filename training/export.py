@@ -1,4 +1,5 @@
-"""Export a trained model as a bundle, with the FAISS index of its item embeddings for recall.
+"""Export a trained model as a bundle, with the FAISS index of its recall space (training.recall:
+the recall towers' item vectors when they were trained, else DIN's item embeddings).
 
 The index is exact while a scan is cheaper (below 5M items × dims) and HNSW above
 (retrieval.index.IndexSpec); its kind, its parameters and, for HNSW, its measured recall@200 against
@@ -12,43 +13,69 @@ import json
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from retrieval.index import ExactIndex, FaissIndex, IndexSpec, recall_at_k
-from training.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
+from training.bundle import ITEM_COUNTS_FILE, ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
 from training.model import DIN
+from training.recall import RecallSpace
 from training.samples import SampleSet
-from training.scorer import recall_query, recall_space
+from training.settings import TrainSettings
+from training.towers import Towers
+
+
+def item_counts(samples: SampleSet) -> np.ndarray:
+    """(n_items,) int64 behaviours per item index in the log; padding (0) counts none."""
+    counts = np.bincount(samples.seq_items, minlength=samples.vocab.n_items).astype(np.int64)
+    counts[0] = 0
+    return counts
 
 
 def popularity(samples: SampleSet, top: int = 1000) -> list[tuple[str, float]]:
-    counts = np.bincount(samples.seq_items, minlength=samples.vocab.n_items)
-    counts[0] = 0
+    counts = item_counts(samples)
     order = np.argsort(-counts, kind="stable")[:top]
     return [(samples.vocab.items[i], float(counts[i])) for i in order if counts[i] > 0]
 
 
-def build_item_index(model: DIN, spec: IndexSpec | None = None, probes: int = 200,
+def build_item_index(space: RecallSpace, spec: IndexSpec | None = None, probes: int = 200,
                      k: int = 200) -> tuple[FaissIndex, dict]:
-    """The recall index and what to record about it (recall@k vs exact on user-like queries: the
-    mean of 10 random items, as serving queries are means of a history)."""
+    """The recall index and what to record about it (for HNSW, recall@k vs exact on user-like
+    queries: the recall space's query for 10 random items)."""
     spec = spec or IndexSpec()
-    table = recall_space(model)  # (n_items, D), row = item index
+    table = space.item_vectors  # (n_items, D), row = item index
     ids = np.arange(1, len(table), dtype=np.int64)
     vectors = table[1:]
     index = FaissIndex.build(vectors, ids, spec)
-    info: dict = {"kind": index.kind, "items": len(ids), "spec": spec.to_json()}
+    info: dict = {"kind": index.kind, "items": len(ids), "space": space.kind, "spec": spec.to_json()}
     if index.kind != "flat":
         rng = np.random.default_rng(0)
-        queries = np.vstack([recall_query(table, rng.integers(1, len(table), 10).tolist()) for _ in range(probes)])
+        hist = rng.integers(1, len(table), (probes, 10))  # (P, 10)
+        cats = space.item_category[hist].numpy()
+        queries = space.queries(torch.from_numpy(hist), torch.from_numpy(cats))  # (P, D)
         info[f"recall_at_{k}"] = round(recall_at_k(index, ExactIndex(vectors, ids), queries, k), 4)
     return index, info
 
 
 def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict,
-                  index_spec: IndexSpec | None = None) -> Path:
-    index, info = build_item_index(model, index_spec)
+                  index_spec: IndexSpec | None = None, towers: Towers | None = None) -> Path:
+    """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings)."""
+    index, info = build_item_index(RecallSpace(model, towers, samples.vocab.item_category), index_spec)
     # The input contract belongs to the model's config: how long a history it was trained on.
     model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": int(metrics["seq_len"])})
-    return write_bundle(out, model, samples.vocab, metrics, popularity(samples),
+    return write_bundle(out, model, samples.vocab, metrics, popularity(samples), towers=towers,
                         extra_files={ITEM_INDEX_FILE: index.save,
-                                     ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1))})
+                                     ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
+                                     ITEM_COUNTS_FILE: lambda p: np.save(p, item_counts(samples))})
+
+
+def export_with_recall(out: str | Path, model: DIN, samples: SampleSet, metrics: dict, settings: TrainSettings,
+                       index_spec: IndexSpec | None = None) -> Path:
+    """Train the recall towers on ``samples`` (unless ``settings.recall_epochs`` is 0) and export them
+    with the trained DIN as one bundle; the towers' metrics go to ``metrics["recall"]``."""
+    from training.towers_train import towers_settings, train_towers
+
+    towers = None
+    if settings.recall_epochs > 0:
+        recall = train_towers(samples, towers_settings(settings))
+        towers, metrics["recall"] = recall.model, recall.metrics
+    return export_bundle(out, model, samples, metrics, index_spec, towers=towers)

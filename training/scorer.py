@@ -24,7 +24,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,18 +42,6 @@ def _linear_fn(layer: torch.nn.Linear, dtype: torch.dtype):
     """fp32 rows → the layer in ``dtype`` → fp32 rows."""
     weight_t, bias = layer.weight.detach().to(dtype).t().contiguous(), layer.bias.detach().to(dtype)
     return lambda x: torch.addmm(bias, x.to(dtype), weight_t).float()
-
-
-def recall_space(model: DIN) -> np.ndarray:
-    """The recall space, defined once for export (the FAISS index of rows 1..n) and serving (the
-    query): item vectors by item index, (n_items, item_dim); row 0 is padding."""
-    return model.item_emb.weight.detach().float().cpu().numpy()
-
-
-def recall_query(item_vectors: np.ndarray, known: list[int]) -> np.ndarray:
-    """A user's query in the recall space: the mean of their known behaviours' item vectors.
-    ``item_vectors`` is indexed by item index (row 0 = padding) → (1, item_dim)."""
-    return item_vectors[known].mean(axis=0, keepdims=True)
 
 
 def bf16_supported() -> bool:

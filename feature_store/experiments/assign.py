@@ -65,6 +65,7 @@ class Overrides(BaseModel):
     seq_len: int | None = Field(None, ge=1, le=10_000, description="history length used (e.g. 20 vs 50)")
     recall_candidates: int | None = Field(None, ge=1, le=10_000)
     strategy: Literal["din", "popular"] | None = Field(None, description="popular: a non-model baseline")
+    tail_share: float | None = Field(None, ge=0, le=1, description="the long-tail lane's share of each list")
 
 
 class Variant(BaseModel):

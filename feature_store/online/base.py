@@ -170,6 +170,12 @@ class OnlineStore(ABC):
         """The ``k`` items with the most behaviours, most popular first."""
 
     @abstractmethod
+    def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
+        """Items in the order they were first seen in a behaviour, from position ``since``: up to
+        ``limit`` (item id, category id) pairs and the position after them (the next ``since``).
+        How serving learns of items that arrived after its model was trained."""
+
+    @abstractmethod
     def ping(self) -> None:
         """Raise StoreUnavailable if the store cannot serve."""
 

@@ -19,6 +19,8 @@ class MemoryStore(OnlineStore):
         super().__init__(history_cap, dedup_window_s, clock)
         self._hist: dict[str, list[HistoryItem]] = defaultdict(list)
         self._pop: Counter[str] = Counter()
+        self._catalog: dict[str, str] = {}  # item -> category, as first seen
+        self._catalog_order: list[str] = []
         # user -> {event_id: first applied at}; insertion order is application order, so expiry pops
         # from the front (like the Redis store's ZREMRANGEBYSCORE).
         self._seen: dict[str, dict[str, float]] = defaultdict(dict)
@@ -98,6 +100,9 @@ class MemoryStore(OnlineStore):
                         continue
                     kept.add(h.event_id)
                     increments[h.item_id] += 1
+                    if h.item_id not in self._catalog:
+                        self._catalog[h.item_id] = h.category_id
+                        self._catalog_order.append(h.item_id)
                     fresh.append(h)
                     if r.kind == "C":
                         att = self._att.get((r.request_id, h.item_id))
@@ -169,6 +174,11 @@ class MemoryStore(OnlineStore):
         with self._lock:
             return {"orphan_clicks": self._unattributed["orphan_clicks"],
                     "variant_conflicts": self._unattributed["variant_conflicts"]}
+
+    def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
+        with self._lock:
+            items = self._catalog_order[since:since + limit]
+            return [(i, self._catalog[i]) for i in items], since + len(items)
 
     def ping(self) -> None:
         return None

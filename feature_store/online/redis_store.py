@@ -53,6 +53,7 @@ SEP = "\x1f"
 #   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users), tail_c
 #                                    (clicks on items outside the top 10 % by popularity at the time)
 #   {prefix}:ab:{exp}:variants       set;  {prefix}:ab:experiments  set;  {prefix}:ab:unattributed  hash
+#   {prefix}:catalog                 hash item -> category (first seen); {prefix}:catalog:order  list of items
 _WRITE_SCRIPT = r"""
 local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local nparts = tonumber(ARGV[5])
@@ -112,6 +113,7 @@ end
 local applied = 0
 local ttl = math.ceil(window)
 local increments = {}  -- item -> new behaviours: one ZINCRBY per item, not per event (Zipf traffic)
+local categories = {}  -- item -> its category in this batch: the catalog keeps the first ever seen
 for u = 1, (#KEYS - 2) / 2 do
   local hist, seen = KEYS[1 + 2 * u], KEYS[2 + 2 * u]
   local user = ARGV[i]
@@ -129,6 +131,7 @@ for u = 1, (#KEYS - 2) / 2 do
         applied = applied + 1
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
       elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
+        if not increments[item] then categories[item] = f[5] end
         increments[item] = (increments[item] or 0) + 1
         applied = applied + 1
         if kind == 'C' then
@@ -149,6 +152,9 @@ for u = 1, (#KEYS - 2) / 2 do
 end
 for item, n in pairs(increments) do
   redis.call('ZINCRBY', KEYS[2], n, item)
+  if redis.call('HSETNX', prefix .. ':catalog', item, categories[item]) == 1 then
+    redis.call('RPUSH', prefix .. ':catalog:order', item)
+  end
 end
 return {1, applied}
 """
@@ -296,6 +302,14 @@ class RedisStore(OnlineStore):
         except RedisError as exc:
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
         return {k: int(raw.get(k, 0)) for k in ("orphan_clicks", "variant_conflicts")}
+
+    def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
+        try:
+            items = self._r.lrange(f"{self.prefix}:catalog:order", since, since + limit - 1)
+            cats = self._r.hmget(f"{self.prefix}:catalog", items) if items else []
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        return list(zip(items, cats, strict=True)), since + len(items)
 
     def ping(self) -> None:
         try:

@@ -39,7 +39,7 @@ def small_store(request, unique, clock):
 
 def ev(user: str, item: str, ts: float, eid: str | None = None, **kw) -> BehaviourEvent:
     return BehaviourEvent(event_id=eid or f"{user}-{item}-{ts}", user_id=user, item_id=item,
-                          category_id=f"c{item}", ts=ts, **kw)
+                          **{"category_id": f"c{item}", **kw}, ts=ts)
 
 
 def test_history_is_time_ordered_whatever_the_arrival_order(store):
@@ -186,11 +186,14 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
                 StreamOffsets("dinrec.events", expected={3: -1}, last={3: 41}))
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         assert sorted(r.scan_iter(f"{unique}:*")) == sorted(
-            [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["offsets_key"]])
+            [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["offsets_key"], golden["catalog_key"],
+             golden["catalog_order_key"]])
         assert [list(x) for x in r.zrange(golden["hist_key"], 0, -1, withscores=True)] == golden["hist_members"]
         assert [list(x) for x in r.zrange(golden["pop_key"], 0, -1, withscores=True)] == golden["pop_members"]
         assert [list(x) for x in r.zrange(golden["seen_key"], 0, -1, withscores=True)] == golden["seen_members"]
         assert r.hgetall(golden["offsets_key"]) == golden["offsets"]
+        assert r.hgetall(golden["catalog_key"]) == golden["catalog"]
+        assert sorted(r.lrange(golden["catalog_order_key"], 0, -1)) == sorted(golden["catalog"])
         assert 0 < r.ttl(golden["seen_key"]) <= 24 * 3600
         r.close()
     finally:
@@ -260,3 +263,14 @@ def test_clicks_on_long_tail_items_are_counted_per_variant(store):
                  click("u1", "h", "r1"), click("u1", "z", "r1"), click("u2", "g", "r2")])
     a = store.ab_sums("exp1")["A"]
     assert a.clicks == 3 and a.tail_clicks == 1  # only "z" (never seen before) is in the long tail
+
+
+def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(store):
+    store.write([ev("u1", "a", 1.0, category_id="c1"), ev("u2", "b", 2.0, category_id="c2"),
+                 imp("u1", "shown-only", "r1", "A")])  # an impression is no behaviour: not in the catalog
+    first, cursor = store.catalog()
+    assert sorted(first) == [("a", "c1"), ("b", "c2")] and cursor == 2
+    store.write([ev("u3", "a", 3.0, category_id="c9"), ev("u3", "d", 4.0, category_id="c4")])
+    store.write([ev("u3", "d", 4.0, category_id="c4")])  # redelivered: nothing new
+    assert store.catalog(cursor) == ([("d", "c4")], 3)  # a keeps its first category and its place
+    assert store.catalog(3) == ([], 3) and len(store.catalog(0, limit=2)[0]) == 2

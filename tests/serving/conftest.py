@@ -32,10 +32,11 @@ def registry(tiny_run, tmp_path):
     _, samples, bundle_dir, metrics = tiny_run
     reg = Registry(tmp_path / "registry")
     reg.publish(bundle_dir, "v1")
-    model = load_bundle(bundle_dir).model
+    v1 = load_bundle(bundle_dir)
+    model = v1.model
     with torch.no_grad():  # a different model: its scores and version differ
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics), "v2")
+    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics, towers=v1.towers), "v2")
     reg.set_alias("champion", "v1")
     return reg

@@ -31,11 +31,12 @@ def s3_registry(aws_env, tmp_path) -> S3Registry:
 
 def _second_bundle(tiny_run, tmp_path):
     _, samples, bundle_dir, metrics = tiny_run
-    model = load_bundle(bundle_dir).model
+    v1 = load_bundle(bundle_dir)
+    model = v1.model
     with torch.no_grad():  # a different model: its scores and version differ
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    return export_bundle(tmp_path / "v2-build", model, samples, metrics)
+    return export_bundle(tmp_path / "v2-build", model, samples, metrics, towers=v1.towers)
 
 
 def test_publish_alias_resolve_and_a_verified_local_copy(s3_registry, tiny_run, tmp_path):

@@ -22,6 +22,18 @@ def test_category_cap_takes_the_best_list_under_it():
     assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "b", "c", "e"]
 
 
+def test_the_long_tail_lane_keeps_its_share_of_slots_and_gives_them_back_when_it_runs_dry():
+    tail = [False, False, False, False, True, True]  # e and f are long-tail items
+    lane = Reranker(tail_share=0.5)
+    chosen = lane.select(CANDIDATES, 4, tail=tail)
+    assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "b", "e", "f"]  # 2 head slots, 2 tail, by score
+    assert [CANDIDATES[i][0] for i, _ in Reranker().select(CANDIDATES, 4, tail=tail)] == ["a", "b", "c", "d"]
+    few_tail = [False, False, False, False, True, False]
+    assert [CANDIDATES[i][0] for i, _ in lane.select(CANDIDATES, 4, tail=few_tail)] == ["a", "b", "c", "e"]
+    assert [CANDIDATES[i][0] for i, _ in lane.select(CANDIDATES, 4, tail=tail, tail_share=0.0)] == \
+        ["a", "b", "c", "d"]  # a variant's override turns the lane off
+
+
 def test_blocklists_remove_and_shown_items_go_down():
     rr = Reranker(blocked_items=frozenset({"c"}), blocked_categories=frozenset({"z"}), shown_penalty=0.5)
     chosen = rr.select(CANDIDATES, 10, shown={"a"})

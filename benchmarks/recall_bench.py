@@ -1,0 +1,137 @@
+"""`dinrec bench recall`: does recall find what the user does next, and does the long tail get shown?
+
+On a dataset's own leave-one-out test split (each user's last behaviour held out; the history is the
+L behaviours before it, as serving reads them, and those items are never recalled), HR@N — the held-
+out item among the N recalled — for:
+
+* ``faiss`` — the recall stage as it serves: the recall towers' query against the exported FAISS index;
+* ``din_mean`` — the stage before the towers (the mean of DIN's item embeddings), for contrast;
+* ``item_cf`` — item-to-item co-visitation (retrieval.baselines.ItemCF), its window chosen on the
+  validation split from (5, 10, 20): the collaborative filtering DIN replaced, given its best shot;
+* ``popularity`` — the most popular unseen items.
+
+``long_tail_share`` is the share of final recommendations (DIN's top ``k`` of the FAISS stage's 200
+candidates with the service's long-tail lane at its default share) outside the top 20 % of items by
+popularity; ``final`` gives, with and without the lane, that share and HR@k (the held-out item in
+the final list: what the lane costs). Each baseline's own top-``k`` share is reported beside it.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from feature_store.datasets import load_dataset
+from retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_mask, long_tail_share
+from retrieval.index import FaissIndex
+from serving.rerank import Reranker
+from serving.settings import ServingSettings
+from training.export import build_item_index, item_counts
+from training.loop import train
+from training.recall import RecallSpace
+from training.samples import SampleSet, Split, build_samples
+from training.scorer import Scorer
+from training.settings import TrainSettings
+from training.towers_train import towers_settings, train_towers
+
+NS = (50, 200, 1000)
+
+
+def _cases(samples: SampleSet, split: Split) -> list[tuple[list[int], list[int], int]]:
+    """(history items, history categories, held-out item) per positive of ``split``, oldest first."""
+    out = []
+    for r in np.flatnonzero(split.label == 1):
+        end, length = int(split.hist_end[r]), int(split.hist_len[r])
+        out.append((samples.seq_items[end - length:end].tolist(), samples.seq_cats[end - length:end].tolist(),
+                    int(split.target_item[r])))
+    return out
+
+
+def _training_sequences(samples: SampleSet) -> list[np.ndarray]:
+    """Each user's training behaviours in time order (validation and test targets left out)."""
+    rows = np.flatnonzero(samples.train.label == 1)
+    users = samples.train.user[rows]
+    return np.split(samples.train.target_item[rows], np.flatnonzero(np.diff(users)) + 1)
+
+
+def _faiss_recall(space: RecallSpace, index: FaissIndex, cases, n: int) -> list[np.ndarray]:
+    out = []
+    for items, cats, _ in cases:
+        ids, _ = index.search(space.query(items, cats), n, exclude=[set(items)])
+        out.append(ids[0][ids[0] >= 0])
+    return out
+
+
+def _hr(recalled: list[np.ndarray], cases, ns=NS) -> dict[str, float]:
+    it = iter(recalled)
+    return hit_rate(lambda history, n: next(it), [(c[0], c[2]) for c in cases], ns)
+
+
+def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_len: int = 50, k: int = 10,
+                 seed: int = 0) -> dict:
+    t0 = time.perf_counter()
+    samples = build_samples(load_dataset(data), seq_len=seq_len, eval_negatives=20, seed=seed)
+    settings = TrainSettings(epochs=epochs, seq_len=seq_len, seed=seed, progress=False, recall_epochs=recall_epochs)
+    with tempfile.TemporaryDirectory(prefix="dinrec-bench-recall-") as tmp:
+        din = train(samples, settings, Path(tmp)).model.eval()
+    t_din = time.perf_counter()
+    towers = train_towers(samples, towers_settings(settings))
+    t_towers = time.perf_counter()
+    test, val = _cases(samples, samples.test), _cases(samples, samples.val)
+    counts = item_counts(samples)  # what the bundle keeps: the long tail as serving defines it
+    result: dict = {"dataset": str(data), "test_users": len(test), "items": samples.vocab.n_items - 1,
+                    "seq_len": seq_len, "k": k}
+
+    spaces = {"faiss": RecallSpace(din, towers.model, samples.vocab.item_category),
+              "din_mean": RecallSpace(din, None, samples.vocab.item_category)}
+    recalled = {}
+    for name, space in spaces.items():
+        index, info = build_item_index(space)
+        recalled[name] = _faiss_recall(space, index, test, max(NS))
+        result[name] = {**_hr(recalled[name], test), "index": info["kind"], "dim": space.dim}
+
+    seqs = _training_sequences(samples)
+    tuned = {w: ItemCF.fit(seqs, samples.vocab.n_items, ItemCFConfig(window=w)) for w in (5, 10, 20)}
+    val_hr = {w: hit_rate(cf.recall, [(c[0], c[2]) for c in val], [200])["hr@200"] for w, cf in tuned.items()}
+    best = max(val_hr, key=val_hr.get)
+    # Popularity from the training behaviours only: a deployed popularity recall knows only the past.
+    cf = tuned[best]
+    pop = Popularity(np.bincount(samples.train.target_item[samples.train.label == 1], minlength=len(counts)))
+    cf_lists = [cf.recall(c[0], max(NS)) for c in test]
+    pop_lists = [pop.recall(c[0], max(NS)) for c in test]
+    result["item_cf"] = {**_hr(cf_lists, test), "window": best, "val_hr@200_by_window": val_hr,
+                         "long_tail_share": long_tail_share([x[:k] for x in cf_lists], counts)}
+    result["popularity"] = {**_hr(pop_lists, test), "long_tail_share": long_tail_share([x[:k] for x in pop_lists],
+                                                                                       counts)}
+
+    # The final lists as the service ranks them: DIN's scores over the 200 candidates, then the
+    # reranker with and without the long-tail lane (its default share).
+    scorer = Scorer(din, torch.as_tensor(samples.vocab.item_category, dtype=torch.long), "fp32")
+    lane = Reranker(tail_share=ServingSettings.model_fields["tail_share"].default)
+    tail = long_tail_mask(counts)
+    finals: dict[str, list[list[int]]] = {"lane": [], "no_lane": []}
+    for (items, cats, _), cand in zip(test, recalled["faiss"], strict=True):
+        cand = cand[:200]
+        logits = scorer.score(torch.tensor(items), torch.tensor(cats), torch.as_tensor(cand)).logits.tolist()
+        scored = [(str(c), "", s) for c, s in zip(cand.tolist(), logits, strict=True)]
+        flags = [bool(tail[c]) for c in cand.tolist()]
+        finals["lane"].append([int(cand[j]) for j, _ in lane.select(scored, k, (), flags)])
+        finals["no_lane"].append([int(cand[j]) for j, _ in Reranker().select(scored, k)])
+    result["long_tail_share"] = long_tail_share(finals["lane"], counts)
+    result["final"] = {name: {f"hr@{k}": round(float(np.mean([c[2] in f for c, f in zip(test, lists, strict=True)])),
+                                                 4),
+                              "long_tail_share": long_tail_share(lists, counts)}
+                       for name, lists in finals.items()}
+    result["final"]["lane"]["tail_share_setting"] = lane.tail_share
+    result["faiss"]["recall_metrics"] = {kk: towers.metrics[kk] for kk in ("val_hr", "best_epoch", "softmax")}
+    result["ratios"] = {"faiss_vs_item_cf_hr@200": round(result["faiss"]["hr@200"] / max(result["item_cf"]["hr@200"],
+                                                                                          1e-9), 3),
+                        "faiss_vs_popularity_hr@200": round(result["faiss"]["hr@200"]
+                                                            / max(result["popularity"]["hr@200"], 1e-9), 3)}
+    result["seconds"] = {"din": round(t_din - t0, 1), "towers": round(t_towers - t_din, 1),
+                         "total": round(time.perf_counter() - t0, 1)}
+    return result

@@ -1,0 +1,83 @@
+"""The recall towers: what the model promises (padding, unit vectors, cold items through their
+category), that training finds more than popularity does, and that a bundle keeps them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from feature_store.datasets.synthetic import SyntheticConfig, generate
+from retrieval.baselines import Popularity, hit_rate
+from training.bundle import load_bundle
+from training.export import export_bundle
+from training.model import DIN, DINConfig
+from training.recall import RecallSpace
+from training.samples import build_samples
+from training.towers import Towers, TowersConfig
+from training.towers_train import TowersSettings, train_towers
+
+
+@pytest.fixture(scope="module")
+def towers() -> Towers:
+    torch.manual_seed(0)
+    return Towers(TowersConfig(n_items=30, n_categories=5, dim=8, seq_len=6)).eval()
+
+
+def test_left_padding_changes_nothing_and_vectors_are_unit(towers):
+    short = towers.users(torch.tensor([[3, 4, 5]]), torch.tensor([[1, 2, 2]]))
+    padded = towers.users(torch.tensor([[0, 0, 0, 3, 4, 5]]), torch.tensor([[0, 0, 0, 1, 2, 2]]))
+    assert torch.allclose(short, padded, atol=1e-6)
+    assert torch.allclose(short.norm(dim=1), torch.ones(1))
+    other = towers.users(torch.tensor([[5, 4, 3]]), torch.tensor([[2, 2, 1]]))
+    assert not torch.allclose(short, other)  # order matters: newer behaviours weigh differently
+
+
+def test_an_item_the_model_never_saw_is_placed_by_its_category(towers):
+    cold = towers.items(torch.tensor([0, 0]), torch.tensor([3, 4]))  # (2, D)
+    expected = torch.nn.functional.normalize(towers.cat_emb.weight[3:5], dim=1)
+    assert torch.allclose(cold, expected, atol=1e-6) and not torch.allclose(cold[0], cold[1])
+
+
+@pytest.fixture(scope="module")
+def samples():
+    data = generate(SyntheticConfig(n_users=400, n_items=300, n_categories=10, mean_events_per_user=25, seed=3))
+    return build_samples(data, seq_len=20)
+
+
+def test_trained_towers_find_the_next_item_better_than_popularity(samples):
+    result = train_towers(samples, TowersSettings(dim=16, epochs=6, eval_n=50))
+    rows = np.flatnonzero(samples.test.label == 1)
+    cases = [(samples.seq_items[e - n:e].tolist(), int(t)) for e, n, t in
+             zip(samples.test.hist_end[rows], samples.test.hist_len[rows], samples.test.target_item[rows], strict=True)]
+    counts = np.bincount(samples.train.target_item[samples.train.label == 1], minlength=samples.vocab.n_items)
+    popular = hit_rate(Popularity(counts).recall, cases, [50])["hr@50"]
+    assert result.metrics["test_hr"] > 1.2 * popular, (result.metrics, popular)
+    assert result.metrics["softmax"] == "full" and 0 <= result.metrics["best_epoch"] < 6
+
+
+def test_sampled_softmax_trains_too(samples):
+    result = train_towers(samples, TowersSettings(dim=16, epochs=2, eval_n=50, full_softmax_items=10,
+                                                  sampled_negatives=64))
+    assert result.metrics["softmax"] == "sampled" and result.metrics["test_hr"] > 0.1
+
+
+def test_a_bundle_keeps_its_towers_and_recalls_with_them(samples, tmp_path):
+    din = DIN(DINConfig(n_items=samples.vocab.n_items, n_categories=len(samples.vocab.categories), item_dim=8,
+                        cat_dim=8)).eval()
+    towers = train_towers(samples, TowersSettings(dim=16, epochs=1)).model
+    with_towers = load_bundle(export_bundle(tmp_path / "a", din, samples, {"seq_len": 20}, towers=towers))
+    without = load_bundle(export_bundle(tmp_path / "b", din, samples, {"seq_len": 20}))
+    hist, cats = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 2]])
+    space = RecallSpace(with_towers.model, with_towers.towers, with_towers.vocab.item_category)
+    assert space.kind == "towers" and space.dim == 16
+    assert np.allclose(space.queries(hist, cats), towers.users(hist, cats).detach().numpy(), atol=1e-6)
+    assert with_towers.item_index_info["space"] == "towers" and with_towers.item_counts.sum() == len(samples.seq_items)
+    tail = with_towers.long_tail()  # what the serving lane treats as long tail: all but the top fifth
+    seen = int((with_towers.item_counts > 0).sum())
+    assert not tail[0] and int((~tail[1:]).sum()) == int(0.2 * seen)
+    assert not tail[int(np.argmax(with_towers.item_counts))]
+    legacy = RecallSpace(without.model, without.towers, without.vocab.item_category)
+    assert legacy.kind == "din_mean" and legacy.item_vector(1) is None
+    mean = din.item_emb.weight[[5, 6, 7]].mean(dim=0).detach().numpy()
+    assert np.allclose(legacy.queries(hist, cats)[0], mean, atol=1e-6)
