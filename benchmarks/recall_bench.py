@@ -135,3 +135,46 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
     result["seconds"] = {"din": round(t_din - t0, 1), "towers": round(t_towers - t_din, 1),
                          "total": round(time.perf_counter() - t0, 1)}
     return result
+
+
+def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 1000, queries: int = 300,
+                       k: int = 200, seed: int = 0) -> dict:
+    """The recall stage on a synthetic catalog of ``items`` unit vectors (clustered by category, as the
+    item tower's are): the index ``IndexSpec`` picks for that size, its build time and size, query
+    p50/p99 (one thread, top ``k`` with 50 seen items excluded) and recall@``k`` against exact search."""
+    import faiss
+
+    from retrieval.index import ExactIndex, IndexSpec, recall_at_k
+
+    rng = np.random.default_rng(seed)
+    centroids = rng.normal(size=(categories, dim)).astype(np.float32)  # (C, D)
+    cat = rng.integers(0, categories, items)
+    vectors = centroids[cat] + rng.normal(scale=0.7, size=(items, dim)).astype(np.float32)  # (I, D)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = np.arange(1, items + 1, dtype=np.int64)
+    # Queries like the user tower's: a mix of a few categories' items, normalised.
+    picks = rng.integers(0, items, (queries, 10))
+    q = vectors[picks].mean(axis=1)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    spec = IndexSpec()
+    faiss.omp_set_num_threads(1)
+    t0 = time.perf_counter()
+    index = FaissIndex.build(vectors, ids, spec)
+    build_s = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as tmp:
+        index.save(Path(tmp) / "index.faiss")
+        size = (Path(tmp) / "index.faiss").stat().st_size
+    exclude = [set(rng.integers(1, items + 1, 50).tolist()) for _ in range(queries)]
+    times = []
+    for r in range(queries):
+        t = time.perf_counter()
+        index.search(q[r:r + 1], k, exclude=[exclude[r]])
+        times.append(time.perf_counter() - t)
+    exact = ExactIndex(vectors, ids)
+    n_check = min(queries, 100)
+    return {"items": items, "dim": dim, "index": index.kind, "spec": spec.to_json(),
+            "build_s": round(build_s, 1), "index_mb": round(size / 2**20, 1),
+            "vectors_mb": round(vectors.nbytes / 2**20, 1),
+            "query_ms": {"p50": round(1000 * float(np.percentile(times, 50)), 3),
+                         "p99": round(1000 * float(np.percentile(times, 99)), 3)},
+            f"recall_at_{k}_vs_exact": round(recall_at_k(index, exact, q[:n_check], k), 4), "threads": 1}

@@ -1,12 +1,15 @@
 """`dinrec demo`: the whole loop on embedded defaults, no servers needed.
 
 synthetic behaviours → point-in-time samples → DIN → bundle + FAISS → the FastAPI service on the
-in-process store, fed through the in-process stream → sample requests, printed.
+in-process store, fed through the in-process stream → sample requests, printed → a short A/B
+experiment (DIN vs popularity) started through the admin API and run on simulated users, whose
+results the dashboard shows.
 """
 
 from __future__ import annotations
 
 import json
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -23,13 +26,14 @@ def demo(
     """Run the whole loop on a laptop: data → DIN → bundle + FAISS → HTTP, and show requests."""
     import httpx
 
-    from feature_store.datasets.synthetic import SyntheticConfig, generate
+    from feature_store.datasets.synthetic import SyntheticConfig, generate_world
     from feature_store.online.memory import MemoryStore
     from feature_store.settings import FeatureStoreSettings
     from feature_store.streams.inprocess import InProcessStream
     from serving.app import create_app
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
+    from serving.simulate import simulate
     from training.export import export_with_recall
     from training.loop import train
     from training.samples import build_samples
@@ -40,20 +44,26 @@ def demo(
     cfg = SyntheticConfig(n_users=600, n_items=800, n_categories=20, mean_events_per_user=30) if smoke \
         else SyntheticConfig()
     t0 = time.perf_counter()
-    data = generate(cfg)
-    say(f"1/5 synthesized {len(data)} behaviours of {cfg.n_users} users over {cfg.n_items} items")
-    samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20)
-    say(f"2/5 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
+    data, world = generate_world(cfg)
+    say(f"1/6 synthesized {len(data)} behaviours of {cfg.n_users} users over {cfg.n_items} items")
+    # Negatives as popular as they are: the simulated users click by interest, not by popularity.
+    samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20, negative_power=1.0)
+    say(f"2/6 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
     settings = TrainSettings(epochs=3, progress=not smoke)
     result = train(samples, settings, out)
     m = result.metrics
-    say(f"3/5 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
+    say(f"3/6 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
         f"{m['samples_per_s']:.0f} samples/s")
     bundle = export_with_recall(out / "bundle", result.model, samples, m, settings)
-    say(f"4/5 exported bundle + FAISS index to {bundle}")
+    say(f"4/6 exported bundle + FAISS index to {bundle}")
 
     store, stream = MemoryStore(history_cap=50), InProcessStream()
-    app = create_app(ServingSettings(bundle_dir=bundle), FeatureStoreSettings(), store=store, stream=stream)
+    experiments = out / "experiments.json"
+    experiments.write_text('{"experiments": []}')
+    token = secrets.token_urlsafe(16)
+    app = create_app(ServingSettings(bundle_dir=bundle, experiments_file=experiments, admin_token=token,
+                                     guardrail_interval_s=1.0, guardrail_min_users=50),
+                     FeatureStoreSettings(), store=store, stream=stream)
     port = port or free_port()
     with serve_in_thread(app, port, name="dinrec-demo-server") as thread:
         stream.publish(list(data.events()))  # the service's ingest thread moves them into the store
@@ -63,7 +73,7 @@ def demo(
                 raise RuntimeError("ingestion did not finish")
             time.sleep(0.05)
         base = f"http://127.0.0.1:{port}"
-        say(f"5/5 serving on {base}; ingested {len(data)} events through the in-process stream")
+        say(f"5/6 serving on {base}; ingested {len(data)} events through the in-process stream")
 
         def show(method: str, path: str, **kw) -> dict:
             r = client.request(method, base + path, **kw)
@@ -89,6 +99,24 @@ def demo(
             show("GET", "/recommend?user_id=someone-new&k=3")
             show("GET", "/recommend?user_id=&k=3")
             show("GET", "/readyz")
+
+            # A short experiment: started through the admin API, run on simulated users of the same world.
+            show("PUT", "/admin/experiments/din-vs-popular", headers={"authorization": f"Bearer {token}"}, json={
+                "name": "din-vs-popular", "status": "running", "seed": "demo",
+                "variants": [{"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]})
+            users = 300 if smoke else 1000
+            served = simulate(httpx.Client(base_url=base, timeout=30), world, users=users, rounds=2, k=10)
+            shown = sum(v["shown"] for name, v in served.items() if name != "(none)")
+            deadline = time.monotonic() + 60  # impressions are logged off the request path
+            while sum(x.impressions for x in store.ab_sums("din-vs-popular").values()) < shown:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("impressions were not all logged")
+                time.sleep(0.05)
+            results = client.get(base + "/experiments/din-vs-popular/results").json()
+            ctrs = ", ".join(f"{v} CTR {100 * s['ctr']:.2f}%" for v, s in results["results"]["variants"].items())
+            lifts = "".join(f"; {c['variant']} lift {100 * c['lift']:+.1f}% (p = {c['p_value']:.2g}, "
+                            f"sequential: {c['sequential']})" for c in results["results"]["comparisons"])
+            say(f"6/6 ran an experiment on {users} simulated users: {ctrs}{lifts}; dashboard: {base}/dashboard")
 
         typer.secho(f"\ndemo finished in {time.perf_counter() - t0:.0f}s; artefacts in {out}", fg="green", err=True)
         if not smoke:

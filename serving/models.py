@@ -44,7 +44,9 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     spec = bundle.item_index_info.get("spec", {})
     ef_search = settings.recall_ef_search or spec.get("ef_search", IndexSpec.ef_search)
     index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
-    return Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
+    rec = Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
+    rec.fresh_candidates = settings.fresh_candidates
+    return rec
 
 
 def smoke_score(rec: Recommender) -> None:
@@ -57,8 +59,11 @@ def smoke_score(rec: Recommender) -> None:
 
 
 class ModelManager:
-    def __init__(self, settings: ServingSettings, on_swap: Callable[[Recommender], None]) -> None:
+    def __init__(self, settings: ServingSettings, on_swap: Callable[[Recommender], None],
+                 prepare: Callable[[Recommender], None] | None = None) -> None:
+        """``prepare(rec)``: called on every model loaded, before it may serve (the catalog's new items)."""
         self.settings = settings
+        self._prepare = prepare
         self.registry = open_registry(settings.registry, settings.registry_cache) if settings.registry else None
         self._on_swap = on_swap
         self._lock = threading.Lock()  # one load at a time
@@ -102,6 +107,10 @@ class ModelManager:
         self.registry.set_alias(alias, version)  # type: ignore[union-attr]
         return version
 
+    def serving(self) -> list[Recommender]:
+        """Every model serving now: the main one and the experiment variants'."""
+        return [self.current, *(rec for _, rec in self.variants.values())]
+
     def variant_model(self, name: str) -> Recommender:
         return self.variants[name][1]
 
@@ -111,6 +120,8 @@ class ModelManager:
     def _verified(self, bundle_dir: Path) -> Recommender:
         """A bundle loaded (checksums verified) and smoke-scored: what may serve."""
         rec = load_recommender(self.settings, bundle_dir)
+        if self._prepare is not None:
+            self._prepare(rec)
         smoke_score(rec)
         return rec
 

@@ -10,10 +10,11 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from feature_store.features import HistoryItem
-from retrieval.index import FaissIndex
+from retrieval.index import FaissIndex, IndexSpec
 from serving.rerank import Reranker
 from training.bundle import Bundle
 from training.recall import RecallSpace
@@ -35,6 +36,19 @@ class Scored:
     category_id: str
     score: float
     because: list[Because] | None = None  # with explain: the behaviours with the largest weights
+
+
+@dataclass(frozen=True)
+class ColdLane:
+    """Items that arrived after the model was trained (the store's catalog knows them, the bundle
+    does not), recallable through their category: candidate ids ``n_items + j``. Immutable: a new
+    catalog builds a new lane, swapped in with one assignment."""
+
+    index: FaissIndex            # their item-tower vectors (category only), flat
+    names: list[str]             # item id by j
+    categories: list[str]        # category id by j
+    ids: dict[str, int]          # item id -> candidate id
+    scorer: Scorer               # the serving scorer, extended with their rows
 
 
 @dataclass(frozen=True)
@@ -67,6 +81,47 @@ class Recommender:
                              f"recall space {self.recall.dim}-d")
         chosen, _ = choose_precision(self.model, self._item_cat, precision, self._probes())
         self.scorer = Scorer(self.model, self._item_cat, chosen)
+        self.fresh_candidates = 0  # cold items every recall includes, however they score (a freshness lane)
+        self.cold: ColdLane | None = None
+
+    def set_cold_items(self, items: list[tuple[str, str]]) -> int:
+        """Make recallable the (item id, category id) pairs this model does not know but whose category
+        it does (with recall towers only: their vector comes from the category); returns how many.
+        Replaces the previous set."""
+        if self.recall.towers is None:
+            return 0
+        picked = list({i: c for i, c in items if i not in self._item_idx and c in self._cat_idx}.items())
+        if not picked:
+            self.cold = None
+            return 0
+        cats = torch.tensor([self._cat_idx[c] for _, c in picked], dtype=torch.long)  # (C,)
+        with torch.inference_mode():
+            vectors = self.recall.towers.items(torch.zeros_like(cats), cats).float().numpy()  # (C, D)
+        base = len(self.bundle.vocab.items)
+        ids = np.arange(base, base + len(picked), dtype=np.int64)
+        self.cold = ColdLane(FaissIndex.build(vectors, ids, IndexSpec(kind="flat")), [i for i, _ in picked],
+                             [c for _, c in picked], {i: base + j for j, (i, _) in enumerate(picked)},
+                             self.scorer.with_cold_items(cats))
+        return len(picked)
+
+    def _recall(self, query: np.ndarray, n: int, known: list[int], history: list[HistoryItem],
+                cold: ColdLane | None) -> np.ndarray:
+        """The n best candidates for ``query`` (item indices; cold items past n_items), seen ones excluded:
+        the catalog's index merged by score with the cold lane's, plus ``fresh_candidates`` cold ones."""
+        ids, scores = self.index.search(query, n, exclude=[set(known)])
+        ids, scores = ids[0], scores[0]
+        if cold is None:
+            return ids[ids >= 0]
+        seen_cold = {cold.ids[h.item_id] for h in history if h.item_id in cold.ids}
+        c_ids, c_scores = cold.index.search(query, n, exclude=[seen_cold])
+        c_ids, c_scores = c_ids[0], c_scores[0]
+        fresh = c_ids[:self.fresh_candidates]
+        fresh = fresh[fresh >= 0]
+        merged_ids, merged_scores = np.concatenate([ids, c_ids[len(fresh):]]), np.concatenate(
+            [scores, c_scores[len(fresh):]])
+        order = np.argsort(-merged_scores, kind="stable")[:max(n - len(fresh), 0)]
+        out = np.concatenate([fresh, merged_ids[order]])
+        return out[out >= 0]
 
     def _probes(self, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """A few made-up requests over this bundle's vocabulary, to check a faster precision against fp32."""
@@ -107,20 +162,28 @@ class Recommender:
             return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown)
 
         t0 = time.perf_counter()
+        cold = self.cold  # read once: a catalog update swaps it whole
         query = self.recall.query(items, cats)  # (1, D)
-        cand, _ = self.index.search(query, candidates or self.recall_candidates, exclude=[set(known)])
-        cand = cand[0][cand[0] >= 0]  # (N,)
+        cand = self._recall(query, candidates or self.recall_candidates, known, history, cold)  # (N,)
         t1 = time.perf_counter()
         if len(cand) == 0:
             return Ranking([], "din", len(known), {"recall": t1 - t0})
-        scored = self.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                                   torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
+        scorer = cold.scorer if cold is not None else self.scorer
+        scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
+                              torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
         scores = torch.sigmoid(scored.logits).tolist()  # (N,)
-        names, cat_names = self.bundle.vocab.items, self._item_cat_name
-        candidates = [(names[c], cat_names[c], s) for c, s in zip(cand.tolist(), scores, strict=True)]
+        names, cat_names, base = self.bundle.vocab.items, self._item_cat_name, len(self.bundle.vocab.items)
+        cand_list = cand.tolist()
+        if cold is None:
+            candidates = [(names[c], cat_names[c], s) for c, s in zip(cand_list, scores, strict=True)]
+        else:
+            candidates = [(names[c], cat_names[c], s) if c < base else
+                          (cold.names[c - base], cold.categories[c - base], s)
+                          for c, s in zip(cand_list, scores, strict=True)]
         behaviours = [h for h, i in zip(window, items, strict=True) if i]  # the scorer's L (known ones), in order
         out = []
-        tail = [self._tail[c] for c in cand.tolist()] if self._tail is not None else None
+        # Cold items have no training count: they are long tail by definition.
+        tail = [self._tail[c] if c < base else True for c in cand_list] if self._tail is not None else None
         for j, score in rerank.select(candidates, k, shown, tail, tail_share):
             because = None
             if explain and scored.attention is not None:
@@ -143,6 +206,22 @@ class Recommender:
         return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in rerank.select(candidates, k, shown)],
                        "popular", 0)
 
+    def recall_items(self, history: list[HistoryItem], n: int) -> list[str]:
+        """The ids of the n candidates recall finds for ``history`` (before DIN): to inspect recall."""
+        items, cats = self._encode(history[-self.seq_len:])
+        cold = self.cold
+        ids = self._recall(self.recall.query(items, cats), n, [i for i in items if i], history, cold).tolist()
+        base, names = len(self.bundle.vocab.items), self.bundle.vocab.items
+        return [names[c] if c < base else cold.names[c - base] for c in ids]  # type: ignore[union-attr]
+
+    def knows(self, item_id: str) -> bool:
+        return item_id in self._item_idx
+
     def category_of(self, item_id: str) -> str:
         idx = self._item_idx.get(item_id)
-        return self._item_cat_name[idx] if idx else "unknown"
+        if idx:
+            return self._item_cat_name[idx]
+        cold = self.cold
+        if cold is not None and item_id in cold.ids:
+            return cold.categories[cold.ids[item_id] - len(self.bundle.vocab.items)]
+        return "unknown"

@@ -23,6 +23,11 @@ class ServingSettings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=0, le=65535)
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
+    catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
+        "how often the store's item catalog is read for items the model does not know (recalled by category); "
+        "0: never"))
+    fresh_candidates: int = Field(0, ge=0, le=1000, description=(
+        "the freshness lane: this many of the best new items (unknown to the model) join every recall"))
     recall_ef_search: int | None = Field(None, ge=1, le=100_000,
                                          description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(

@@ -107,3 +107,13 @@ def test_bench_recall_prints_the_stage_beside_both_baselines(tmp_path):
     lane, plain = result["final"]["lane"], result["final"]["no_lane"]
     assert result["long_tail_share"] == lane["long_tail_share"] >= plain["long_tail_share"]
     assert result["item_cf"]["window"] in (5, 10, 20)
+
+
+def test_bench_recall_at_scale_reports_build_size_latency_and_recall():
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "recall", "--synthetic-items", "20000"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["items"] == 20000 and result["index"] == "flat"  # 1.3M cells: below the exact-scan limit
+    assert result["recall_at_200_vs_exact"] == 1.0 and result["index_mb"] >= result["vectors_mb"]
+    assert 0 < result["query_ms"]["p50"] <= result["query_ms"]["p99"]

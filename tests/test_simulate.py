@@ -32,3 +32,29 @@ def test_an_aa_simulation_counts_every_impression_and_click_and_finds_nothing():
     (comparison,) = report["results"]["comparisons"]
     assert comparison["sequential"] == "inconclusive" and report["stopped"] == {}
     assert not report["results"]["srm"]["flagged"]
+
+
+def _simulate(experiment: str, users: int = 300, rounds: int = 2) -> dict:
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "simulate", "--experiment", experiment,
+                          "--users", str(users), "--rounds", str(rounds), "--guardrail-s", "0.5"],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)
+
+
+def test_din_beats_popularity_on_simulated_users_with_significance():
+    report = _simulate("din-vs-popular")
+    (popular,) = report["results"]["comparisons"]
+    assert popular["variant"] == "popular" and popular["significant"] and popular["ci_high"] < 0
+    variants = report["results"]["variants"]
+    assert variants["din"]["ctr"] > 2 * variants["popular"]["ctr"]
+
+
+def test_the_origin_story_a_worse_model_is_stopped_by_the_guardrail_mid_run():
+    report = _simulate("origin-story")
+    models = report["models"]
+    assert models["shuffled"]["test_auc"] < models["champion"]["test_auc"]  # the lower offline AUC shipped
+    assert list(report["stopped"]) == ["shuffled"] and report["stopped"]["shuffled"]["cs_high"] < 0
+    # Stopped while users were still arriving: later requests of its users left the experiment.
+    assert report["served"]["(none)"]["requests"] > 0
+    assert report["served"]["shuffled"]["requests"] < report["served"]["champion"]["requests"]

@@ -33,6 +33,8 @@ def train(
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="behaviours per history (L)")] = None,
     batch_size: Annotated[int | None, typer.Option(help="samples per step (global, over all ranks)")] = None,
     negatives: Annotated[int | None, typer.Option(help="sampled negatives per positive")] = None,
+    negative_power: Annotated[float | None, typer.Option(help="training negatives ∝ item count^power (0: uniform)")] \
+        = None,
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
     precision: Annotated[str | None, typer.Option(help="auto, fp32, bf16 or fp16")] = None,
@@ -56,7 +58,8 @@ def train(
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size,
-                                   "negatives": negatives, "seed": seed, "device": device, "precision": precision,
+                                   "negatives": negatives, "negative_power": negative_power, "seed": seed,
+                                   "device": device, "precision": precision,
                                    "patience": patience, "checkpoint_every": checkpoint_every,
                                    "recall_epochs": recall_epochs}.items() if v is not None}
     if no_progress:
@@ -66,7 +69,8 @@ def train(
         samples = SampleSet.load(data)
     else:
         samples = build_samples(load_dataset(data), seq_len=settings.seq_len, negatives=settings.negatives,
-                                eval_negatives=settings.eval_negatives, seed=settings.seed)
+                                eval_negatives=settings.eval_negatives, seed=settings.seed,
+                                negative_power=settings.negative_power)
         samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
 

@@ -102,9 +102,14 @@ def is_sample_dir(path: str | Path) -> bool:
 
 
 def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, eval_negatives: int | None = None,
-                  seed: int = 0) -> SampleSet:
+                  seed: int = 0, negative_power: float = 0.0) -> SampleSet:
     """``eval_negatives`` (default: ``negatives``) per validation/test positive: more of them make
-    AUC and GAUC far less noisy, since each user holds out a single positive."""
+    AUC and GAUC far less noisy, since each user holds out a single positive.
+
+    Training negatives are drawn with probability ∝ count^``negative_power`` over the training
+    behaviours (0: uniform; 0.75: word2vec's). Against uniform negatives a model gets far by learning
+    popularity alone; against popular ones it must learn who likes what. Validation and test
+    negatives stay uniform, so AUC means the same whatever the training draw."""
     eval_negatives = negatives if eval_negatives is None else eval_negatives
     if eval_negatives < 1:
         raise ValueError("eval_negatives must be >= 1")
@@ -154,15 +159,23 @@ def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, 
 
     rng = np.random.default_rng(seed)
     n_items = len(items) + 1
+    weights = np.bincount(seq_items[train_pos], minlength=n_items).astype(np.float64) ** negative_power
+    weights[0] = 0.0
+    cdf = np.cumsum(weights) / weights.sum() if negative_power and weights.sum() > 0 else None
 
-    def make(split_pos: np.ndarray, k: int) -> Split:
+    def draw(n: int, popular: bool) -> np.ndarray:
+        if popular and cdf is not None:
+            return np.minimum(np.searchsorted(cdf, rng.random(n), side="right"), n_items - 1)
+        return rng.integers(1, n_items, size=n)
+
+    def make(split_pos: np.ndarray, k: int, popular: bool = False) -> Split:
         rep = np.repeat(split_pos, 1 + k)  # each positive then its k negatives
         target = seq_items[rep].copy()
         is_neg = np.tile(np.r_[False, np.ones(k, dtype=bool)], len(split_pos))
-        neg = rng.integers(1, n_items, size=int(is_neg.sum()))
+        neg = draw(int(is_neg.sum()), popular)
         clash = neg == target[is_neg]
         while clash.any():  # never label the true target as a negative
-            neg[clash] = rng.integers(1, n_items, size=int(clash.sum()))
+            neg[clash] = draw(int(clash.sum()), popular)
             clash = neg == target[is_neg]
         target[is_neg] = neg
         return Split(user=u[rep].astype(np.int64), hist_end=hist_end[rep].astype(np.int64),
@@ -171,6 +184,6 @@ def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, 
 
     return SampleSet(vocab=Vocab(["<pad>", *items.tolist()], ["<pad>", *cats.tolist()], item_category),
                      users=users.tolist(), seq_items=seq_items, seq_cats=seq_cats, seq_ts=ts,
-                     train=make(train_pos, negatives), val=make(val_pos, eval_negatives),
+                     train=make(train_pos, negatives, popular=True), val=make(val_pos, eval_negatives),
                      test=make(test_pos, eval_negatives), seq_len=seq_len,
                      negatives=negatives, source=data.source, fingerprint=data.fingerprint())

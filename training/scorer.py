@@ -21,6 +21,7 @@ the default shape (Linear→PReLU→Linear→PReLU→Linear, D a multiple of 32)
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Literal
 
@@ -87,11 +88,13 @@ class Scorer:
             self.item_vectors = model.embed(items, item_category.long()).float().contiguous()  # (I, D)
             w_q, w_h, w_d, w_p = model.att_in.weight.float().split(self.dim, dim=1)  # each (H1, D)
             # a[n]: the candidate's part of the first layer, bias included, for every item once.
-            self.item_first = torch.addmm(model.att_in.bias.float(), self.item_vectors, (w_q + w_d).t())  # (I, H1)
+            self._w_cand = (w_q + w_d).t().contiguous()  # (D, H1)
+            self.item_first = torch.addmm(model.att_in.bias.float(), self.item_vectors, self._w_cand)  # (I, H1)
             self.w_hist = (w_h - w_d).t().contiguous()  # (D, H1)
             self.w_prod = w_p.t().contiguous()  # (D, H1)
         self.h1 = self.item_first.shape[1]
         self.item_category = item_category.long()
+        self.n_items = model.cfg.n_items  # candidates at or past this are cold items (with_cold_items)
         # The rest of the activation unit as (function) steps: activations, and Linear layers with
         # their weights transposed once, in the precision the products run in.
         cd = self.compute_dtype = torch.bfloat16 if precision == "bf16" else torch.float32
@@ -108,6 +111,21 @@ class Scorer:
         self._out = _linear_fn(model.out, cd)
         self._item_vectors_cd = self.item_vectors.to(cd)
         self._fused = self._pack_fused(w_p) if precision == "bf16" else None
+
+    def with_cold_items(self, categories: torch.Tensor) -> Scorer:
+        """This scorer, also scoring one item the model never saw per entry of ``categories`` (C,)
+        (category indices) as candidate ``n_items + j``: the unknown item (index 0) in that category,
+        which is what DIN knows of it. Built from this scorer's own rows: nothing is recomputed."""
+        new = copy.copy(self)
+        with torch.inference_mode():
+            cold = self.model.embed(torch.zeros_like(categories), categories.long()).float()  # (C, D)
+            first = torch.addmm(self.model.att_in.bias.float(), cold, self._w_cand)  # (C, H1)
+            base = slice(0, self.n_items)
+            new.item_vectors = torch.cat([self.item_vectors[base], cold]).contiguous()
+            new.item_first = torch.cat([self.item_first[base], first]).contiguous()
+            new._item_vectors_cd = torch.cat([self._item_vectors_cd[base], cold.to(self.compute_dtype)]).contiguous()
+            new.item_category = torch.cat([self.item_category[base], categories.long()])
+        return new
 
     @property
     def fused(self) -> bool:

@@ -17,6 +17,9 @@ class TrainSettings(BaseSettings):
     seq_len: int = Field(50, ge=1, le=10_000, description="behaviours per history (L)")
     negatives: int = Field(1, ge=1, le=100, description="sampled negatives per training positive")
     eval_negatives: int = Field(20, ge=1, le=1000, description="sampled negatives per validation/test positive")
+    negative_power: float = Field(0.0, ge=0, le=2, description=(
+        "training negatives drawn ∝ item count^power (0: uniform; 1: as popular as they are); "
+        "validation/test negatives stay uniform"))
     item_dim: int = Field(16, ge=1, le=4096)
     cat_dim: int = Field(16, ge=1, le=4096)
     mlp_hidden: tuple[int, ...] = (200, 80)

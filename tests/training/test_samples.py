@@ -73,6 +73,20 @@ def test_negatives_share_the_history_and_never_equal_the_target():
     assert (sp.target_cat == s.vocab.item_category[sp.target_item]).all()
 
 
+def test_popularity_drawn_negatives_follow_the_counts_and_evaluation_stays_uniform():
+    data = generate(SyntheticConfig(n_users=200, n_items=300, n_categories=6, zipf_s=1.3, seed=5))
+    uniform, popular = build_samples(data, negatives=4), build_samples(data, negatives=4, negative_power=1.0)
+    counts = np.bincount(popular.seq_items, minlength=popular.vocab.n_items)
+
+    def mean_count(split):
+        return counts[split.target_item[split.label == 0]].mean()
+
+    assert mean_count(popular.train) > 2 * mean_count(uniform.train)  # negatives as popular as they are
+    assert mean_count(popular.test) < 1.3 * mean_count(uniform.test)  # evaluation: uniform either way
+    groups = popular.train.target_item.reshape(-1, 5)
+    assert (groups[:, 1:] != groups[:, :1]).all() and (groups > 0).all()  # never the target, never padding
+
+
 def test_test_targets_are_never_earlier_than_train_targets_of_the_same_user():
     s = build_samples(generate(SyntheticConfig(n_users=80, n_items=100, seed=4)))
     # a positive's history ends where its own (user, ts) group starts, so seq_ts[hist_end] is its time

@@ -1,0 +1,55 @@
+"""New items, recallable before the next retraining: the store's catalog (every item in the order it
+was first seen in a behaviour) is polled every ``DINREC_CATALOG_POLL_S``; items the serving model
+does not know join its cold lane (serving.ranking.ColdLane: recalled through their category's
+vector, scored by DIN as an unknown item of that category). A model that loads later gets the
+same list, and keeps only what it does not know itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from feature_store.online import OnlineStore
+
+log = logging.getLogger(__name__)
+
+
+class Catalog:
+    def __init__(self, store: OnlineStore, known: Callable[[str], bool],
+                 apply: Callable[[list[tuple[str, str]]], None]) -> None:
+        """``known(item)``: whether the serving model knows it; ``apply(items)``: give the models the
+        current list of (item, category) they may not know."""
+        self.store, self.known, self.apply = store, known, apply
+        self.cursor = 0
+        self.items: list[tuple[str, str]] = []  # replaced whole: read by model swaps
+
+    def poll(self) -> int:
+        """Read what the catalog gained since the last poll; returns how many new items it had."""
+        new: list[tuple[str, str]] = []
+        while True:
+            page, cursor = self.store.catalog(self.cursor)
+            if not page:
+                break
+            new += [(item, cat) for item, cat in page if not self.known(item)]
+            self.cursor = cursor
+        if new:
+            self.items = self.items + new
+            self.apply(self.items)
+            log.info("catalog: %d items the model does not know are recallable by category", len(self.items))
+        return len(new)
+
+    def run(self, stop: threading.Event, interval_s: float) -> threading.Thread:
+        def loop() -> None:
+            while True:
+                try:
+                    self.poll()
+                except Exception as exc:  # noqa: BLE001 - a store outage must not end the poller
+                    log.warning("catalog poll failed; will retry: %s", exc)
+                if stop.wait(interval_s):
+                    return
+
+        thread = threading.Thread(target=loop, name="dinrec-catalog", daemon=True)
+        thread.start()
+        return thread
