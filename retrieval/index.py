@@ -158,6 +158,23 @@ class FaissIndex:
         return cls(index, index.d, ef_search)
 
 
+EF_SEARCH_STEPS = (300, 500, 800, 1200, 2000)
+
+
+def tune_ef_search(index: FaissIndex, exact: FaissIndex | ExactIndex, queries: np.ndarray, k: int = 200,
+                   target: float = 0.95, steps: tuple[int, ...] = EF_SEARCH_STEPS) -> tuple[int, float, dict]:
+    """The smallest efSearch in ``steps`` whose recall@``k`` against ``exact`` on ``queries`` reaches
+    ``target`` (else the largest); sets it on ``index``. Returns (efSearch, its recall, recall by step
+    tried). The graph's recall falls as the catalog grows, so it is measured, not assumed."""
+    tried: dict[int, float] = {}
+    for ef in steps:
+        index.ef_search = ef
+        tried[ef] = round(recall_at_k(index, exact, queries, k), 4)
+        if tried[ef] >= target:
+            break
+    return index.ef_search, tried[index.ef_search], tried
+
+
 def set_search_threads(n: int) -> None:
     """Threads FAISS may use per search (its OpenMP pool is separate from torch's)."""
     import faiss

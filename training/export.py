@@ -15,8 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrieval.index import ExactIndex, FaissIndex, IndexSpec, recall_at_k
+from retrieval.index import FaissIndex, IndexSpec, tune_ef_search
 from training.bundle import ITEM_COUNTS_FILE, ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
+from training.data import gather_history
 from training.model import DIN
 from training.recall import RecallSpace
 from training.samples import SampleSet
@@ -37,10 +38,11 @@ def popularity(samples: SampleSet, top: int = 1000) -> list[tuple[str, float]]:
     return [(samples.vocab.items[i], float(counts[i])) for i in order if counts[i] > 0]
 
 
-def build_item_index(space: RecallSpace, spec: IndexSpec | None = None, probes: int = 200,
+def build_item_index(space: RecallSpace, spec: IndexSpec | None = None, probes: np.ndarray | None = None,
                      k: int = 200) -> tuple[FaissIndex, dict]:
-    """The recall index and what to record about it (for HNSW, recall@k vs exact on user-like
-    queries: the recall space's query for 10 random items)."""
+    """The recall index and what to record about it. For HNSW, efSearch is chosen by measurement:
+    the smallest that finds 95 % of the exact top ``k`` for the ``probes`` (queries, (P, D); default:
+    the queries of 200 random 10-item histories), recorded with that recall."""
     spec = spec or IndexSpec()
     table = space.item_vectors  # (n_items, D), row = item index
     ids = np.arange(1, len(table), dtype=np.int64)
@@ -48,18 +50,35 @@ def build_item_index(space: RecallSpace, spec: IndexSpec | None = None, probes: 
     index = FaissIndex.build(vectors, ids, spec)
     info: dict = {"kind": index.kind, "items": len(ids), "space": space.kind, "spec": spec.to_json()}
     if index.kind != "flat":
-        rng = np.random.default_rng(0)
-        hist = rng.integers(1, len(table), (probes, 10))  # (P, 10)
-        cats = space.item_category[hist].numpy()
-        queries = space.queries(torch.from_numpy(hist), torch.from_numpy(cats))  # (P, D)
-        info[f"recall_at_{k}"] = round(recall_at_k(index, ExactIndex(vectors, ids), queries, k), 4)
+        if probes is None:
+            hist = np.random.default_rng(0).integers(1, len(table), (200, 10))  # (P, 10)
+            probes = space.queries(torch.from_numpy(hist), space.item_category[hist])
+        exact = FaissIndex.build(vectors, ids, IndexSpec(kind="flat"))
+        ef, recall, tried = tune_ef_search(index, exact, probes, k)
+        info["spec"] = {**info["spec"], "ef_search": ef}
+        info[f"recall_at_{k}"] = recall
+        info["ef_search_tried"] = tried
     return index, info
+
+
+def _probe_queries(space: RecallSpace, samples: SampleSet, n: int = 200) -> np.ndarray:
+    """Recall queries of ``n`` real test histories: what the index will be asked (P, D)."""
+    split = samples.test
+    rows = np.flatnonzero(split.label == 1)
+    rows = np.random.default_rng(0).choice(rows, min(n, len(rows)), replace=False) if len(rows) else rows
+    end, length = torch.from_numpy(split.hist_end[rows]), torch.from_numpy(split.hist_len[rows])
+    hist = gather_history(torch.from_numpy(samples.seq_items), end, length, samples.seq_len)  # (P, L)
+    cats = gather_history(torch.from_numpy(samples.seq_cats), end, length, samples.seq_len)
+    return space.queries(hist, cats)
 
 
 def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict,
                   index_spec: IndexSpec | None = None, towers: Towers | None = None) -> Path:
     """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings)."""
-    index, info = build_item_index(RecallSpace(model, towers, samples.vocab.item_category), index_spec)
+    space = RecallSpace(model, towers, samples.vocab.item_category)
+    resolved = (index_spec or IndexSpec()).resolve(samples.vocab.n_items - 1, space.dim)
+    probes = _probe_queries(space, samples) if resolved != "flat" and len(samples.test) else None
+    index, info = build_item_index(space, index_spec, probes)
     # The input contract belongs to the model's config: how long a history it was trained on.
     model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": int(metrics["seq_len"])})
     return write_bundle(out, model, samples.vocab, metrics, popularity(samples), towers=towers,

@@ -45,5 +45,5 @@ class TrainSettings(BaseSettings):
     recall_epochs: int = Field(20, ge=0, le=1000, description=(
         "epochs of the recall towers trained beside DIN (early-stopped on validation HR@200); 0 = none: "
         "recall from DIN's item embeddings"))
-    recall_dim: int = Field(64, ge=2, le=4096, description="the recall towers' vector size (the FAISS index's)")
+    recall_dim: int = Field(32, ge=2, le=4096, description="the recall towers' vector size (the FAISS index's)")
     recall_lr: float = Field(3e-3, gt=0, le=1.0)

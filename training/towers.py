@@ -28,7 +28,7 @@ from torch import nn
 class TowersConfig:
     n_items: int
     n_categories: int
-    dim: int = 64
+    dim: int = 32
     seq_len: int = 50
     temperature: float = 0.07  # softmax temperature for training; cosine scores are in [-1, 1]
 

@@ -27,7 +27,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TowersSettings:
-    dim: int = 64
+    dim: int = 32
     epochs: int = 20
     batch_size: int = 512
     lr: float = 3e-3

@@ -74,3 +74,20 @@ def test_hnsw_finds_95_percent_of_the_exact_top_200_on_100k_items(tmp_path):
     loaded = FaissIndex.load(tmp_path / "i.faiss")
     assert loaded.kind == "hnsw" and (loaded.search(queries[:5], 50)[0] == index.search(queries[:5], 50)[0]).all()
     assert recall_at_k(FaissIndex.build(v, ids, IndexSpec(kind="flat")), ExactIndex(v, ids), queries[:20], 200) == 1.0
+
+
+def test_ef_search_is_the_smallest_step_that_reaches_the_recall_target():
+    from retrieval.index import IndexSpec, recall_at_k, tune_ef_search
+
+    rng = np.random.default_rng(1)
+    v = rng.normal(size=(20_000, 16)).astype(np.float32)
+    ids = np.arange(1, 20_001, dtype=np.int64)
+    queries = np.stack([v[rng.integers(0, 20_000, 10)].mean(0) for _ in range(60)]).astype(np.float32)
+    index = FaissIndex.build(v, ids, IndexSpec(kind="hnsw", hnsw_m=8, ef_construction=40))
+    exact = FaissIndex.build(v, ids, IndexSpec(kind="flat"))
+    ef, recall, tried = tune_ef_search(index, exact, queries, k=100, target=0.9, steps=(100, 400, 1600))
+    assert list(tried)[-1] == ef == index.ef_search and recall == tried[ef] >= 0.9
+    assert all(r < 0.9 for step, r in tried.items() if step < ef)  # no smaller step reached the target
+    assert recall == round(recall_at_k(index, exact, queries, 100), 4)
+    ef, recall, tried = tune_ef_search(index, exact, queries, k=100, target=1.01, steps=(100, 400))
+    assert ef == 400 and list(tried) == [100, 400]  # unreachable: the largest step

@@ -62,3 +62,19 @@ def test_the_bundle_carries_its_input_contract_and_its_index_card(tiny_run):
     info = json.loads((bundle_dir / "item_index.json").read_text())
     assert info["kind"] == "flat" and info["items"] == samples.vocab.n_items - 1
     assert info == bundle.item_index_info
+
+
+def test_an_hnsw_index_gets_its_ef_search_measured_on_real_histories(tiny_run, tmp_path):
+    from retrieval.index import EF_SEARCH_STEPS, IndexSpec
+    from training.bundle import load_bundle
+    from training.export import export_bundle
+
+    _, samples, bundle_dir, metrics = tiny_run
+    v1 = load_bundle(bundle_dir)
+    bundle = load_bundle(export_bundle(tmp_path / "hnsw", v1.model, samples, dict(metrics),
+                                       IndexSpec(kind="hnsw"), towers=v1.towers))
+    info = bundle.item_index_info
+    assert info["kind"] == "hnsw" and info["space"] == "towers"
+    assert info["spec"]["ef_search"] in EF_SEARCH_STEPS and list(info["ef_search_tried"])[-1] == str(
+        info["spec"]["ef_search"])
+    assert info["recall_at_200"] >= 0.95 or info["spec"]["ef_search"] == EF_SEARCH_STEPS[-1]
