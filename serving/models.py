@@ -46,6 +46,7 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
     rec = Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
     rec.fresh_candidates = settings.fresh_candidates
+    rec.popular_candidates = settings.popular_candidates
     return rec
 
 

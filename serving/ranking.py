@@ -82,6 +82,8 @@ class Recommender:
         chosen, _ = choose_precision(self.model, self._item_cat, precision, self._probes())
         self.scorer = Scorer(self.model, self._item_cat, chosen)
         self.fresh_candidates = 0  # cold items every recall includes, however they score (a freshness lane)
+        self.popular_candidates = 0  # the bundle's most popular items every recall includes (a popularity lane)
+        self._popular_idx = [i for i in (self._item_idx.get(item) for item, _ in bundle.popularity) if i]
         self.cold: ColdLane | None = None
 
     def set_cold_items(self, items: list[tuple[str, str]]) -> int:
@@ -107,7 +109,17 @@ class Recommender:
     def _recall(self, query: np.ndarray, n: int, known: list[int], history: list[HistoryItem],
                 cold: ColdLane | None) -> np.ndarray:
         """The n best candidates for ``query`` (item indices; cold items past n_items), seen ones excluded:
-        the catalog's index merged by score with the cold lane's, plus ``fresh_candidates`` cold ones."""
+        the catalog's index merged by score with the cold lane's, plus ``fresh_candidates`` cold ones,
+        plus ``popular_candidates`` of the most popular items not already among them."""
+        out = self._by_score(query, n, known, history, cold)
+        if self.popular_candidates:  # the popularity lane: what everybody takes, whatever the query says
+            have = set(known) | set(out.tolist())
+            extra = [i for i in self._popular_idx if i not in have][:self.popular_candidates]
+            out = np.concatenate([out, np.asarray(extra, dtype=np.int64)])
+        return out
+
+    def _by_score(self, query: np.ndarray, n: int, known: list[int], history: list[HistoryItem],
+                  cold: ColdLane | None) -> np.ndarray:
         ids, scores = self.index.search(query, n, exclude=[set(known)])
         ids, scores = ids[0], scores[0]
         if cold is None:

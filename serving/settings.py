@@ -26,6 +26,8 @@ class ServingSettings(BaseSettings):
     catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
         "how often the store's item catalog is read for items the model does not know (recalled by category); "
         "0: never"))
+    popular_candidates: int = Field(0, ge=0, le=1000, description=(
+        "the popularity lane: this many of the most popular unseen items join every recall (DIN ranks them)"))
     fresh_candidates: int = Field(0, ge=0, le=1000, description=(
         "the freshness lane: this many of the best new items (unknown to the model) join every recall"))
     recall_ef_search: int | None = Field(None, ge=1, le=100_000,

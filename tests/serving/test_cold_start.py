@@ -46,6 +46,12 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         rec.fresh_candidates = 2  # the freshness lane: new items join every recall
         assert {"brand-new", "other-new"} <= set(rec.recall_items(history, 20))
         rec.fresh_candidates = 0
+        popular = [i for i, _ in rec.bundle.popularity if i not in set(fan_items)][:3]
+        assert not set(popular) <= set(recalled)
+        rec.popular_candidates = 3  # the popularity lane: the most popular unseen items join too
+        with_popular = rec.recall_items(history, 20)
+        assert set(popular) <= set(with_popular) and with_popular[:20] == recalled and len(with_popular) <= 23
+        rec.popular_candidates = 0
         early = [HistoryItem(1.95e9, "n1", "brand-new", fans_cat)]
         assert "brand-new" not in rec.recall_items(history + early, 20)  # once seen, excluded too
         # Through HTTP: DIN scores the new item (as an unknown item of its category) like any other.
