@@ -46,7 +46,7 @@ def _update(state: ServiceState, change) -> dict:
     if path is None:
         raise HTTPException(409, "no DINREC_EXPERIMENTS_FILE to keep experiments in")
     with _write_lock:
-        current = Experiments.load(path) if path.exists() else Experiments([])
+        current = Experiments.load(path)
         try:
             candidate = ExperimentFile(version=current.version, experiments=change(list(current.all)))
             if state.models is not None:
@@ -93,6 +93,8 @@ def watch_file(state: ServiceState, stop: threading.Event) -> threading.Thread |
         while not stop.wait(state.settings.reload_poll_s):
             mtime = None
             try:
+                if not path.exists():  # not written yet (the admin API creates it)
+                    continue
                 mtime = path.stat().st_mtime_ns
                 if mtime in (state.experiments.mtime_ns, failed_mtime[0]):
                     continue

@@ -22,7 +22,7 @@ class Experiments:
 
     @classmethod
     def load(cls, path: str | Path | None) -> Experiments:
-        if not path:
+        if not path or not Path(path).exists():  # none yet: the admin API creates it
             return cls([])
         mtime = Path(path).stat().st_mtime_ns
         loaded = ExperimentFile.load(path)

@@ -17,8 +17,7 @@ EXP = {"name": "late", "status": "running", "variants": [{"name": "a"}, {"name":
 
 
 def test_put_and_status_rewrite_the_file_and_every_replica_follows(tiny_run, tmp_path):
-    path = tmp_path / "experiments.json"
-    path.write_text(json.dumps({"experiments": []}))
+    path = tmp_path / "experiments.json"  # not there yet: replicas start with none, the first PUT writes it
     store = MemoryStore()
     user = sorted(set(tiny_run[0].user_id.tolist()))[0]
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, admin_token="s3cret",
@@ -26,6 +25,7 @@ def test_put_and_status_rewrite_the_file_and_every_replica_follows(tiny_run, tmp
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as one, \
             live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as two:
         assert one.get("/recommend", params={"user_id": user}).json()["experiment"] is None
+        assert not path.exists() and one.get("/experiments").json() == {"experiments": []}
         assert one.put("/admin/experiments/late", json=EXP).status_code == 401  # no token
         r = one.put("/admin/experiments/late", json=EXP, headers=ADMIN)
         assert r.status_code == 200 and r.json() == {"version": 1, "experiments": ["late"]}

@@ -1,0 +1,103 @@
+"""The deployment files are validated here, not run: Kubernetes manifests against the API schemas
+(kubernetes-validate, offline, strict), the Dockerfile by hadolint, docker-compose parsed and checked
+for what operators rely on, and every DINREC_ variable they set is a setting dinrec reads."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from feature_store.settings import FeatureStoreSettings
+from serving.settings import ServingSettings
+from tests.conftest import REPO
+from training.settings import TrainSettings
+
+K8S = sorted((REPO / "deploy" / "k8s").glob("*.yaml"))
+COMPOSE = REPO / "deploy" / "docker" / "docker-compose.yml"
+DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
+
+
+def _tool(name: str) -> str:
+    path = Path(sys.executable).with_name(name)
+    found = str(path) if path.exists() else shutil.which(name)
+    if found is None:
+        pytest.fail(f"{name} is not installed: it comes with the dev extra (pip install -e '.[dev]')")
+    return found
+
+
+def _validate(*files: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([_tool("kubernetes-validate"), "--strict", "-k", "1.31.0", *map(str, files)],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_kubernetes_manifests_pass_strict_schema_validation():
+    assert {p.name for p in K8S} >= {"api.yaml", "ingest.yaml", "configmap.yaml", "secret.yaml"}
+    out = _validate(*K8S)
+    assert out.returncode == 0, out.stdout + out.stderr
+    kinds = {d["kind"] for p in K8S for d in yaml.safe_load_all(p.read_text()) if d}
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "StatefulSet", "ConfigMap", "Secret"} <= kinds
+
+
+def test_the_validator_would_catch_a_broken_manifest(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text((REPO / "deploy" / "k8s" / "api.yaml").read_text().replace("replicas: 2", "replica: 2", 1))
+    out = _validate(broken)
+    assert out.returncode != 0 and "replica" in out.stdout + out.stderr
+
+
+def test_the_api_probes_and_rollout_keep_serving():
+    api = next(d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "api.yaml").read_text())
+               if d["kind"] == "Deployment")
+    (container,) = api["spec"]["template"]["spec"]["containers"]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert api["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # no capacity lost in a rollout
+    assert api["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+
+
+def test_the_dockerfile_passes_hadolint_and_runs_as_non_root():
+    out = subprocess.run([_tool("hadolint"), "--failure-threshold", "warning", str(DOCKERFILE)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    text = DOCKERFILE.read_text()
+    assert re.search(r"^USER 10001", text, re.M) and "download.pytorch.org/whl/cpu" in text
+
+
+def test_compose_runs_every_part_with_healthchecks_and_volumes():
+    compose = yaml.safe_load(COMPOSE.read_text())
+    services = compose["services"]
+    assert set(services) == {"redis", "kafka", "api", "ingest"}
+    assert all("healthcheck" in s for s in services.values())
+    assert services["api"]["command"] == ["serve"] and services["ingest"]["command"] == ["ingest"]
+    assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
+    assert set(compose["volumes"]) >= {"redis-data", "kafka-data", "registry"}
+
+
+def _dinrec_variables() -> set[str]:
+    names: set[str] = set()
+    for p in K8S:
+        for doc in yaml.safe_load_all(p.read_text()):
+            if not doc:
+                continue
+            names |= {k for k in {**doc.get("data", {}), **doc.get("stringData", {})} if k.startswith("DINREC_")}
+            for c in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+                names |= {e["name"] for e in c.get("env", []) if e["name"].startswith("DINREC_")}
+    compose = yaml.safe_load(COMPOSE.read_text())
+    for s in compose["services"].values():
+        names |= {k for k in s.get("environment", {}) if k.startswith("DINREC_")}
+    names |= {k for k in compose["x-dinrec-env"] if k.startswith("DINREC_")}
+    names |= set(re.findall(r"\b(DINREC_[A-Z0-9_]+)=", DOCKERFILE.read_text()))
+    return names
+
+
+def test_every_variable_the_deployment_sets_is_a_setting():
+    known = {f"DINREC_{f.upper()}" for cls in (ServingSettings, FeatureStoreSettings) for f in cls.model_fields}
+    known |= {f"DINREC_TRAIN_{f.upper()}" for f in TrainSettings.model_fields}
+    used = _dinrec_variables()
+    assert len(used) >= 10 and not used - known, sorted(used - known)
