@@ -105,7 +105,7 @@ class ModelManager:
         """Point ``alias`` at the version ``model`` (an alias or a version) names; returns the version.
         Replicas serving ``alias`` pick it up with their next poll."""
         version = self._variant_version(model)
-        self.registry.set_alias(alias, version)  # type: ignore[union-attr]
+        self.registry.set_alias(alias, version, reason="A/B winner")  # type: ignore[union-attr]
         return version
 
     def serving(self) -> list[Recommender]:

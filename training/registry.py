@@ -2,6 +2,7 @@
 
     {root}/bundles/{version}/      a bundle (training.bundle), never changed or removed once written
     {root}/aliases/{alias}         one line: the version the alias points at (champion, challenger, …)
+    {root}/alias-history/{alias}/{ns}.json   one immutable record per move: version, previous, at, reason
 
 In a folder (:class:`Registry`), publishing copies a bundle into a temp folder and renames it into
 place; moving an alias writes a temp file and renames it over the old one. Both are atomic on one
@@ -13,6 +14,10 @@ On S3 (:class:`S3Registry`, ``s3://bucket/prefix``) every object is one atomic P
 invisible. A reader downloads a version once into a local cache folder (verified against the
 manifest's checksums, then renamed into place): versions are immutable, so the cache never goes stale.
 :func:`open_registry` picks one by the location's form.
+
+Every alias move first writes its history record, then the pointer: a move that dies between the two
+leaves a record the pointer does not follow, and the pointer stays the truth. ``rollback`` points the
+alias back at the version it held before its current one (a rollback is itself a recorded move).
 """
 
 from __future__ import annotations
@@ -40,7 +45,40 @@ def _name(kind: str, value: str) -> str:
     return value
 
 
-class Registry:
+class _Aliases:
+    """Alias moves with their history, over a backend's ``_point``, ``_record`` and ``history``."""
+
+    def _point(self, alias: str, version: str) -> None: ...  # move the pointer (atomic)
+    def _record(self, alias: str, key: str, record: dict) -> None: ...  # write one immutable record
+    def history(self, alias: str) -> list[dict]: ...  # records, oldest first
+    def resolve(self, alias: str) -> str: ...
+
+    def set_alias(self, alias: str, version: str, reason: str = "set") -> None:
+        """Point ``alias`` at ``version`` (which must exist), recording the move."""
+        _name("alias", alias)
+        try:
+            previous: str | None = self.resolve(alias)
+        except RegistryError:
+            previous = None
+        self._require(version)
+        now = time.time_ns()
+        self._record(alias, f"{now:020d}", {"version": version, "previous": previous, "at": now / 1e9,
+                                              "reason": reason})
+        self._point(alias, version)
+
+    def _require(self, version: str) -> None: ...
+
+    def rollback(self, alias: str) -> str:
+        """Point ``alias`` back at the version it held before the current one; returns that version."""
+        current = self.resolve(alias)
+        for record in reversed(self.history(alias)):
+            if record["version"] == current and record.get("previous"):
+                self.set_alias(alias, record["previous"], reason=f"rollback from {current}")
+                return record["previous"]
+        raise RegistryError(f"alias {alias!r} has no earlier version to roll back to")
+
+
+class Registry(_Aliases):
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root)
         self.uri = str(self.root)
@@ -65,14 +103,19 @@ class Registry:
             raise RegistryError(f"could not publish {version}: {exc}") from exc
         return version
 
-    def set_alias(self, alias: str, version: str) -> None:
+    def _require(self, version: str) -> None:
         if not self.bundle_dir(version).is_dir():
             raise RegistryError(f"no version {version} in {self.root}")
-        path = self.root / "aliases" / _name("alias", alias)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.parent / f".{alias}.{time.time_ns()}"
-        tmp.write_text(version + "\n")
-        os.replace(tmp, path)
+
+    def _point(self, alias: str, version: str) -> None:
+        _atomic_write(self.root / "aliases" / _name("alias", alias), version + "\n")
+
+    def _record(self, alias: str, key: str, record: dict) -> None:
+        _atomic_write(self.root / "alias-history" / alias / f"{key}.json", json.dumps(record))
+
+    def history(self, alias: str) -> list[dict]:
+        folder = self.root / "alias-history" / _name("alias", alias)
+        return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
 
     def resolve(self, alias: str) -> str:
         try:
@@ -97,11 +140,18 @@ class Registry:
             raise RegistryError(str(exc)) from exc
 
 
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{time.time_ns()}"
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def _bundle_files(bundle: Path) -> list[Path]:
     return sorted(p for p in bundle.rglob("*") if p.is_file())
 
 
-class S3Registry:
+class S3Registry(_Aliases):
     """The same registry on S3: ``bundle_dir(version)`` is a verified local copy in ``cache_dir``."""
 
     def __init__(self, uri: str, cache_dir: str | Path, aws=None) -> None:  # aws: training.spot.aws.Aws
@@ -157,10 +207,18 @@ class S3Registry:
             self._put(f"bundles/{version}/{path.relative_to(bundle).as_posix()}", path.read_bytes())
         return version
 
-    def set_alias(self, alias: str, version: str) -> None:
+    def _require(self, version: str) -> None:
         if not self._exists(version):
             raise RegistryError(f"no version {version} in {self.uri}")
+
+    def _point(self, alias: str, version: str) -> None:
         self._put(f"aliases/{_name('alias', alias)}", (version + "\n").encode())
+
+    def _record(self, alias: str, key: str, record: dict) -> None:
+        self._put(f"alias-history/{alias}/{key}.json", json.dumps(record).encode())
+
+    def history(self, alias: str) -> list[dict]:
+        return [json.loads(self._get(k) or b"{}") for k in self._keys(f"alias-history/{_name('alias', alias)}/")]
 
     def resolve(self, alias: str) -> str:
         data = self._get(f"aliases/{_name('alias', alias)}")

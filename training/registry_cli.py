@@ -44,3 +44,68 @@ def list_(registry: Root) -> None:
     reg = open_registry(registry)
     typer.echo(json.dumps({"versions": {v: reg.manifest(v)["model_version"] for v in reg.versions()},
                            "aliases": reg.aliases()}))
+
+
+models_app = typer.Typer(help="Models in the registry: list, describe, promote, roll back (JSON out).",
+                         no_args_is_help=True)
+Alias = Annotated[str, typer.Option("--alias", help="the alias to move (what serving follows)")]
+
+
+def _summary(reg, version: str) -> dict:
+    manifest = reg.manifest(version)
+    metrics_path = Path(reg.bundle_dir(version)) / "metrics.json"
+    metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
+    recall = metrics.get("recall") or {}
+    return {"version": version, "model_version": manifest["model_version"], "created_at": manifest.get("created_at"),
+            "code_version": manifest.get("code_version"), "test_auc": metrics.get("test_auc"),
+            "test_gauc": metrics.get("test_gauc"), "recall_test_hr": recall.get("test_hr")}
+
+
+@models_app.command("list")
+def models_list(registry: Root) -> None:
+    """Every version with its offline metrics, and where each alias points."""
+    from training.registry import open_registry
+
+    reg = open_registry(registry)
+    typer.echo(json.dumps({"versions": [_summary(reg, v) for v in reg.versions()], "aliases": reg.aliases()}))
+
+
+@models_app.command("describe")
+def models_describe(version: str, registry: Root) -> None:
+    """One version: its manifest, metrics and the aliases pointing at it."""
+    from training.registry import open_registry
+
+    reg = open_registry(registry)
+    metrics_path = Path(reg.bundle_dir(version)) / "metrics.json"
+    typer.echo(json.dumps({**_summary(reg, version), "manifest": reg.manifest(version),
+                           "metrics": json.loads(metrics_path.read_text()) if metrics_path.is_file() else {},
+                           "aliases": sorted(a for a, v in reg.aliases().items() if v == version)}))
+
+
+@models_app.command("promote")
+def models_promote(version: str, registry: Root, alias: Alias = "champion") -> None:
+    """Point the alias at a version (recorded in its history); serving replicas hot-reload it."""
+    from training.registry import open_registry
+
+    reg = open_registry(registry)
+    reg.set_alias(alias, version, reason="promote")
+    typer.echo(json.dumps({"alias": alias, "version": version}))
+
+
+@models_app.command("rollback")
+def models_rollback(registry: Root, alias: Alias = "champion") -> None:
+    """Point the alias back at the version it held before the current one."""
+    from training.registry import open_registry
+
+    reg = open_registry(registry)
+    was = reg.resolve(alias)
+    now = reg.rollback(alias)
+    typer.echo(json.dumps({"alias": alias, "version": now, "was": was}))
+
+
+@models_app.command("history")
+def models_history(registry: Root, alias: Alias = "champion") -> None:
+    """Every move of the alias, oldest first."""
+    from training.registry import open_registry
+
+    typer.echo(json.dumps({"alias": alias, "history": open_registry(registry).history(alias)}))

@@ -123,6 +123,25 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     again = dinrec("publish", str(tiny_run[2]), "--version", "a")
     assert again.returncode == 2 and "immutable" in again.stderr
 
+    def models(*args: str) -> dict:
+        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", *args], cwd=REPO, env=env,
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    listed = models("list")
+    assert [v["version"] for v in listed["versions"]] == ["a", "b"]
+    assert listed["versions"][0]["test_auc"] == tiny_run[3]["test_auc"]  # the offline metrics travel along
+    assert models("describe", "b")["aliases"] == ["challenger"]
+    assert models("promote", "b") == {"alias": "champion", "version": "b"}
+    assert models("rollback") == {"alias": "champion", "version": "a", "was": "b"}
+    moves = models("history")["history"]
+    assert [(m["version"], m["previous"], m["reason"]) for m in moves] == [
+        ("a", None, "set"), ("b", "a", "promote"), ("a", "b", "rollback from b")]
+    nothing = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "rollback", "--alias", "challenger"],
+                             cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert nothing.returncode != 0 and "no earlier version" in nothing.stderr
+
 
 def test_experiment_variants_serve_the_models_they_name_and_follow_their_alias(registry, tiny_run, tmp_path):
     import json

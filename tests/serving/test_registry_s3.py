@@ -51,6 +51,12 @@ def test_publish_alias_resolve_and_a_verified_local_copy(s3_registry, tiny_run, 
     s3_registry.set_alias("champion", "v1")
     assert s3_registry.resolve("champion") == "v1" and s3_registry.aliases() == {"champion": "v1"}
     assert s3_registry.versions() == ["v1"]
+    assert s3_registry.publish(bundle_dir, "v2") == "v2"
+    s3_registry.set_alias("champion", "v2", reason="promote")
+    assert s3_registry.rollback("champion") == "v1" and s3_registry.resolve("champion") == "v1"
+    assert [(h["version"], h["previous"]) for h in s3_registry.history("champion")] == [
+        ("v1", None), ("v2", "v1"), ("v1", "v2")]
+    assert s3_registry.aliases() == {"champion": "v1"}  # history is not an alias
 
     local = s3_registry.bundle_dir("v1")
     assert local.parent == tmp_path / "cache"
