@@ -22,7 +22,6 @@ A store or stream failure is retried with backoff, holding the batch, for as lon
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
@@ -35,7 +34,7 @@ from feature_store.errors import InvalidEvent, OffsetConflict, StoreUnavailable,
 from feature_store.ingest_stats import IngestStats
 from feature_store.online.base import OnlineStore, StreamOffsets
 from feature_store.schema import BehaviourEvent
-from feature_store.streams.base import EventStream, OutgoingRecord, Record
+from feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
 
 log = logging.getLogger(__name__)
 
@@ -99,14 +98,13 @@ class Ingestor:
         self._on_applied = on_applied  # told of each batch once the store has it (benchmarks time it)
         # partition -> the last offset the store holds, as far as we know; None: ask the store.
         self._believed: dict[int, int | None] = {}
-        self._changes: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
+        self._changes = MembershipChanges()
         self._queue: deque[_Batch] = deque()  # polled, not yet written, in stream order
         self._inflight: _Write | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dinrec-ingest-write")
         self._committed: dict[int, int] = {}
         self._last_commit = time.monotonic()
-        self.consumer = stream.consumer(group, on_assigned=lambda ps: self._changes.put(("assigned", ps)),
-                                        on_revoked=lambda ps: self._changes.put(("revoked", ps)))
+        self.consumer = stream.consumer(group, on_assigned=self._changes.assigned, on_revoked=self._changes.revoked)
 
     # -------------------------------------------------------------- the loop
     def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
@@ -267,11 +265,7 @@ class Ingestor:
 
     # -------------------------------------------------------------- group membership and commits
     def _take_assignment_changes(self) -> None:
-        while True:
-            try:
-                kind, parts = self._changes.get_nowait()
-            except queue.Empty:
-                return
+        for kind, parts in self._changes.take():
             log.info("ingest: partitions %s %s", sorted(parts), kind)
             for p in parts:
                 if kind == "assigned":

@@ -198,3 +198,32 @@ def backfill(
     if to == "store":
         out["applied"] = applied
     typer.echo(json.dumps(out))
+
+
+@ingest_app.command("archive")
+def archive(
+    out: Annotated[Path, typer.Option(help="archive root: {out}/{topic}/date=…/hour=…/p{partition}-….jsonl")],
+    group: Annotated[str, typer.Option(help="the archive's own consumer group")] = "dinrec-archive",
+    max_records: Annotated[int | None, typer.Option(help="stop after archiving this many records")] = None,
+    idle_exit: Annotated[float | None, typer.Option(help="stop after this many idle seconds")] = None,
+    file_records: Annotated[int, typer.Option(help="records per file at most")] = 10_000,
+    file_age: Annotated[float, typer.Option(help="seconds a partition's open file may wait")] = 60.0,
+) -> None:
+    """Write the stream (behaviours, impressions, clicks) to time-partitioned JSON-lines files,
+    each record exactly once: the training data of record, beyond Kafka's retention."""
+    from feature_store.archive import Archiver
+    from feature_store.streams import open_stream
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    settings = _kafka_settings()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stream = open_stream(settings)
+    archiver = Archiver(stream, out, group, max_file_records=file_records, max_file_age_s=file_age)
+    try:
+        stats = archiver.run(stop, max_records=max_records, idle_exit_s=idle_exit)
+    finally:
+        archiver.close()
+        stream.close()
+    typer.echo(json.dumps({"records": stats.records, "files": stats.files, "redelivered": stats.redelivered}))

@@ -11,8 +11,9 @@ with the events (see feature_store.ingest), so a consumer that dies anywhere res
 
 from __future__ import annotations
 
+import queue
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -49,6 +50,28 @@ class OutgoingRecord:
 
 def event_record(event: BehaviourEvent) -> OutgoingRecord:
     return OutgoingRecord(event.to_bytes(), key=event.user_id.encode())
+
+
+class MembershipChanges:
+    """Partition assignments and revocations, queued by the consumer's callbacks (which run inside
+    ``poll``) and taken by the consuming loop between polls, where acting on them is safe."""
+
+    def __init__(self) -> None:
+        self._q: queue.SimpleQueue[tuple[str, set[int]]] = queue.SimpleQueue()
+
+    def assigned(self, partitions: set[int]) -> None:
+        self._q.put(("assigned", partitions))
+
+    def revoked(self, partitions: set[int]) -> None:
+        self._q.put(("revoked", partitions))
+
+    def take(self) -> Iterator[tuple[str, set[int]]]:
+        """("assigned" | "revoked", partitions) in the order they happened, until none is left."""
+        while True:
+            try:
+                yield self._q.get_nowait()
+            except queue.Empty:
+                return
 
 
 class Consumer(ABC):

@@ -11,18 +11,7 @@ from feature_store.ingest import ERROR_HEADER, SOURCE_HEADER, run_ingest
 from feature_store.online.memory import MemoryStore
 from feature_store.schema import BehaviourEvent
 from feature_store.streams.base import OutgoingRecord
-from feature_store.streams.inprocess import InProcessStream
 from feature_store.streams.kafka_stream import KafkaStream
-
-
-@pytest.fixture(params=["inprocess", "kafka"])
-def stream(request, unique):
-    if request.param == "inprocess":
-        s = InProcessStream()
-    else:
-        s = KafkaStream(request.getfixturevalue("kafka_bootstrap"), topic=unique)
-    yield s
-    s.close()
 
 
 def events(n: int, start: int = 0) -> list[BehaviourEvent]:

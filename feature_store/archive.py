@@ -1,0 +1,152 @@
+"""The event archive: the stream, written to time-partitioned JSON-lines files, each record once.
+
+Kafka keeps events for its retention period; training data of record must outlive it. An
+:class:`Archiver` is its own consumer group on the topic (behaviours, impressions, clicks: every
+record as it was published) and writes what it reads, per partition, to files::
+
+    {root}/{topic}/date=YYYY-MM-DD/hour=HH/p{partition}-{first:012d}-{last:012d}.jsonl
+
+(the date and hour of the file's first record, by its produce time; one record's bytes per line).
+A file is written to a temporary name and renamed into place, so it is whole or absent. **The files
+are the archive's offsets**: on assignment a partition is read from one past the highest offset any
+file covers, and a redelivered record at or below it is dropped — so a crash between writing a file
+and committing to the group re-reads nothing twice, whatever the group's committed offsets say.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from feature_store.streams.base import EventStream, MembershipChanges, Record
+
+log = logging.getLogger(__name__)
+_FILE = re.compile(r"^p(\d+)-(\d{12})-(\d{12})\.jsonl$")
+
+
+@dataclass
+class ArchiveStats:
+    records: int = 0
+    files: int = 0
+    redelivered: int = 0  # records dropped because a file already holds them
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+def archived_offsets(root: str | Path, topic: str) -> dict[int, int]:
+    """Per partition, the highest offset any archive file of ``topic`` covers."""
+    out: dict[int, int] = {}
+    folder = Path(root) / topic
+    if folder.is_dir():
+        for path in folder.rglob("p*.jsonl"):
+            m = _FILE.match(path.name)
+            if m:
+                p, last = int(m.group(1)), int(m.group(3))
+                out[p] = max(out.get(p, -1), last)
+    return out
+
+
+def read_archive(root: str | Path, topic: str) -> list[bytes]:
+    """Every archived record of ``topic``, by partition then offset (for retraining and checks)."""
+    files = []
+    for path in (Path(root) / topic).rglob("p*.jsonl"):
+        m = _FILE.match(path.name)
+        if m:
+            files.append((int(m.group(1)), int(m.group(2)), path))
+    out: list[bytes] = []
+    for _, _, path in sorted(files):
+        out += [line for line in path.read_bytes().split(b"\n") if line]
+    return out
+
+
+class Archiver:
+    def __init__(self, stream: EventStream, root: str | Path, group: str = "dinrec-archive", *,
+                 max_file_records: int = 10_000, max_file_age_s: float = 60.0) -> None:
+        self.stream, self.root, self.topic = stream, Path(root), stream.topic
+        self.max_file_records, self.max_file_age_s = max_file_records, max_file_age_s
+        self.stats = ArchiveStats()
+        self._archived = archived_offsets(self.root, self.topic)  # partition -> last offset in a file
+        self._buffers: dict[int, list[Record]] = {}
+        self._opened: dict[int, float] = {}  # partition -> when its buffer got its first record
+        self._changes = MembershipChanges()
+        self.consumer = stream.consumer(group, on_assigned=self._changes.assigned, on_revoked=self._changes.revoked)
+
+    def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
+            idle_exit_s: float | None = None, poll_timeout_s: float = 0.5) -> ArchiveStats:
+        """Archive until ``stop``, ``max_records`` archived, or ``idle_exit_s`` without records; then
+        write what is buffered."""
+        stop = stop or threading.Event()
+        last_data = time.monotonic()
+        while not stop.is_set():
+            if max_records is not None and self.stats.records + self._buffered() >= max_records:
+                break
+            self._take_assignment_changes()
+            want = 1000 if max_records is None else min(1000, max_records - self.stats.records - self._buffered())
+            records = self.consumer.poll(max_records=want, timeout_s=poll_timeout_s)
+            self._take_assignment_changes()
+            for r in records:
+                if r.offset <= self._archived.get(r.partition, -1):
+                    self.stats.redelivered += 1
+                    continue
+                buf = self._buffers.setdefault(r.partition, [])
+                if buf and r.offset <= buf[-1].offset:  # redelivered after a rewind: already buffered
+                    self.stats.redelivered += 1
+                    continue
+                if not buf:
+                    self._opened[r.partition] = time.monotonic()
+                buf.append(r)
+            if records:
+                last_data = time.monotonic()
+            self._flush(force=False)
+            if not records and idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
+                break
+        self._flush(force=True)
+        return self.stats
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def _buffered(self) -> int:
+        return sum(len(b) for b in self._buffers.values())
+
+    def _take_assignment_changes(self) -> None:
+        for kind, parts in self._changes.take():
+            on_disk = archived_offsets(self.root, self.topic) if kind == "assigned" else {}
+            for p in parts:
+                self._buffers.pop(p, None)  # either way: what we hold is re-read from the files' end
+                if kind == "assigned":  # another member may have archived more of it meanwhile
+                    self._archived[p] = on_disk.get(p, -1)
+                    self.consumer.seek(p, self._archived[p] + 1)
+
+    def _flush(self, force: bool) -> None:
+        now = time.monotonic()
+        for p, buf in list(self._buffers.items()):
+            if buf and (force or len(buf) >= self.max_file_records or now - self._opened[p] >= self.max_file_age_s):
+                for start in range(0, len(buf), self.max_file_records):
+                    self._write(p, buf[start:start + self.max_file_records])
+                self._buffers[p] = []
+
+    def _write(self, partition: int, records: list[Record]) -> None:
+        first, last = records[0].offset, records[-1].offset
+        ts = (records[0].timestamp_ms or int(time.time() * 1000)) / 1000
+        when = datetime.fromtimestamp(ts, UTC)
+        folder = self.root / self.topic / f"date={when:%Y-%m-%d}" / f"hour={when:%H}"
+        folder.mkdir(parents=True, exist_ok=True)
+        path = folder / f"p{partition}-{first:012d}-{last:012d}.jsonl"
+        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
+        with open(tmp, "wb") as f:
+            f.write(b"".join(r.value.rstrip(b"\n") + b"\n" for r in records))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)  # the file is the record that these offsets are archived
+        self._archived[partition] = last
+        with self.stats.lock:
+            self.stats.records += len(records)
+            self.stats.files += 1
+        self.consumer.commit({partition: last + 1})  # a hint for lag tools; the files are the truth
+        log.info("archive: %s (%d records)", path, len(records))

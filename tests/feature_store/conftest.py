@@ -1,0 +1,18 @@
+"""Fixtures shared by the feature_store tests."""
+
+from __future__ import annotations
+
+import pytest
+
+from feature_store.streams.inprocess import InProcessStream
+from feature_store.streams.kafka_stream import KafkaStream
+
+
+@pytest.fixture(params=["inprocess", "kafka"])
+def stream(request, unique):
+    if request.param == "inprocess":
+        s = InProcessStream()
+    else:
+        s = KafkaStream(request.getfixturevalue("kafka_bootstrap"), topic=unique)
+    yield s
+    s.close()
