@@ -35,15 +35,18 @@ class MemoryStore(OnlineStore):
         # (stopped | timeline, experiment) -> key (variant | time bucket) -> document
         self._ab_docs: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
+        self._head: set[str] | None = None  # the top 10 % by popularity, ranked when first needed
 
     def _long_tail(self, item: str) -> bool:
-        """Outside the top 10 % of items by behaviours so far (as the Redis store's script decides)."""
-        mine = self._pop.get(item)
-        if mine is None:
+        """Outside the top 10 % of items by behaviours so far (as the Redis store's script decides:
+        by count, ties by member, descending). Popularity changes only after a write's batch, so the
+        head is ranked once per write that needs it, not once per click."""
+        if item not in self._pop:
             return True
-        ahead = sum(1 for n in self._pop.values() if n > mine) + sum(  # ties: Redis orders them by member
-            1 for other, n in self._pop.items() if n == mine and other > item)
-        return ahead >= math.ceil(0.1 * len(self._pop))
+        if self._head is None:
+            ranked = sorted(self._pop.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
+            self._head = {i for i, _ in ranked[:math.ceil(0.1 * len(ranked))]}
+        return item not in self._head
 
     def _count(self, user: str, experiment: str, variant: str, clicks: int, item: str = "") -> None:
         """One impression (clicks=0) or click (clicks=1) of ``user`` in ``variant``."""
@@ -74,6 +77,11 @@ class MemoryStore(OnlineStore):
         added = 0
         increments: Counter[str] = Counter()  # applied after the batch, as the Redis script does
         with self._lock:
+            self._head = None  # popularity moved since the last write
+            # Attribution entries were inserted in time order: drop the expired ones from the front,
+            # as Redis lets them expire, so a long-running embedded service does not grow without end.
+            while self._att and next(iter(self._att.values()))[2] <= now - self.dedup_window_s:
+                del self._att[next(iter(self._att))]
             if offsets is not None:
                 held = self._offsets[offsets.topic]
                 stale = {p: held.get(p, -1) for p, want in offsets.expected.items() if held.get(p, -1) != want}

@@ -274,3 +274,15 @@ def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(
     store.write([ev("u3", "d", 4.0, category_id="c4")])  # redelivered: nothing new
     assert store.catalog(cursor) == ([("d", "c4")], 3)  # a keeps its first category and its place
     assert store.catalog(3) == ([], 3) and len(store.catalog(0, limit=2)[0]) == 2
+
+
+def test_the_embedded_store_forgets_attributions_after_the_window(clock):
+    from feature_store.online.memory import MemoryStore
+
+    store = MemoryStore(dedup_window_s=3600, clock=clock)
+    store.write([imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A")])
+    clock.now += 3601
+    store.write([imp("u2", "c", "r2", "A")])  # a later write drops what expired, as Redis expires it
+    assert set(store._att) == {("r2", "c")}  # memory stays bounded by the window's traffic
+    store.write([click("u1", "a", "r1", eid="late"), click("u2", "c", "r2", eid="fresh")])
+    assert store.ab_unattributed()["orphan_clicks"] == 1 and store.ab_sums("exp1")["A"].clicks == 1
