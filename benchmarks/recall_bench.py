@@ -169,10 +169,10 @@ def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 
     with tempfile.TemporaryDirectory() as tmp:
         index.save(Path(tmp) / "index.faiss")
         size = (Path(tmp) / "index.faiss").stat().st_size
+    exact = FaissIndex.build(vectors, ids, IndexSpec(kind="flat"))
     tuning: dict = {}
     if index.kind == "hnsw":  # as export does: efSearch measured on half the queries, timed on the other half
-        ef, recall, tried = tune_ef_search(index, FaissIndex.build(vectors, ids, IndexSpec(kind="flat")),
-                                           q[:queries // 2], k)
+        ef, recall, tried = tune_ef_search(index, exact, q[:queries // 2], k)
         tuning = {"ef_search": ef, "ef_search_tried": tried}
     faiss.omp_set_num_threads(1)  # queries as a serving worker runs them
     held_out = q[queries // 2:]
@@ -182,7 +182,6 @@ def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 
         t = time.perf_counter()
         index.search(held_out[r:r + 1], k, exclude=[exclude[r]])
         times.append(time.perf_counter() - t)
-    exact = FaissIndex.build(vectors, ids, IndexSpec(kind="flat"))
     return {"items": items, "dim": dim, "index": index.kind, "spec": spec.to_json(),
             "build_s": round(build_s, 1), "index_mb": round(size / 2**20, 1),
             "vectors_mb": round(vectors.nbytes / 2**20, 1),

@@ -33,7 +33,7 @@ def demo(
     from serving.app import create_app
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
-    from serving.simulate import simulate
+    from serving.simulate import simulate, wait_until_logged
     from training.export import export_with_recall
     from training.loop import train
     from training.samples import build_samples
@@ -106,12 +106,7 @@ def demo(
                 "variants": [{"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]})
             users = 300 if smoke else 1000
             served = simulate(httpx.Client(base_url=base, timeout=30), world, users=users, rounds=2, k=10)
-            shown = sum(v["shown"] for name, v in served.items() if name != "(none)")
-            deadline = time.monotonic() + 60  # impressions are logged off the request path
-            while sum(x.impressions for x in store.ab_sums("din-vs-popular").values()) < shown:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("impressions were not all logged")
-                time.sleep(0.05)
+            wait_until_logged(store, "din-vs-popular", served)
             results = client.get(base + "/experiments/din-vs-popular/results").json()
             ctrs = ", ".join(f"{v} CTR {100 * s['ctr']:.2f}%" for v, s in results["results"]["variants"].items())
             lifts = "".join(f"; {c['variant']} lift {100 * c['lift']:+.1f}% (p = {c['p_value']:.2g}, "

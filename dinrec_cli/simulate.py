@@ -46,6 +46,7 @@ def simulate(
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
     from serving.simulate import simulate as run
+    from serving.simulate import wait_until_logged
     from training.export import export_with_recall
     from training.loop import train
     from training.registry import Registry
@@ -94,12 +95,7 @@ def simulate(
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         t0 = time.perf_counter()
         served = run(client, world, users=users, rounds=rounds, k=k, seed=seed)
-        shown = sum(v["shown"] for name, v in served.items() if name != "(none)")
-        deadline = time.monotonic() + 60  # impressions are logged in the background: wait for all of them
-        while sum(s.impressions for s in store.ab_sums(experiment).values()) < shown:
-            if time.monotonic() > deadline:
-                raise RuntimeError("impressions were not all logged")
-            time.sleep(0.05)
+        wait_until_logged(store, experiment, served)
         report = client.get(f"/experiments/{experiment}/results").json()
         say(f"simulated {sum(v['requests'] for v in served.values())} requests in {time.perf_counter() - t0:.0f}s")
     report["served"] = served

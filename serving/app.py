@@ -51,13 +51,10 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
             state.recommender = rec
             state.metrics.serving_model(rec.model_version, rec.precision)
 
-        catalog: list[Catalog] = []  # set below, once the store is open; models loaded before start with none
-
-        def prepare(rec: Recommender) -> None:  # every model gets the new items the catalog knows
-            if catalog:
-                rec.set_cold_items(catalog[0].items)
-
-        models = ModelManager(settings, on_swap=swapped, prepare=prepare)
+        # New items the store's catalog knows and the models do not: every model loaded gets them.
+        catalog = Catalog(known=lambda item: models.current.knows(item),
+                          apply=lambda items: [rec.set_cold_items(items) for rec in models.serving()])
+        models = ModelManager(settings, on_swap=swapped, prepare=lambda rec: rec.set_cold_items(catalog.items))
         state = ServiceState(settings, fs_settings, models.current,
                              store or open_store(fs_settings), stream or open_stream(fs_settings), models=models)
         watch_stop = threading.Event()
@@ -77,9 +74,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
             state.guardrail.run(watch_stop)
         watch_experiments(state, watch_stop)
         if settings.catalog_poll_s > 0:
-            catalog.append(Catalog(state.store, known=lambda item: state.recommender.knows(item),
-                                   apply=lambda items: [rec.set_cold_items(items) for rec in models.serving()]))
-            catalog[0].run(watch_stop, settings.catalog_poll_s)
+            catalog.run(state.store, watch_stop, settings.catalog_poll_s)
         sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
                 else state.store.write)
         state.impressions = ImpressionLog(sink, on_drop=state.metrics.impressions_dropped.inc)

@@ -17,19 +17,18 @@ log = logging.getLogger(__name__)
 
 
 class Catalog:
-    def __init__(self, store: OnlineStore, known: Callable[[str], bool],
-                 apply: Callable[[list[tuple[str, str]]], None]) -> None:
+    def __init__(self, known: Callable[[str], bool], apply: Callable[[list[tuple[str, str]]], None]) -> None:
         """``known(item)``: whether the serving model knows it; ``apply(items)``: give the models the
         current list of (item, category) they may not know."""
-        self.store, self.known, self.apply = store, known, apply
+        self.known, self.apply = known, apply
         self.cursor = 0
         self.items: list[tuple[str, str]] = []  # replaced whole: read by model swaps
 
-    def poll(self) -> int:
-        """Read what the catalog gained since the last poll; returns how many new items it had."""
+    def poll(self, store: OnlineStore) -> int:
+        """Read what ``store``'s catalog gained since the last poll; returns how many new items it had."""
         new: list[tuple[str, str]] = []
         while True:
-            page, cursor = self.store.catalog(self.cursor)
+            page, cursor = store.catalog(self.cursor)
             if not page:
                 break
             new += [(item, cat) for item, cat in page if not self.known(item)]
@@ -40,11 +39,11 @@ class Catalog:
             log.info("catalog: %d items the model does not know are recallable by category", len(self.items))
         return len(new)
 
-    def run(self, stop: threading.Event, interval_s: float) -> threading.Thread:
+    def run(self, store: OnlineStore, stop: threading.Event, interval_s: float) -> threading.Thread:
         def loop() -> None:
             while True:
                 try:
-                    self.poll()
+                    self.poll(store)
                 except Exception as exc:  # noqa: BLE001 - a store outage must not end the poller
                     log.warning("catalog poll failed; will retry: %s", exc)
                 if stop.wait(interval_s):

@@ -88,6 +88,7 @@ class Guardrail:
                 "t": now, "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks}
                                        for v, s in sums.items()}})
             control = sums.get(exp.control_name, _EMPTY)
+            concluded = False
             judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
             for variant in exp.variants:
                 treated = sums.get(variant.name)
@@ -107,8 +108,8 @@ class Guardrail:
                         made.append(decision)
                 elif r.sequential == "better" and exp.promote and variant.model and self.promote is not None:
                     made += self._conclude(exp, variant, now, evidence)
+                    concluded = True  # by this replica, or by another first: a winner stands either way
             stopped = frozenset(self.store.ab_stopped(exp.name))
-            concluded = self.store.ab_conclusion(exp.name) is not None
             coverage = self._ramp(exp, now, green=judged and not stopped, made=made) if exp.ramp else None
             standing[exp.name] = Standing(stopped, coverage, concluded)
         self._standing = standing

@@ -90,15 +90,12 @@ class Recommender:
         """Make recallable the (item id, category id) pairs this model does not know but whose category
         it does (with recall towers only: their vector comes from the category); returns how many.
         Replaces the previous set."""
-        if self.recall.towers is None:
-            return 0
         picked = list({i: c for i, c in items if i not in self._item_idx and c in self._cat_idx}.items())
-        if not picked:
+        cats = torch.tensor([self._cat_idx[c] for _, c in picked], dtype=torch.long)  # (C,)
+        vectors = self.recall.cold_item_vectors(cats) if picked else None  # (C, D); None without towers
+        if vectors is None:
             self.cold = None
             return 0
-        cats = torch.tensor([self._cat_idx[c] for _, c in picked], dtype=torch.long)  # (C,)
-        with torch.inference_mode():
-            vectors = self.recall.towers.items(torch.zeros_like(cats), cats).float().numpy()  # (C, D)
         base = len(self.bundle.vocab.items)
         ids = np.arange(base, base + len(picked), dtype=np.int64)
         self.cold = ColdLane(FaissIndex.build(vectors, ids, IndexSpec(kind="flat")), [i for i, _ in picked],
@@ -184,14 +181,9 @@ class Recommender:
         scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                               torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
         scores = torch.sigmoid(scored.logits).tolist()  # (N,)
-        names, cat_names, base = self.bundle.vocab.items, self._item_cat_name, len(self.bundle.vocab.items)
         cand_list = cand.tolist()
-        if cold is None:
-            candidates = [(names[c], cat_names[c], s) for c, s in zip(cand_list, scores, strict=True)]
-        else:
-            candidates = [(names[c], cat_names[c], s) if c < base else
-                          (cold.names[c - base], cold.categories[c - base], s)
-                          for c, s in zip(cand_list, scores, strict=True)]
+        candidates = [(item, cat, s) for (item, cat), s in zip(self._describe(cand_list, cold), scores, strict=True)]
+        base = len(self.bundle.vocab.items)
         behaviours = [h for h, i in zip(window, items, strict=True) if i]  # the scorer's L (known ones), in order
         out = []
         # Cold items have no training count: they are long tail by definition.
@@ -223,8 +215,16 @@ class Recommender:
         items, cats = self._encode(history[-self.seq_len:])
         cold = self.cold
         ids = self._recall(self.recall.query(items, cats), n, [i for i in items if i], history, cold).tolist()
-        base, names = len(self.bundle.vocab.items), self.bundle.vocab.items
-        return [names[c] if c < base else cold.names[c - base] for c in ids]  # type: ignore[union-attr]
+        return [item for item, _ in self._describe(ids, cold)]
+
+    def _describe(self, ids: list[int], cold: ColdLane | None) -> list[tuple[str, str]]:
+        """(item id, category id) of candidate ids: the bundle's items, then the cold lane's past them."""
+        names, cat_names = self.bundle.vocab.items, self._item_cat_name
+        if cold is None:
+            return [(names[c], cat_names[c]) for c in ids]
+        base = len(names)
+        return [(names[c], cat_names[c]) if c < base else (cold.names[c - base], cold.categories[c - base])
+                for c in ids]
 
     def knows(self, item_id: str) -> bool:
         return item_id in self._item_idx
@@ -235,5 +235,5 @@ class Recommender:
             return self._item_cat_name[idx]
         cold = self.cold
         if cold is not None and item_id in cold.ids:
-            return cold.categories[cold.ids[item_id] - len(self.bundle.vocab.items)]
+            return self._describe([cold.ids[item_id]], cold)[0][1]
         return "unknown"

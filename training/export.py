@@ -17,7 +17,7 @@ import torch
 
 from retrieval.index import FaissIndex, IndexSpec, tune_ef_search
 from training.bundle import ITEM_COUNTS_FILE, ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
-from training.data import gather_history
+from training.data import split_histories
 from training.model import DIN
 from training.recall import RecallSpace
 from training.samples import SampleSet
@@ -32,8 +32,8 @@ def item_counts(samples: SampleSet) -> np.ndarray:
     return counts
 
 
-def popularity(samples: SampleSet, top: int = 1000) -> list[tuple[str, float]]:
-    counts = item_counts(samples)
+def popularity(samples: SampleSet, top: int = 1000, counts: np.ndarray | None = None) -> list[tuple[str, float]]:
+    counts = item_counts(samples) if counts is None else counts
     order = np.argsort(-counts, kind="stable")[:top]
     return [(samples.vocab.items[i], float(counts[i])) for i in order if counts[i] > 0]
 
@@ -66,10 +66,7 @@ def _probe_queries(space: RecallSpace, samples: SampleSet, n: int = 200) -> np.n
     split = samples.test
     rows = np.flatnonzero(split.label == 1)
     rows = np.random.default_rng(0).choice(rows, min(n, len(rows)), replace=False) if len(rows) else rows
-    end, length = torch.from_numpy(split.hist_end[rows]), torch.from_numpy(split.hist_len[rows])
-    hist = gather_history(torch.from_numpy(samples.seq_items), end, length, samples.seq_len)  # (P, L)
-    cats = gather_history(torch.from_numpy(samples.seq_cats), end, length, samples.seq_len)
-    return space.queries(hist, cats)
+    return space.queries(*split_histories(samples, split, rows))
 
 
 def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict,
@@ -81,10 +78,11 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
     index, info = build_item_index(space, index_spec, probes)
     # The input contract belongs to the model's config: how long a history it was trained on.
     model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": int(metrics["seq_len"])})
-    return write_bundle(out, model, samples.vocab, metrics, popularity(samples), towers=towers,
+    counts = item_counts(samples)
+    return write_bundle(out, model, samples.vocab, metrics, popularity(samples, counts=counts), towers=towers,
                         extra_files={ITEM_INDEX_FILE: index.save,
                                      ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
-                                     ITEM_COUNTS_FILE: lambda p: np.save(p, item_counts(samples))})
+                                     ITEM_COUNTS_FILE: lambda p: np.save(p, counts)})
 
 
 def export_with_recall(out: str | Path, model: DIN, samples: SampleSet, metrics: dict, settings: TrainSettings,

@@ -45,9 +45,10 @@ class RecallSpace:
         """One history (oldest first) → (1, D)."""
         return self.queries(torch.tensor([items], dtype=torch.long), torch.tensor([cats], dtype=torch.long))
 
-    def item_vector(self, category: int) -> np.ndarray | None:
-        """The vector of an item the model has never seen, from its category (towers only) → (D,)."""
+    def cold_item_vectors(self, categories: torch.Tensor) -> np.ndarray | None:
+        """(C,) category indices → (C, D) vectors of items the model has never seen, placed by their
+        category alone (towers only: None without them)."""
         if self.towers is None:
             return None
         with torch.inference_mode():
-            return self.towers.items(torch.tensor([0]), torch.tensor([category])).float().numpy()[0]
+            return self.towers.items(torch.zeros_like(categories), categories).float().numpy()

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.data import gather_history
+from training.data import split_histories
 from training.samples import SampleSet, Split
 from training.settings import TrainSettings
 from training.towers import Towers, TowersConfig
@@ -56,13 +56,6 @@ def _positives(split: Split) -> np.ndarray:
     return np.flatnonzero(split.label == 1)
 
 
-def _histories(samples: SampleSet, split: Split, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
-    seq_items, seq_cats = torch.from_numpy(samples.seq_items), torch.from_numpy(samples.seq_cats)
-    end, length = torch.from_numpy(split.hist_end[rows]), torch.from_numpy(split.hist_len[rows])
-    return (gather_history(seq_items, end, length, samples.seq_len),  # (B, L)
-            gather_history(seq_cats, end, length, samples.seq_len))
-
-
 @torch.no_grad()
 def hit_rate_at(model: Towers, samples: SampleSet, split: Split, n: int, item_category: torch.Tensor,
                 batch: int = 1024) -> float:
@@ -73,7 +66,7 @@ def hit_rate_at(model: Towers, samples: SampleSet, split: Split, n: int, item_ca
     hits = 0
     for s in range(0, len(rows), batch):
         r = rows[s:s + batch]
-        hist, cats = _histories(samples, split, r)
+        hist, cats = split_histories(samples, split, r)
         scores = model.users(hist, cats) @ table.T  # (B, I)
         scores[:, 0] = -torch.inf
         scores.scatter_(1, hist, -torch.inf)  # seen items (and padding 0) never recalled
@@ -101,7 +94,7 @@ def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings()
         total = 0.0
         for s in range(0, len(order), settings.batch_size):
             r = order[s:s + settings.batch_size]
-            hist, cats = _histories(samples, samples.train, r)
+            hist, cats = split_histories(samples, samples.train, r)
             target = torch.from_numpy(samples.train.target_item[r])  # (B,)
             users = model.users(hist, cats)  # (B, D)
             if full:

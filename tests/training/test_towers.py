@@ -78,6 +78,6 @@ def test_a_bundle_keeps_its_towers_and_recalls_with_them(samples, tmp_path):
     assert not tail[0] and int((~tail[1:]).sum()) == int(0.2 * seen)
     assert not tail[int(np.argmax(with_towers.item_counts))]
     legacy = RecallSpace(without.model, without.towers, without.vocab.item_category)
-    assert legacy.kind == "din_mean" and legacy.item_vector(1) is None
+    assert legacy.kind == "din_mean" and legacy.cold_item_vectors(torch.tensor([1])) is None
     mean = din.item_emb.weight[[5, 6, 7]].mean(dim=0).detach().numpy()
     assert np.allclose(legacy.queries(hist, cats)[0], mean, atol=1e-6)
