@@ -17,6 +17,7 @@ from feature_store.ingest_cli import ingest_app
 from serving.cli import serve
 from training.cli import train
 from training.registry_cli import models_app, registry_app
+from training.retrain.cli import retrain
 from training.spot.cli import plan, spot_app
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
@@ -27,6 +28,7 @@ app.command("train")(train)
 app.command("plan")(plan)
 app.add_typer(registry_app, name="registry")
 app.add_typer(models_app, name="models")
+app.command("retrain")(retrain)
 app.add_typer(spot_app, name="spot")
 app.command("serve")(serve)
 app.command("demo")(demo)

@@ -16,6 +16,7 @@ import yaml
 from feature_store.settings import FeatureStoreSettings
 from serving.settings import ServingSettings
 from tests.conftest import REPO
+from training.retrain.settings import RetrainSettings
 from training.settings import TrainSettings
 
 K8S = sorted((REPO / "deploy" / "k8s").glob("*.yaml"))
@@ -37,11 +38,29 @@ def _validate(*files: Path) -> subprocess.CompletedProcess:
 
 
 def test_kubernetes_manifests_pass_strict_schema_validation():
-    assert {p.name for p in K8S} >= {"api.yaml", "ingest.yaml", "configmap.yaml", "secret.yaml"}
+    assert {p.name for p in K8S} >= {"api.yaml", "ingest.yaml", "retrain.yaml", "configmap.yaml", "secret.yaml"}
     out = _validate(*K8S)
     assert out.returncode == 0, out.stdout + out.stderr
     kinds = {d["kind"] for p in K8S for d in yaml.safe_load_all(p.read_text()) if d}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "StatefulSet", "ConfigMap", "Secret"} <= kinds
+    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "StatefulSet", "CronJob", "ConfigMap",
+            "Secret"} <= kinds
+
+
+def test_the_retrain_cronjob_never_overlaps_and_fails_only_where_a_retry_cannot_help():
+    (cron,) = [d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "retrain.yaml").read_text())
+               if d["kind"] == "CronJob"]
+    spec = cron["spec"]
+    assert spec["concurrencyPolicy"] == "Forbid" and spec["startingDeadlineSeconds"] > 0
+    assert spec["successfulJobsHistoryLimit"] >= 1 and spec["failedJobsHistoryLimit"] >= 1
+    job = spec["jobTemplate"]["spec"]
+    assert job["activeDeadlineSeconds"] > 0 and job["backoffLimit"] >= 1  # a killed run is retried: it resumes
+    fail_now = next(r for r in job["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
+    from training.retrain.job import EXIT_BAD_INPUT, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED, EXIT_REFUSED
+
+    assert set(fail_now["onExitCodes"]["values"]) == {EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_DRILL_UNCAUGHT}
+    assert EXIT_INTERRUPTED not in fail_now["onExitCodes"]["values"]
+    (container,) = job["template"]["spec"]["containers"]
+    assert container["args"][0] == "retrain" and job["template"]["spec"]["restartPolicy"] == "Never"
 
 
 def test_the_validator_would_catch_a_broken_manifest(tmp_path):
@@ -72,8 +91,11 @@ def test_the_dockerfile_passes_hadolint_and_runs_as_non_root():
 def test_compose_runs_every_part_with_healthchecks_and_volumes():
     compose = yaml.safe_load(COMPOSE.read_text())
     services = compose["services"]
-    assert set(services) == {"redis", "kafka", "api", "ingest"}
-    assert all("healthcheck" in s for s in services.values())
+    assert set(services) == {"redis", "kafka", "api", "ingest", "archive", "retrain"}
+    probed = {name for name, s in services.items() if not s["healthcheck"].get("disable")}
+    assert probed == {"redis", "kafka", "api", "ingest", "retrain"}  # the archive has no endpoint: restarted
+    assert services["archive"]["restart"] == "unless-stopped"
+    assert services["retrain"]["command"] == ["retrain", "--every", "1h"]
     assert services["api"]["command"] == ["serve"] and services["ingest"]["command"] == ["ingest"]
     assert services["kafka"]["environment"]["KAFKA_PROCESS_ROLES"] == "broker,controller"  # KRaft, no ZooKeeper
     assert set(compose["volumes"]) >= {"redis-data", "kafka-data", "registry"}
@@ -86,7 +108,9 @@ def _dinrec_variables() -> set[str]:
             if not doc:
                 continue
             names |= {k for k in {**doc.get("data", {}), **doc.get("stringData", {})} if k.startswith("DINREC_")}
-            for c in doc.get("spec", {}).get("template", {}).get("spec", {}).get("containers", []):
+            spec = doc.get("spec", {})
+            pod = spec.get("jobTemplate", {}).get("spec", spec)  # a CronJob's pod is one level deeper
+            for c in pod.get("template", {}).get("spec", {}).get("containers", []):
                 names |= {e["name"] for e in c.get("env", []) if e["name"].startswith("DINREC_")}
     compose = yaml.safe_load(COMPOSE.read_text())
     for s in compose["services"].values():
@@ -99,5 +123,6 @@ def _dinrec_variables() -> set[str]:
 def test_every_variable_the_deployment_sets_is_a_setting():
     known = {f"DINREC_{f.upper()}" for cls in (ServingSettings, FeatureStoreSettings) for f in cls.model_fields}
     known |= {f"DINREC_TRAIN_{f.upper()}" for f in TrainSettings.model_fields}
+    known |= {f"DINREC_RETRAIN_{f.upper()}" for f in RetrainSettings.model_fields}
     used = _dinrec_variables()
     assert len(used) >= 10 and not used - known, sorted(used - known)

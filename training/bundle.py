@@ -2,7 +2,8 @@
 
     bundle/
       manifest.json        format + version, model version, code version, feature-schema version,
-                           sha256 of every other file (verified on load)
+                           sha256 of every other file (verified on load), and lineage: the data
+                           window, parent version and run that made it (retrained models)
       model.safetensors    weights (no pickle)
       model_config.json    DINConfig
       vocab.json           index → item id / category id, item → category
@@ -102,8 +103,9 @@ class Bundle:
 
 def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popularity: list[tuple[str, float]],
                  extra_files: dict[str, Callable[[Path], None]] | None = None,
-                 model_version: str | None = None, towers: Towers | None = None) -> Path:
-    """Write a bundle atomically: everything goes to a temp dir that is renamed into place."""
+                 model_version: str | None = None, towers: Towers | None = None, lineage: dict | None = None) -> Path:
+    """Write a bundle atomically: everything goes to a temp dir that is renamed into place. ``lineage``
+    (the manifest's): where the model came from — data window, parent version, the run that made it."""
     out = Path(out)
     tmp = out.parent / f".tmp-{out.name}-{time.time_ns()}"
     tmp.mkdir(parents=True)
@@ -128,6 +130,8 @@ def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popul
             "code_version": code_version(), "feature_schema_version": SCHEMA_VERSION,
             "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
+        if lineage:
+            manifest["lineage"] = lineage
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
         if out.exists():
             shutil.rmtree(out)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -70,7 +71,8 @@ def _probe_queries(space: RecallSpace, samples: SampleSet, n: int = 200) -> np.n
 
 
 def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict,
-                  index_spec: IndexSpec | None = None, towers: Towers | None = None) -> Path:
+                  index_spec: IndexSpec | None = None, towers: Towers | None = None,
+                  lineage: dict | None = None) -> Path:
     """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings)."""
     space = RecallSpace(model, towers, samples.vocab.item_category)
     resolved = (index_spec or IndexSpec()).resolve(samples.vocab.n_items - 1, space.dim)
@@ -80,19 +82,21 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
     model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": int(metrics["seq_len"])})
     counts = item_counts(samples)
     return write_bundle(out, model, samples.vocab, metrics, popularity(samples, counts=counts), towers=towers,
-                        extra_files={ITEM_INDEX_FILE: index.save,
+                        lineage=lineage, extra_files={ITEM_INDEX_FILE: index.save,
                                      ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
                                      ITEM_COUNTS_FILE: lambda p: np.save(p, counts)})
 
 
 def export_with_recall(out: str | Path, model: DIN, samples: SampleSet, metrics: dict, settings: TrainSettings,
-                       index_spec: IndexSpec | None = None) -> Path:
+                       index_spec: IndexSpec | None = None, towers_init: Callable[[Towers], dict] | None = None,
+                       lineage: dict | None = None) -> Path:
     """Train the recall towers on ``samples`` (unless ``settings.recall_epochs`` is 0) and export them
-    with the trained DIN as one bundle; the towers' metrics go to ``metrics["recall"]``."""
+    with the trained DIN as one bundle; the towers' metrics go to ``metrics["recall"]``. ``towers_init``
+    warm-starts the towers (training.warm_start)."""
     from training.towers_train import towers_settings, train_towers
 
     towers = None
     if settings.recall_epochs > 0:
-        recall = train_towers(samples, towers_settings(settings))
+        recall = train_towers(samples, towers_settings(settings), init=towers_init)
         towers, metrics["recall"] = recall.model, recall.metrics
-    return export_bundle(out, model, samples, metrics, index_spec, towers=towers)
+    return export_bundle(out, model, samples, metrics, index_spec, towers=towers, lineage=lineage)

@@ -18,6 +18,7 @@ import math
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -175,7 +176,10 @@ def _frequencies(samples: SampleSet) -> tuple[torch.Tensor, torch.Tensor]:
 
 class Trainer:
     def __init__(self, samples: SampleSet, s: TrainSettings, *, checkpoints: CheckpointStore | None = None,
-                 stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None) -> None:
+                 stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None,
+                 init: Callable[[DIN], dict] | None = None) -> None:
+        """``init``: called on the fresh model before training (a warm start: training.warm_start);
+        what it returns goes to the metrics as ``warm_start``. A resumed checkpoint replaces it."""
         self.samples, self.s, self.checkpoints = samples, s, checkpoints
         self.stop = stop or threading.Event()
         # set from outside (SIGUSR1: a spot rebalance recommendation) → one extra checkpoint, keep going
@@ -191,7 +195,9 @@ class Trainer:
         torch.manual_seed(s.seed)  # identical initial weights on every rank
         random.seed(s.seed)
         np.random.seed(s.seed)
-        self.model = DIN(model_config_for(samples, s)).to(self.device)
+        self.model = DIN(model_config_for(samples, s))
+        self.init_info = init(self.model) if init is not None else None
+        self.model.to(self.device)
         if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice" and kernels.load():
             self.model.fused_unit = kernels.din_unit
         item_freq, cat_freq = _frequencies(samples)
@@ -317,7 +323,7 @@ class Trainer:
                         "train_samples": n, "seq_len": self.seq_len, "device": str(self.device),
                         "precision": self.precision.name, "world_size": self.info.world_size,
                         "fused_kernel": self.model.fused_unit is not None,
-                        "best_epoch": p.best_epoch, "global_step": p.global_step,
+                        "best_epoch": p.best_epoch, "global_step": p.global_step, "warm_start": self.init_info,
                         "weights_sha256": weights_sha256(self.model)})
         if self.device.type == "cuda":
             metrics["gpu_name"] = torch.cuda.get_device_name(self.device)  # what `dinrec plan --calibrate` matches
@@ -381,13 +387,13 @@ class Trainer:
 
 def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, checkpoints: CheckpointStore | None = None,
           resume: str | None = None, stop: threading.Event | None = None,
-          checkpoint_now: threading.Event | None = None) -> TrainResult:
+          checkpoint_now: threading.Event | None = None, init: Callable[[DIN], dict] | None = None) -> TrainResult:
     """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``."""
     if checkpoints is None and out is not None:
         from training.checkpoint import LocalCheckpointStore
 
         checkpoints = LocalCheckpointStore(out / "checkpoints", keep=s.keep_checkpoints)
-    trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now)
+    trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init)
     if resume and resume != "none":
         trainer.resume(resume)
     return trainer.run()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -75,13 +76,16 @@ def hit_rate_at(model: Towers, samples: SampleSet, split: Split, n: int, item_ca
     return hits / max(len(rows), 1)
 
 
-def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings()) -> TowersResult:
+def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings(),
+                 init: Callable[[Towers], dict] | None = None) -> TowersResult:
+    """``init``: called on the fresh towers before training (a warm start: training.warm_start)."""
     torch.manual_seed(settings.seed)
     rng = np.random.default_rng(settings.seed)
     vocab = samples.vocab
     cfg = TowersConfig(n_items=vocab.n_items, n_categories=len(vocab.categories), dim=settings.dim,
                        seq_len=samples.seq_len, temperature=settings.temperature)
     model = Towers(cfg)
+    init_info = init(model) if init is not None else None
     item_category = torch.as_tensor(vocab.item_category, dtype=torch.long)  # (I,)
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
     train_rows = _positives(samples.train)
@@ -128,5 +132,5 @@ def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings()
     test_hr = hit_rate_at(model, samples, samples.test, settings.eval_n, item_category)
     metrics = {"val_hr": round(best, 4), "test_hr": round(test_hr, 4), "eval_n": settings.eval_n,
                "best_epoch": best_epoch, "epochs": history, "softmax": "full" if full else "sampled",
-               "seconds": round(time.perf_counter() - t0, 1)}
+               "seconds": round(time.perf_counter() - t0, 1), "warm_start": init_info}
     return TowersResult(model, metrics)

@@ -1,0 +1,183 @@
+"""`dinrec retrain` end to end on archived events: drift promotes, degraded candidates are refused
+(by the exit code and the report), runs never overlap, a killed run resumes, a decided window replays."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.conftest import REPO, wait_until
+from tests.training.retrain_world import DAY, END, archive, drifting_world, retrain
+from training.bundle import load_bundle
+from training.registry import Registry
+from training.retrain.gate import decide
+from training.retrain.job import _iso
+from training.retrain.lock import RunLock
+from training.retrain.settings import RetrainSettings
+from training.vocab import Vocab
+from training.warm_start import warm_start
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """Archived events of both phases, and a champion trained on phase 1 by `dinrec retrain` itself."""
+    root = tmp_path_factory.mktemp("retrain")
+    phase1, phase2 = drifting_world(END)
+    archive(phase1 + phase2, root / "archive")
+    code, report = retrain(root, "--until", str(END - 5 * DAY))
+    assert (code, report["status"]) == (0, "promoted"), report
+    assert "first model" in report["reason"] and report["candidate"]["holdout"]["gauc"] >= 0.55
+    return root
+
+
+def fresh_copy(world, tmp_path):
+    """The world with its own registry and work folder (for runs that move aliases)."""
+    shutil.copytree(world, tmp_path / "w")
+    return tmp_path / "w"
+
+
+def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_lineage(world, tmp_path):
+    root = fresh_copy(world, tmp_path)
+    reg = Registry(root / "registry")
+    first = reg.resolve("champion")
+    code, report = retrain(root, "--until", str(END))
+    assert code == 0 and report["status"] == "promoted", report["reason"]
+    cand, champ = report["candidate"]["holdout"], report["champion"]["holdout"]
+    assert cand["gauc"] > champ["gauc"] and cand["recall_hr"] > champ["recall_hr"]
+    # Compared on the same holdout: the behaviours after the champion's window, one per user.
+    assert cand["rows"] == champ["rows"] == report["data"]["holdout_rows"] > 0
+    assert report["champion"]["data_end"] == END - 5 * DAY
+    new = reg.resolve("champion")
+    assert new == report["candidate"]["version"] != first
+    lineage = reg.manifest(new)["lineage"]
+    assert lineage["parent"] == first and lineage["data_window"]["end"] == END and lineage["warm_start"]
+    assert report["candidate"]["train"]["warm_start"]["items_new"] > 0  # new items got fresh rows
+    assert reg.history("champion")[-1]["reason"].startswith(f"retrain {report['run']}")
+
+    # The same window again: decided already — the report replays, nothing is trained or moved.
+    versions = reg.versions()
+    code, again = retrain(root, "--until", str(END))
+    assert code == 0 and again["replayed"] and again["run"] == report["run"]
+    assert reg.versions() == versions and reg.resolve("champion") == new
+
+    # Nothing new since the new champion's window: nothing to do.
+    code, idle = retrain(root, "--until", str(END + 3600))
+    assert (code, idle["status"]) == (0, "skipped") and "0 new behaviours" in idle["reason"]
+
+
+def test_a_candidate_trained_on_shuffled_labels_is_refused_and_never_ships(world, tmp_path):
+    root = fresh_copy(world, tmp_path)
+    reg = Registry(root / "registry")
+    champion, versions = reg.resolve("champion"), reg.versions()
+    code, report = retrain(root, "--until", str(END), "--drill", "shuffled-labels")
+    assert code == 3 and report["status"] == "refused"
+    failed = {c["metric"] for c in report["checks"] if not c["passed"]}
+    assert "gauc" in failed and "gauc" in report["reason"] and "refused as it should be" in report["reason"]
+    assert report["candidate"]["holdout"]["gauc"] < report["champion"]["holdout"]["gauc"]
+    assert reg.resolve("champion") == champion and reg.versions() == versions  # the champion keeps serving
+
+
+def test_a_miscalibrated_candidate_within_the_gauc_tolerance_is_refused_on_logloss(world, tmp_path):
+    root = fresh_copy(world, tmp_path)
+    reg = Registry(root / "registry")
+    champion = reg.resolve("champion")
+    loose = {"DINREC_RETRAIN_GAUC_TOLERANCE": "0.05", "DINREC_RETRAIN_AUC_TOLERANCE": "0.05",
+             "DINREC_RETRAIN_RECALL_TOLERANCE": "1", "DINREC_RETRAIN_TAIL_TOLERANCE": "1"}
+    code, report = retrain(root, "--until", str(END), "--drill", "miscalibrated", env=loose)
+    checks = {c["metric"]: c for c in report["checks"]}
+    assert code == 3 and report["status"] == "refused"
+    assert checks["gauc"]["passed"] and checks["auc"]["passed"]  # ranking alone would have let it through
+    assert not checks["logloss"]["passed"] and "logloss" in report["reason"]
+    assert reg.resolve("champion") == champion
+
+
+def test_two_runs_started_at_once_one_runs_and_one_says_it_is_locked(world, tmp_path):
+    root = fresh_copy(world, tmp_path)
+    procs = [retrain(root, "--until", str(END), wait=False) for _ in range(2)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=600)
+        results.append((p.returncode, json.loads(out.strip().splitlines()[-1])))
+    results.sort(key=lambda r: r[0])
+    (code_a, ran), (code_b, locked) = results
+    assert (code_a, ran["status"]) == (0, "promoted")
+    assert (code_b, locked["status"]) == (4, "locked") and "another retrain holds" in locked["reason"]
+    assert locked["holder"]["pid"] in {p.pid for p in procs}
+
+    # While a lock is held (here by this process), a run exits 4 at once and changes nothing.
+    with RunLock(root / "work" / "retrain.lock"):
+        code, report = retrain(root, "--until", str(END + 3600))
+    assert code == 4 and report["holder"]["pid"] == os.getpid()
+
+
+def test_a_killed_run_resumes_from_its_checkpoint(world, tmp_path):
+    root = fresh_copy(world, tmp_path)
+    slow = {"DINREC_TRAIN_EPOCHS": "4", "DINREC_TRAIN_CHECKPOINT_EVERY": "40", "DINREC_TRAIN_BATCH_SIZE": "64"}
+    p = retrain(root, "--until", str(END), env=slow, wait=False)
+    runs = root / "work" / "runs"
+    this_window = f"*_{_iso(END)}_*"  # the copied world holds the champion's (finished) run too
+    wait_until(lambda: any(runs.glob(f"{this_window}/checkpoints/step-*/meta.json")) or p.poll() is not None,
+               timeout_s=300, what="a checkpoint")
+    p.send_signal(signal.SIGKILL)
+    p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGKILL, "the run finished before it could be killed"
+    (run_dir,) = runs.glob(this_window)
+    assert not (run_dir / "report.json").exists() and (run_dir / "samples" / "samples.json").is_file()
+    data = (run_dir / "data.json").read_text()
+    code, report = retrain(root, "--until", str(END), env=slow)
+    assert code == 0 and report["status"] == "promoted" and report["run"] == run_dir.name, report["reason"]
+    assert report["candidate"]["train"]["resumed_from"] is not None  # from the checkpoint, not from scratch
+    assert (run_dir / "data.json").read_text() == data  # on the samples the first attempt built
+
+
+def test_bad_input_exits_2_and_says_why(world, tmp_path):
+    for args, env, says in [(["--drill", "nonsense"], {}, "unknown drill"),
+                            ([], {"DINREC_RETRAIN_HISTORY_DAYS": "-1"}, "history_days"),
+                            (["--rollout", "challenger"], {}, "EXPERIMENTS_FILE")]:
+        full = {**os.environ, "DINREC_RETRAIN_WORK_DIR": str(tmp_path), **env}
+        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "retrain", *args], cwd=REPO, env=full,
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and says in out.stderr, out.stderr[-2000:]
+
+
+def test_the_gate_refuses_any_measure_worse_beyond_its_tolerance():
+    s = RetrainSettings()
+    champion = {"gauc": 0.70, "auc": 0.72, "logloss": 0.50, "calibration_error": 0.10, "recall_hr": 0.40,
+                "recall_tail_share": 0.30}
+    assert decide(dict(champion), champion, s)[0]
+    better_gauc_worse_logloss = {**champion, "gauc": 0.71, "logloss": 0.50 * (1 + s.logloss_tolerance) + 0.01}
+    ok, checks = decide(better_gauc_worse_logloss, champion, s)
+    assert not ok and [c.metric for c in checks if not c.passed] == ["logloss"]
+    slightly_worse = {**champion, "gauc": 0.70 - s.gauc_tolerance / 2}
+    assert decide(slightly_worse, champion, s)[0]
+    narrower_tail = {**champion, "recall_tail_share": 0.30 - s.tail_tolerance - 0.01}
+    assert [c.metric for c in decide(narrower_tail, champion, s)[1] if not c.passed] == ["recall_tail_share"]
+    assert not decide({**champion, "gauc": float("nan")}, champion, s)[0]
+    assert not decide({**champion, "gauc": 0.52}, None, s)[0]  # a first model must beat chance clearly
+
+
+def test_warm_start_carries_rows_by_external_id(tiny_run):
+    _, samples, bundle_dir, _ = tiny_run
+    old = load_bundle(bundle_dir)
+    v = old.vocab
+    # A new vocabulary: one item dropped, one new item and category added, the order shuffled.
+    items = ["<pad>", "brand-new", *reversed(v.items[2:])]
+    cats = ["<pad>", "new-cat", *v.categories[1:]]
+    new_vocab = Vocab(items, cats, torch.zeros(len(items), dtype=torch.long).numpy())
+    from training.model import DIN
+
+    new = DIN(old.config.__class__(**{**old.config.__dict__, "n_items": len(items), "n_categories": len(cats)}))
+    fresh_row = new.item_emb.weight[1].clone()
+    info = warm_start(new, old.model, v, new_vocab)
+    assert info["items_new"] == 1 and info["items_kept"] == len(v.items) - 2 and info["categories_new"] == 1
+    assert torch.equal(new.item_emb.weight[2], old.model.item_emb.weight[len(v.items) - 1])  # same id, moved row
+    assert torch.equal(new.item_emb.weight[1], fresh_row)  # the new item keeps its fresh init
+    assert torch.equal(new.cat_emb.weight[2], old.model.cat_emb.weight[1])
+    assert torch.equal(new.out.weight, old.model.out.weight)  # dense layers copied whole

@@ -1,0 +1,1 @@
+"""Scheduled retraining behind a promotion gate (`dinrec retrain`): see job.py."""

@@ -1,0 +1,100 @@
+"""Champion and candidate, measured on the same recent holdout.
+
+The holdout is the candidate's test split (each user's latest behaviour against uniformly sampled
+items, training.samples) restricted to behaviours **after the champion's data window**: neither model
+trained on them. Both models are bundles and are measured the same way, through external ids — a
+history or target the champion never saw maps to its index 0 (unknown), as serving would feed it —
+on:
+
+* ranking (DIN): AUC, GAUC, logloss, and calibration: mean predicted CTR / observed CTR
+  (``calibration_error`` = |log of that|; 0 is perfect);
+* recall (the bundle's recall space: towers, or DIN's item embeddings): HR@k of the held-out
+  behaviour, history items excluded as serving excludes them; and the long-tail share of the recalled
+  items (outside the top 20 % of items by behaviours in the window).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from retrieval.baselines import long_tail_mask
+from training.bundle import Bundle
+from training.data import gather_history
+from training.export import item_counts
+from training.metrics import auc, gauc, logloss
+from training.recall import RecallSpace
+from training.samples import SampleSet
+
+
+def holdout_rows(samples: SampleSet, since: float | None) -> np.ndarray:
+    """Test-split rows whose behaviour happened at or after ``since`` (all of them when None)."""
+    split = samples.test
+    target_ts = samples.seq_ts[split.hist_end]  # a sample's history ends where its behaviour's (user, ts) starts
+    return np.flatnonzero(target_ts >= since) if since is not None else np.arange(len(split))
+
+
+def _to_bundle(ids: list[str], known: dict[str, int]) -> np.ndarray:
+    """(n,) sample-set index → the bundle's index of the same external id (0: unknown to it)."""
+    return np.asarray([0] + [known.get(x, 0) for x in ids[1:]], dtype=np.int64)
+
+
+@torch.no_grad()
+def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int = 200,
+            batch: int = 4096) -> dict:
+    """Ranking and recall metrics of ``bundle`` on ``samples.test[rows]`` (see the module doc)."""
+    split = samples.test
+    item_map = torch.from_numpy(_to_bundle(samples.vocab.items, bundle.vocab.item_index()))
+    cat_map = torch.from_numpy(_to_bundle(samples.vocab.categories,
+                                          {c: i for i, c in enumerate(bundle.vocab.categories) if i}))
+    seq_items, seq_cats = item_map[torch.from_numpy(samples.seq_items)], cat_map[torch.from_numpy(samples.seq_cats)]
+    length = bundle.seq_len
+
+    def histories(r: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:  # (B, L) each, in the bundle's indices
+        end, n = torch.from_numpy(split.hist_end[r]), torch.from_numpy(split.hist_len[r]).clamp_max(length)
+        return gather_history(seq_items, end, n, length), gather_history(seq_cats, end, n, length)
+
+    model = bundle.model.eval()
+    logits = []
+    for s in range(0, len(rows), batch):
+        r = rows[s:s + batch]
+        hist, cats = histories(r)
+        target = item_map[torch.from_numpy(split.target_item[r])]
+        target_cat = cat_map[torch.from_numpy(split.target_cat[r])]
+        logits.append(model(hist, cats, target, target_cat).float())
+    z = torch.cat(logits).numpy() if logits else np.zeros(0)
+    labels, users = split.label[rows], split.user[rows]
+    p = 1.0 / (1.0 + np.exp(-z))
+    ratio = float(p.mean() / labels.mean()) if len(rows) and labels.mean() > 0 else float("nan")
+    out = {"rows": int(len(rows)), "users": int(len(np.unique(users))), "auc": auc(labels, z),
+           "gauc": gauc(users, labels, z), "logloss": logloss(labels, z) if len(rows) else float("nan"),
+           "calibration": ratio, "calibration_error": abs(math.log(ratio)) if ratio > 0 else float("nan")}
+    out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k))
+    return {k: round(v, 5) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories, item_map: torch.Tensor,
+            k: int, batch: int = 1024) -> dict:
+    space = RecallSpace(bundle.model, bundle.towers, bundle.vocab.item_category)
+    table = torch.from_numpy(space.item_vectors)  # (I, D), row = the bundle's item index
+    # Long tail by this window's behaviours, carried to the bundle's indices by id (unseen: tail).
+    window_tail = long_tail_mask(item_counts(samples))
+    by_id = dict(zip(samples.vocab.items[1:], window_tail[1:], strict=True))
+    tail = torch.tensor([False] + [bool(by_id.get(x, True)) for x in bundle.vocab.items[1:]])
+    k = min(k, len(table) - 1)
+    hits = recalled_tail = recalled = 0
+    for s in range(0, len(positives), batch):
+        r = positives[s:s + batch]
+        hist, cats = histories(r)
+        scores = torch.from_numpy(space.queries(hist, cats)) @ table.T  # (B, I)
+        scores[:, 0] = -torch.inf
+        scores.scatter_(1, hist, -torch.inf)  # seen items (and padding) are never recalled
+        top = scores.topk(k, dim=1).indices  # (B, k)
+        target = item_map[torch.from_numpy(samples.test.target_item[r])]  # 0: the bundle cannot recall it
+        hits += int(((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).sum())
+        recalled_tail += int(tail[top].sum())
+        recalled += top.numel()
+    return {"recall_hr": hits / max(len(positives), 1), "recall_tail_share": recalled_tail / max(recalled, 1),
+            "recall_k": k}

@@ -1,0 +1,60 @@
+"""The promotion gate: a candidate is promoted only if it is not worse than the champion beyond a
+tolerance on **any** measure — so a better GAUC cannot buy a broken calibration, and an AUC on uniform
+negatives (which rewards popularity) cannot buy worse recall or a narrower long tail.
+
+Each check says what it compared; the report keeps every one, passed or not.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+from training.retrain.settings import RetrainSettings
+
+
+@dataclass(frozen=True)
+class Check:
+    metric: str
+    champion: float | None
+    candidate: float
+    limit: float  # the worst value that still passes
+    higher_is_better: bool
+    passed: bool
+
+    def why(self) -> str:
+        worse = "below" if self.higher_is_better else "above"
+        base = f" (champion {self.champion:.4f})" if self.champion is not None else ""
+        return f"{self.metric} {self.candidate:.4f} is {worse} the limit {self.limit:.4f}{base}"
+
+
+def _check(metric: str, champion: float | None, candidate: float, limit: float, higher: bool) -> Check:
+    if math.isnan(candidate):
+        return Check(metric, champion, candidate, limit, higher, False)
+    if math.isnan(limit):  # the champion's value is undefined on this holdout: nothing to be worse than
+        return Check(metric, champion, candidate, limit, higher, True)
+    return Check(metric, champion, candidate, limit, higher, bool(candidate >= limit if higher else candidate <= limit))
+
+
+def decide(candidate: dict, champion: dict | None, s: RetrainSettings) -> tuple[bool, list[Check]]:
+    """(promote?, the checks). Without a champion the candidate must only reach ``min_gauc``."""
+    if champion is None:
+        checks = [_check("gauc", None, candidate["gauc"], s.min_gauc, True)]
+        return all(c.passed for c in checks), checks
+    checks = [
+        _check("gauc", champion["gauc"], candidate["gauc"], champion["gauc"] - s.gauc_tolerance, True),
+        _check("auc", champion["auc"], candidate["auc"], champion["auc"] - s.auc_tolerance, True),
+        _check("logloss", champion["logloss"], candidate["logloss"],
+               champion["logloss"] * (1 + s.logloss_tolerance), False),
+        _check("calibration_error", champion["calibration_error"], candidate["calibration_error"],
+               champion["calibration_error"] + s.calibration_tolerance, False),
+        _check("recall_hr", champion["recall_hr"], candidate["recall_hr"],
+               champion["recall_hr"] - s.recall_tolerance, True),
+        _check("recall_tail_share", champion["recall_tail_share"], candidate["recall_tail_share"],
+               champion["recall_tail_share"] - s.tail_tolerance, True),
+    ]
+    return all(c.passed for c in checks), checks
+
+
+def checks_json(checks: list[Check]) -> list[dict]:
+    return [{**asdict(c), "limit": round(c.limit, 5), "why": None if c.passed else c.why()} for c in checks]

@@ -1,0 +1,248 @@
+"""`dinrec retrain`: one run of the job a scheduler starts.
+
+    lock → window → samples → train (warm start, checkpoints) → candidate bundle (DIN + towers)
+         → champion vs candidate on one holdout → gate → publish → roll out → report
+
+* **Window**: ``[end − history_days, end)`` with ``end`` the latest multiple of ``align_s`` (or
+  ``--until``). Everything a run makes lives in ``{work_dir}/runs/{run id}/`` — the id is the window
+  plus a hash of the training settings — so a rerun of the same window is a no-op that replays the
+  report (idempotent), and a killed run resumes where it stopped: the samples it built, its DIN
+  checkpoints (exact resume), its exported candidate, its publish.
+* **Nothing new**: fewer than ``min_new_events`` behaviours after the champion's window, or fewer
+  than ``min_holdout_users`` users to compare on: the champion stays, exit 0.
+* **Gate** (training.retrain.gate): refused → the candidate is still published (inspectable,
+  promotable by hand) but no alias moves; exit 3 with the reasons in the report.
+* **Rollout**: ``champion`` moves the alias (replicas hot-reload it); ``challenger`` moves the
+  challenger alias and starts an A/B experiment that the guardrail can stop and a win promotes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import threading
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+
+from training.bundle import Bundle, code_version, load_bundle
+from training.registry import RegistryError, open_registry
+from training.retrain.compare import holdout_rows, measure
+from training.retrain.drills import degrade_model, degrade_samples
+from training.retrain.events import read_window
+from training.retrain.gate import checks_json, decide
+from training.retrain.lock import Locked, RunLock
+from training.retrain.settings import RetrainSettings
+from training.samples import SampleSet, build_samples, is_sample_dir
+from training.settings import TrainSettings
+
+log = logging.getLogger(__name__)
+
+EXIT_OK, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED = 0, 2, 3, 4, 5, 75
+# What changes the model a window yields: a run under other values is another run.
+_RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negatives", "negative_power", "item_dim",
+             "cat_dim", "mlp_hidden", "attention_hidden", "seed", "recall_epochs", "recall_dim")
+
+
+@dataclass
+class Outcome:
+    status: str  # promoted | refused | skipped | locked | interrupted | drill-passed
+    exit_code: int
+    report: dict
+
+
+def _iso(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _atomic_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=str))
+    os.replace(tmp, path)
+
+
+class RetrainJob:
+    def __init__(self, settings: RetrainSettings, train: TrainSettings, *, until: float | None = None,
+                 stop: threading.Event | None = None, drill: str | None = None) -> None:
+        """``drill``: inject a fault (training.retrain.drills); the candidate never ships."""
+        self.s, self.train_settings = settings, train.model_copy(update={"progress": False})
+        self.drill = drill
+        self.stop = stop or threading.Event()
+        self.end = until if until is not None else (time.time() // settings.align_s) * settings.align_s
+        self.start = self.end - settings.history_days * 86_400
+        cfg = json.dumps({**{k: getattr(self.train_settings, k) for k in _RUN_KEYS}, "drill": drill},
+                         sort_keys=True, default=str)
+        self.run_id = f"{_iso(self.start)}_{_iso(self.end)}_{hashlib.sha256(cfg.encode()).hexdigest()[:8]}"
+        self.run_dir = settings.work_dir / "runs" / self.run_id
+        self.registry = open_registry(settings.registry, settings.registry_cache)
+
+    # ------------------------------------------------------------------ the run
+    def run(self) -> Outcome:
+        try:
+            with RunLock(self.s.work_dir / "retrain.lock"):
+                return self._run_locked()
+        except Locked as exc:
+            return Outcome("locked", EXIT_LOCKED, {"status": "locked", "reason": str(exc), "holder": exc.holder})
+
+    def _run_locked(self) -> Outcome:
+        t0 = time.time()
+        done = self.run_dir / "report.json"
+        if done.is_file():  # this window was decided: say so again, change nothing
+            report = {**json.loads(done.read_text()), "replayed": True}
+            return Outcome(report["status"], report["exit_code"], report)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        champion_version, champion = self._champion()
+        since = (champion.manifest.get("lineage") or {}).get("data_window", {}).get("end") if champion else None
+        report: dict = {"run": self.run_id, "window": {"start": self.start, "end": self.end,
+                                                       "start_iso": _iso(self.start), "end_iso": _iso(self.end)},
+                        "champion": {"version": champion_version, "data_end": since},
+                        "code_version": code_version(), "rollout": self.s.rollout, "drill": self.drill}
+        if champion is not None and since is None:
+            report["warning"] = ("the champion records no data window: the holdout may include behaviours it was "
+                                 "trained on, which favours keeping it")
+        samples, data_stats = self._samples()
+        report["data"] = data_stats
+        new = int((samples.seq_ts >= since).sum()) if since is not None else len(samples.seq_ts)
+        rows = holdout_rows(samples, since)
+        holdout_users = len(np.unique(samples.test.user[rows]))
+        report["data"].update({"new_behaviours": new, "holdout_rows": int(len(rows)), "holdout_users": holdout_users})
+        if new < self.s.min_new_events or holdout_users < self.s.min_holdout_users:
+            report["reason"] = (f"nothing to retrain on: {new} new behaviours (need {self.s.min_new_events}), "
+                                f"{holdout_users} holdout users (need {self.s.min_holdout_users})")
+            return self._finish(done, report, "skipped", EXIT_OK, t0)
+
+        candidate = self._candidate(samples, champion, champion_version, data_stats)
+        if candidate is None:
+            return Outcome("interrupted", EXIT_INTERRUPTED, {**report, "status": "interrupted",
+                                                             "reason": "stopped; rerun to resume this window"})
+        report["candidate"] = {"version": candidate.model_version, "train": _train_summary(candidate.metrics)}
+        report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k)
+        if champion is not None:
+            report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k)
+        promote, checks = decide(report["candidate"]["holdout"],
+                                 report["champion"].get("holdout"), self.s)
+        report["checks"] = checks_json(checks)
+        if self.drill:  # a drill candidate never ships, whatever the gate says
+            if promote:
+                report["reason"] = f"drill {self.drill}: the gate PASSED a deliberately degraded candidate"
+                return self._finish(done, report, "drill-passed", EXIT_DRILL_UNCAUGHT, t0)
+            report["reason"] = f"drill {self.drill}: refused as it should be: " + "; ".join(
+                c.why() for c in checks if not c.passed)
+            return self._finish(done, report, "refused", EXIT_REFUSED, t0)
+        self._publish(candidate)
+        if not promote:
+            report["reason"] = "the candidate is worse than the champion: " + "; ".join(
+                c.why() for c in checks if not c.passed)
+            return self._finish(done, report, "refused", EXIT_REFUSED, t0)
+        report["rolled_out"] = self._roll_out(candidate.model_version)
+        report["reason"] = "passed the gate" + ("" if champion else " (first model: no champion to compare with)")
+        return self._finish(done, report, "promoted", EXIT_OK, t0)
+
+    def _finish(self, path: Path, report: dict, status: str, code: int, t0: float) -> Outcome:
+        report.update({"status": status, "exit_code": code, "seconds": round(time.time() - t0, 1)})
+        _atomic_json(path, report)  # last: its presence means this window is decided
+        _atomic_json(self.s.work_dir / "latest.json", report)
+        return Outcome(status, code, report)
+
+    # ------------------------------------------------------------------ stages
+    def _champion(self) -> tuple[str | None, Bundle | None]:
+        try:
+            version = self.registry.resolve("champion")
+        except RegistryError:
+            return None, None
+        return version, load_bundle(self.registry.bundle_dir(version))
+
+    def _samples(self) -> tuple[SampleSet, dict]:
+        """The window's point-in-time samples: built once per run, then reused (a resume trains on
+        exactly what the first attempt did, whatever arrived since)."""
+        folder, stats_file = self.run_dir / "samples", self.run_dir / "data.json"
+        if is_sample_dir(folder) and stats_file.is_file():
+            return SampleSet.load(folder), json.loads(stats_file.read_text())
+        window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end)
+        t = self.train_settings
+        samples = build_samples(window.data, seq_len=t.seq_len, negatives=t.negatives,
+                                eval_negatives=t.eval_negatives, seed=t.seed, negative_power=t.negative_power)
+        stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
+                 "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}
+        tmp = self.run_dir / f".samples-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        samples.save(tmp)
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+        _atomic_json(stats_file, stats)
+        return samples, stats
+
+    def _candidate(self, samples: SampleSet, champion: Bundle | None, parent: str | None,
+                   data_stats: dict) -> Bundle | None:
+        """Train DIN (resuming from this run's checkpoints) and the recall towers, warm-started from
+        the champion, and export them as one bundle; None when stopped first."""
+        from training.checkpoint import LocalCheckpointStore
+        from training.export import export_with_recall
+        from training.loop import TrainingInterrupted, train
+        from training.warm_start import warm_start
+
+        out = self.run_dir / "candidate"
+        if (out / "manifest.json").is_file():
+            return load_bundle(out)
+        use = champion if self.s.warm_start else None
+        din_init = (lambda m: warm_start(m, use.model, use.vocab, samples.vocab)) if use else None
+        towers_init = (lambda t: warm_start(t, use.towers, use.vocab, samples.vocab)) \
+            if use is not None and use.towers is not None else None
+        store = LocalCheckpointStore(self.run_dir / "checkpoints", keep=self.train_settings.keep_checkpoints)
+        resumed_from = store.latest()
+        samples = degrade_samples(samples, self.drill, self.train_settings.seed)
+        try:
+            result = train(samples, self.train_settings, checkpoints=store, resume="auto", stop=self.stop,
+                           init=din_init)
+        except TrainingInterrupted:
+            return None
+        degrade_model(result.model, self.drill)
+        result.metrics["resumed_from"] = resumed_from
+        if self.stop.is_set():
+            return None
+        lineage = {"trained_by": "dinrec retrain", "run": self.run_id, "parent": parent,
+                   "warm_start": use is not None,
+                   "data_window": {"start": self.start, "end": self.end, "archive": str(self.s.archive_dir),
+                                   "topic": self.s.topic, **data_stats}}
+        export_with_recall(out, result.model, samples, result.metrics, self.train_settings,
+                           towers_init=towers_init, lineage=lineage)
+        return load_bundle(out)
+
+    def _publish(self, candidate: Bundle) -> None:
+        if candidate.model_version not in self.registry.versions():  # a resumed run may have published it
+            self.registry.publish(candidate.path)
+
+    def _roll_out(self, version: str) -> dict:
+        reason = f"retrain {self.run_id}: passed the gate"
+        if self.s.rollout == "champion":
+            self._move("champion", version, reason)
+            return {"alias": "champion", "version": version}
+        self._move("challenger", version, reason)
+        from training.retrain.rollout import start_challenger_experiment
+
+        name = start_challenger_experiment(self.s, version)
+        return {"alias": "challenger", "version": version, "experiment": name}
+
+    def _move(self, alias: str, version: str, reason: str) -> None:
+        try:
+            if self.registry.resolve(alias) == version:
+                return  # a resumed run that already moved it
+        except RegistryError:
+            pass
+        self.registry.set_alias(alias, version, reason=reason)
+
+
+def _train_summary(metrics: dict) -> dict:
+    keep = ("test_auc", "test_gauc", "test_logloss", "best_epoch", "global_step", "samples_per_s", "train_samples",
+            "seq_len", "resumed_from", "warm_start")
+    out = {k: metrics.get(k) for k in keep}
+    recall = metrics.get("recall") or {}
+    out["recall_test_hr"] = recall.get("test_hr")
+    out["recall_warm_start"] = recall.get("warm_start")
+    return out

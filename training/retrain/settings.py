@@ -1,0 +1,51 @@
+"""Retraining settings (env prefix ``DINREC_RETRAIN_``; CLI flags override), validated at start-up.
+
+What the model trains with (epochs, seq_len, negatives, …) stays in training.settings
+(``DINREC_TRAIN_``): a retrained model is trained the way ``dinrec train`` trains one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class RetrainSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="DINREC_RETRAIN_", extra="ignore", validate_default=True)
+
+    archive_dir: Path = Field(Path("runs/archive"), description="the event archive (`dinrec ingest archive --out`)")
+    topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$", description="the archived topic")
+    registry: str = Field("runs/registry", description="model registry: a folder or s3://bucket/prefix")
+    registry_cache: Path | None = Field(None, description="where versions from an S3 registry are downloaded")
+    work_dir: Path = Field(Path("runs/retrain"), description=(
+        "the job's own state: the lock, and one folder per data window (samples, checkpoints, candidate, report)"))
+    history_days: float = Field(30.0, gt=0, le=3650, description="the data window: this many days up to its end")
+    align_s: int = Field(3600, ge=1, le=7 * 86_400, description=(
+        "the window ends at the latest multiple of this before now, so runs within one period share a window "
+        "(and a rerun resumes it)"))
+    min_new_events: int = Field(100, ge=1, description=(
+        "behaviours after the champion's window needed to retrain; fewer: nothing to do (exit 0)"))
+    min_holdout_users: int = Field(30, ge=1, description=(
+        "users with a new behaviour needed to compare candidate and champion; fewer: nothing to do (exit 0)"))
+    warm_start: bool = Field(True, description="start from the champion's weights (new items/categories fresh)")
+    rollout: Literal["champion", "challenger"] = Field("champion", description=(
+        "champion: a model that passes the gate becomes champion; challenger: it becomes challenger and an A/B "
+        "experiment against the champion starts (promote: champion), which the guardrail can stop and a win promotes"))
+    experiments_file: Path | None = Field(None, description=(
+        "the services' experiments file (DINREC_EXPERIMENTS_FILE); needed for rollout=challenger"))
+    ramp: list[Annotated[float, Field(gt=0, le=1)]] = Field([0.05, 0.25, 0.5], min_length=1, description=(
+        "rollout=challenger: the experiment's coverage steps"))
+    ramp_hold_s: float = Field(3600.0, ge=0, description="rollout=challenger: least time at each ramp step")
+    # The gate: the candidate is refused when worse than the champion by more than these.
+    gauc_tolerance: float = Field(0.005, ge=0, le=1, description="GAUC, absolute")
+    auc_tolerance: float = Field(0.01, ge=0, le=1, description="AUC, absolute")
+    logloss_tolerance: float = Field(0.02, ge=0, le=10, description="logloss, relative (0.02: 2 % higher)")
+    calibration_tolerance: float = Field(0.1, ge=0, le=10, description=(
+        "calibration error |log(mean predicted CTR / observed CTR)|, absolute"))
+    recall_tolerance: float = Field(0.02, ge=0, le=1, description="recall HR@200, absolute")
+    tail_tolerance: float = Field(0.05, ge=0, le=1, description="long-tail share of recalled items, absolute")
+    min_gauc: float = Field(0.55, ge=0, le=1, description="a first model (no champion) must reach this holdout GAUC")
+    recall_k: int = Field(200, ge=1, le=10_000, description="HR@k of recall")
