@@ -130,3 +130,20 @@ def bench_recall_cmd(
     else:
         result = bench_recall(data, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, k=k, seed=seed)
     typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
+@bench_app.command("retrain")
+def bench_retrain_cmd(
+    data: Annotated[Path, typer.Option(help="dataset folder (timestamps matter: the log is replayed in time)")],
+    cut: Annotated[float, typer.Option(help="the first model's window ends at this quantile of time")] = 0.8,
+    epochs: Annotated[int, typer.Option(help="DIN epochs")] = 2,
+    recall_epochs: Annotated[int, typer.Option(help="recall towers' epochs")] = 10,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 50, seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """Scheduled retraining on a replayed log: the retrained candidate vs the stale champion on the
+    gate's holdout, warm start vs training from scratch (the peer, same run), and the gate drills."""
+    from benchmarks.retrain_bench import bench_retrain
+
+    result = bench_retrain(data, cut=cut, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))

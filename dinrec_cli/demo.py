@@ -3,7 +3,9 @@
 synthetic behaviours → point-in-time samples → DIN → bundle + FAISS → the FastAPI service on the
 in-process store, fed through the in-process stream → sample requests, printed → a short A/B
 experiment (DIN vs popularity) started through the admin API and run on simulated users, whose
-results the dashboard shows.
+results the dashboard shows → the stream archived and `dinrec retrain`'s job run on it: the candidate
+against the champion on the users' new clicks, promoted only through the gate (the service follows
+the registry alias and reloads it).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
+import numpy as np
 import typer
 
 
@@ -36,6 +39,7 @@ def demo(
     from serving.simulate import simulate, wait_until_logged
     from training.export import export_with_recall
     from training.loop import train
+    from training.registry import Registry
     from training.samples import build_samples
     from training.settings import TrainSettings
 
@@ -45,35 +49,45 @@ def demo(
         else SyntheticConfig()
     t0 = time.perf_counter()
     data, world = generate_world(cfg)
-    say(f"1/6 synthesized {len(data)} behaviours of {cfg.n_users} users over {cfg.n_items} items")
+    # The last 15 % of the log (by time) arrives later, before the retrain at the end (step 7).
+    cut = float(np.quantile(data.ts, 0.85))
+    data, later = data.take(np.flatnonzero(data.ts < cut)), data.take(np.flatnonzero(data.ts >= cut))
+    say(f"1/7 synthesized {len(data) + len(later)} behaviours of {cfg.n_users} users over {cfg.n_items} items "
+        f"({len(later)} held back for later)")
     # Negatives as popular as they are: the simulated users click by interest, not by popularity.
     samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20, negative_power=1.0)
-    say(f"2/6 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
+    say(f"2/7 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
     settings = TrainSettings(epochs=3, progress=not smoke)
     result = train(samples, settings, out)
     m = result.metrics
-    say(f"3/6 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
+    say(f"3/7 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
         f"{m['samples_per_s']:.0f} samples/s")
-    bundle = export_with_recall(out / "bundle", result.model, samples, m, settings)
-    say(f"4/6 exported bundle + FAISS index to {bundle}")
+    # The data window goes into the bundle's lineage: what a retrain compares against (its holdout is
+    # the behaviours after it).
+    window = {"start": float(data.ts.min()), "end": cut, "source": data.source}
+    bundle = export_with_recall(out / "bundle", result.model, samples, m, settings,
+                                lineage={"trained_by": "dinrec demo", "data_window": window})
+    registry = Registry(out / "registry")
+    registry.set_alias("champion", registry.publish(bundle), reason="demo: first model")
+    say(f"4/7 exported bundle + FAISS index to {bundle}, published as champion in {registry.root}")
 
     store, stream = MemoryStore(history_cap=50), InProcessStream()
     experiments = out / "experiments.json"
     experiments.write_text('{"experiments": []}')
     token = secrets.token_urlsafe(16)
-    app = create_app(ServingSettings(bundle_dir=bundle, experiments_file=experiments, admin_token=token,
-                                     guardrail_interval_s=1.0, guardrail_min_users=50),
+    app = create_app(ServingSettings(registry=str(registry.root), reload_poll_s=0.5, experiments_file=experiments,
+                                     admin_token=token, guardrail_interval_s=1.0, guardrail_min_users=50),
                      FeatureStoreSettings(), store=store, stream=stream)
     port = port or free_port()
     with serve_in_thread(app, port, name="dinrec-demo-server") as thread:
-        stream.publish(list(data.events()))  # the service's ingest thread moves them into the store
+        stream.publish(list(data.events("a-")))  # the service's ingest thread moves them into the store
         deadline = time.monotonic() + 60
         while sum(c for _, c in store.popular(10**6)) < len(data):
             if time.monotonic() > deadline:
                 raise RuntimeError("ingestion did not finish")
             time.sleep(0.05)
         base = f"http://127.0.0.1:{port}"
-        say(f"5/6 serving on {base}; ingested {len(data)} events through the in-process stream")
+        say(f"5/7 serving on {base}; ingested {len(data)} events through the in-process stream")
 
         def show(method: str, path: str, **kw) -> dict:
             r = client.request(method, base + path, **kw)
@@ -111,7 +125,12 @@ def demo(
             ctrs = ", ".join(f"{v} CTR {100 * s['ctr']:.2f}%" for v, s in results["results"]["variants"].items())
             lifts = "".join(f"; {c['variant']} lift {100 * c['lift']:+.1f}% (p = {c['p_value']:.2g}, "
                             f"sequential: {c['sequential']})" for c in results["results"]["comparisons"])
-            say(f"6/6 ran an experiment on {users} simulated users: {ctrs}{lifts}; dashboard: {base}/dashboard")
+            say(f"6/7 ran an experiment on {users} simulated users: {ctrs}{lifts}; dashboard: {base}/dashboard")
+            stream.publish(list(later.events("b-")))
+            say(f"    {len(later)} more behaviours arrived through the stream (new items among them)")
+            _retrain(out, stream, registry, say, smoke)
+            model = client.get(base + "/admin/model", headers={"authorization": f"Bearer {token}"}).json()
+            say(f"    serving {model['version']} (alias {model['alias']})")
 
         typer.secho(f"\ndemo finished in {time.perf_counter() - t0:.0f}s; artefacts in {out}", fg="green", err=True)
         if not smoke:
@@ -121,3 +140,34 @@ def demo(
                     time.sleep(0.5)
             except KeyboardInterrupt:
                 pass
+
+
+def _retrain(out: Path, stream, registry, say, smoke: bool) -> None:
+    """Archive the stream (the synthetic log, and the simulated users' impressions and clicks) and run
+    the retrain job on it; wait for the service to follow a promotion."""
+    from feature_store.archive import Archiver
+    from training.retrain.job import RetrainJob
+    from training.retrain.settings import RetrainSettings
+    from training.settings import TrainSettings
+
+    archiver = Archiver(stream, out / "archive", "dinrec-demo-archive", max_file_age_s=1.0)
+    try:
+        stats = archiver.run(idle_exit_s=2.0)
+    finally:
+        archiver.close()
+    champion = registry.resolve("champion")
+    settings = RetrainSettings(archive_dir=out / "archive", registry=str(registry.root), work_dir=out / "retrain",
+                               history_days=3650, min_new_events=50, min_holdout_users=20)
+    train = TrainSettings(epochs=3, negative_power=1.0, recall_epochs=10 if smoke else 20)
+    report = RetrainJob(settings, train, until=time.time() + 1).run().report
+    line = f"7/7 archived {stats.records} events; retrain: {report['status']} — {report.get('reason')}"
+    if "candidate" in report:
+        cand, champ = report["candidate"]["holdout"], report["champion"]["holdout"]
+        line += (f" (holdout of {cand['users']} users' new clicks: GAUC {cand['gauc']:.3f} vs champion "
+                 f"{champ['gauc']:.3f}, HR@200 {cand['recall_hr']:.3f} vs {champ['recall_hr']:.3f})")
+    say(line)
+    if report["status"] == "promoted":
+        deadline = time.monotonic() + 30
+        while registry.resolve("champion") == champion and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(1.5)  # the service polls the alias every 0.5 s

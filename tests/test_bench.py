@@ -90,14 +90,19 @@ def test_bench_ab_prints_the_error_rates_and_power():
     assert result["power_fixed"]["rate"] > 0.8  # a 30 % lift on 2,000 users a side is found
 
 
-def test_bench_recall_prints_the_stage_beside_both_baselines(tmp_path):
-    (tmp_path / "events.jsonl").write_text(dumps_many(list(generate(
-        SyntheticConfig(n_users=300, n_items=400, n_categories=10, mean_events_per_user=25, seed=4)).events())))
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "recall", "--data", str(tmp_path),
-                          "--epochs", "1", "--recall-epochs", "4", "--seq-len", "20", "--json"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+def bench_on_synthetic(folder, config: SyntheticConfig, bench: str, *args: str) -> dict:
+    """``dinrec bench BENCH --data FOLDER ARGS --json`` on a synthetic log written to ``folder``."""
+    (folder / "events.jsonl").write_text(dumps_many(list(generate(config).events())))
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", bench, "--data", str(folder), *args,
+                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)
+    return json.loads(out.stdout)
+
+
+def test_bench_recall_prints_the_stage_beside_both_baselines(tmp_path):
+    result = bench_on_synthetic(tmp_path, SyntheticConfig(n_users=300, n_items=400, n_categories=10,
+                                                          mean_events_per_user=25, seed=4),
+                                "recall", "--epochs", "1", "--recall-epochs", "4", "--seq-len", "20")
     for name in ("faiss", "din_mean", "item_cf", "popularity"):
         assert {"hr@50", "hr@200", "hr@1000"} <= set(result[name])
         assert result[name]["hr@50"] <= result[name]["hr@200"] <= result[name]["hr@1000"] <= 1
@@ -117,3 +122,20 @@ def test_bench_recall_at_scale_reports_build_size_latency_and_recall():
     assert result["items"] == 20000 and result["index"] == "flat"  # 1.3M cells: below the exact-scan limit
     assert result["recall_at_200_vs_exact"] == 1.0 and result["index_mb"] >= result["vectors_mb"]
     assert 0 < result["query_ms"]["p50"] <= result["query_ms"]["p99"]
+
+
+@pytest.mark.slow
+def test_bench_retrain_replays_a_log_and_prints_retrain_peer_and_drills(tmp_path):
+    result = bench_on_synthetic(tmp_path, SyntheticConfig(n_users=400, n_items=300, n_categories=12,
+                                                          mean_events_per_user=25, seed=5),
+                                "retrain", "--epochs", "2", "--recall-epochs", "3", "--seq-len", "20")
+    assert result["first_model"]["status"] == "promoted" and result["retrain"]["holdout_users"] >= 10
+    for side in ("stale_champion", "warm_candidate", "peer_cold_candidate"):
+        assert 0 < result[side]["gauc"] < 1 and result[side]["users"] == result["retrain"]["holdout_users"]
+    assert result["warm_vs_cold"]["gauc_delta"] == pytest.approx(
+        result["warm_candidate"]["gauc"] - result["peer_cold_candidate"]["gauc"], abs=1e-3)
+    assert result["drills"]["shuffled-labels"]["status"] == "refused"
+    miscalibrated = result["drills"]["miscalibrated"]["candidate"]
+    # The drill scales the warm candidate's logits: the same ranking, other probabilities.
+    assert miscalibrated["gauc"] == result["warm_candidate"]["gauc"]
+    assert miscalibrated["logloss"] != result["warm_candidate"]["logloss"]

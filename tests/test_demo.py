@@ -1,5 +1,6 @@
 """`dinrec demo --smoke`: the whole loop on embedded defaults, as the README promises."""
 
+import json
 import subprocess
 import sys
 
@@ -18,5 +19,13 @@ def test_demo_smoke_runs_the_whole_loop(tmp_path):
     assert (tmp_path / "bundle" / "manifest.json").is_file()
     assert "demo finished" in out.stderr
     assert "PUT /admin/experiments/din-vs-popular" in out.stdout  # the experiment, started through the API
-    experiment = next(line for line in out.stderr.splitlines() if line.startswith("6/6 ran an experiment"))
+    experiment = next(line for line in out.stderr.splitlines() if line.startswith("6/7 ran an experiment"))
     assert "din CTR" in experiment and "popular lift" in experiment and "/dashboard" in experiment
+    # The held-back behaviours arrive, the stream is archived and the retrain job decides through its gate.
+    retrain = next(line for line in out.stderr.splitlines() if line.startswith("7/7 archived"))
+    assert "retrain: promoted" in retrain or "retrain: refused" in retrain
+    assert "vs champion" in retrain  # the candidate was measured against the champion on one holdout
+    report = json.loads((tmp_path / "retrain" / "latest.json").read_text())
+    assert report["data"]["attributed"] > 0 and report["data"]["holdout"] == "organic"
+    if report["status"] == "promoted":  # the service followed the alias
+        assert f"serving {report['candidate']['version']}" in out.stderr

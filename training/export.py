@@ -81,6 +81,9 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
     # The input contract belongs to the model's config: how long a history it was trained on.
     model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": int(metrics["seq_len"])})
     counts = item_counts(samples)
+    # The negatives per positive it was trained against: what its probabilities are relative to
+    # (training.retrain.compare corrects for it before comparing calibration).
+    metrics.setdefault("train_negatives", samples.negatives)
     return write_bundle(out, model, samples.vocab, metrics, popularity(samples, counts=counts), towers=towers,
                         lineage=lineage, extra_files={ITEM_INDEX_FILE: index.save,
                                      ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),

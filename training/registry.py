@@ -4,16 +4,16 @@
     {root}/aliases/{alias}         one line: the version the alias points at (champion, challenger, …)
     {root}/alias-history/{alias}/{ns}.json   one immutable record per move: version, previous, at, reason
 
-In a folder (:class:`Registry`), publishing copies a bundle into a temp folder and renames it into
-place; moving an alias writes a temp file and renames it over the old one. Both are atomic on one
-filesystem, so a service that watches an alias never reads half a bundle or half a pointer, and
+Both backends are the one storage layer (training.storage), whose writes are atomic per key.
+Publishing writes a version's files with its ``manifest.json`` last: the manifest is what makes the
+version exist, so a half-written version is invisible (and a publish that died is simply redone).
+Moving an alias replaces one key, so a service that watches it never reads half a pointer, and
 nothing it holds is deleted or renamed under it.
 
-On S3 (:class:`S3Registry`, ``s3://bucket/prefix``) every object is one atomic PUT; a version's
-``manifest.json`` is uploaded last and is what makes the version exist, so a half-uploaded version is
-invisible. A reader downloads a version once into a local cache folder (verified against the
-manifest's checksums, then renamed into place): versions are immutable, so the cache never goes stale.
-:func:`open_registry` picks one by the location's form.
+In a folder (:class:`Registry`) a version is read where it lies. On S3 (:class:`S3Registry`,
+``s3://bucket/prefix``) a reader downloads a version once into a local cache folder (verified against
+the manifest's checksums, then renamed into place): versions are immutable, so the cache never goes
+stale. :func:`open_registry` picks one by the location's form.
 
 Every alias move first writes its history record, then the pointer: a move that dies between the two
 leaves a record the pointer does not follow, and the pointer stays the truth. ``rollback`` points the
@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 
 from training.bundle import BundleError, read_manifest, verify_bundle
+from training.spot.aws import CloudError
+from training.storage import LocalStorage, S3Storage, Storage
 
 MANIFEST = "manifest.json"  # a bundle's index of files and checksums (training.bundle)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -45,13 +47,67 @@ def _name(kind: str, value: str) -> str:
     return value
 
 
-class _Aliases:
-    """Alias moves with their history, over a backend's ``_point``, ``_record`` and ``history``."""
+class _StoredRegistry:
+    """Versions, aliases and their history on a :class:`training.storage.Storage`."""
 
-    def _point(self, alias: str, version: str) -> None: ...  # move the pointer (atomic)
-    def _record(self, alias: str, key: str, record: dict) -> None: ...  # write one immutable record
-    def history(self, alias: str) -> list[dict]: ...  # records, oldest first
-    def resolve(self, alias: str) -> str: ...
+    def __init__(self, storage: Storage) -> None:
+        self.storage, self.uri = storage, storage.uri
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except CloudError as exc:  # the storage layer's one error type for S3, mapped to ours
+            raise RegistryError(f"registry {self.uri}: {what}: {exc}") from exc
+
+    def _get(self, key: str) -> bytes | None:
+        return self._call(f"get {key}", self.storage.get_bytes, key)
+
+    def _exists(self, version: str) -> bool:
+        key = f"bundles/{_name('version', version)}/{MANIFEST}"
+        return bool(self._call(f"head {key}", self.storage.exists, key))
+
+    # ------------------------------------------------------------------ versions
+    def publish(self, bundle: str | Path, version: str | None = None) -> str:
+        """Store a verified bundle as ``version`` (default: its manifest's model version); its
+        manifest goes last (the commit point)."""
+        manifest = verify_bundle(bundle)
+        version = _name("version", version or manifest["model_version"])
+        if self._exists(version):
+            raise RegistryError(f"version {version} is already published (versions are immutable)")
+        self._call(f"publish {version}", self.storage.upload_dir, Path(bundle), f"bundles/{version}", MANIFEST)
+        return version
+
+    def versions(self) -> list[str]:
+        keys = self._call("list bundles/", self.storage.keys, "bundles/")
+        return sorted(k.split("/")[1] for k in keys if k.count("/") == 2 and k.endswith(f"/{MANIFEST}"))
+
+    def manifest(self, version: str) -> dict:
+        data = self._get(f"bundles/{_name('version', version)}/{MANIFEST}")
+        if data is None:
+            raise RegistryError(f"no version {version} in {self.uri}")
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise RegistryError(f"version {version} in {self.uri}: {MANIFEST} is not valid JSON") from exc
+
+    def _require(self, version: str) -> None:
+        if not self._exists(version):
+            raise RegistryError(f"no version {version} in {self.uri}")
+
+    # ------------------------------------------------------------------ aliases
+    def resolve(self, alias: str) -> str:
+        data = self._get(f"aliases/{_name('alias', alias)}")
+        if data is None:
+            raise RegistryError(f"alias {alias!r} is not set in {self.uri}")
+        return data.decode().strip()
+
+    def aliases(self) -> dict[str, str]:
+        names = [k.split("/", 1)[1] for k in self._call("list aliases/", self.storage.keys, "aliases/")]
+        return {name: self.resolve(name) for name in names if _NAME.match(name)}
+
+    def history(self, alias: str) -> list[dict]:
+        keys = self._call("list history", self.storage.keys, f"alias-history/{_name('alias', alias)}/")
+        return [json.loads(self._get(k) or b"{}") for k in keys if k.endswith(".json")]
 
     def set_alias(self, alias: str, version: str, reason: str = "set") -> None:
         """Point ``alias`` at ``version`` (which must exist), recording the move."""
@@ -62,11 +118,10 @@ class _Aliases:
             previous = None
         self._require(version)
         now = time.time_ns()
-        self._record(alias, f"{now:020d}", {"version": version, "previous": previous, "at": now / 1e9,
-                                              "reason": reason})
-        self._point(alias, version)
-
-    def _require(self, version: str) -> None: ...
+        record = {"version": version, "previous": previous, "at": now / 1e9, "reason": reason}
+        self._call("record", self.storage.put_bytes, f"alias-history/{alias}/{now:020d}.json",
+                   json.dumps(record).encode())
+        self._call("move alias", self.storage.put_bytes, f"aliases/{alias}", (version + "\n").encode())
 
     def rollback(self, alias: str) -> str:
         """Point ``alias`` back at the version it held before the current one; returns that version."""
@@ -78,176 +133,40 @@ class _Aliases:
         raise RegistryError(f"alias {alias!r} has no earlier version to roll back to")
 
 
-class Registry(_Aliases):
+class Registry(_StoredRegistry):
+    """A registry in a folder: versions are read where they lie."""
+
     def __init__(self, root: str | Path) -> None:
+        super().__init__(LocalStorage(root))
         self.root = Path(root)
-        self.uri = str(self.root)
 
     def bundle_dir(self, version: str) -> Path:
         return self.root / "bundles" / _name("version", version)
 
-    def publish(self, bundle: str | Path, version: str | None = None) -> str:
-        """Copy a verified bundle in as ``version`` (default: its manifest's model version)."""
-        manifest = verify_bundle(bundle)
-        version = _name("version", version or manifest["model_version"])
-        target = self.bundle_dir(version)
-        if target.exists():
-            raise RegistryError(f"version {version} is already published (versions are immutable)")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.parent / f".tmp-{version}-{time.time_ns()}"
-        shutil.copytree(bundle, tmp)
-        try:
-            tmp.rename(target)
-        except OSError as exc:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise RegistryError(f"could not publish {version}: {exc}") from exc
-        return version
-
-    def _require(self, version: str) -> None:
-        if not self.bundle_dir(version).is_dir():
-            raise RegistryError(f"no version {version} in {self.root}")
-
-    def _point(self, alias: str, version: str) -> None:
-        _atomic_write(self.root / "aliases" / _name("alias", alias), version + "\n")
-
-    def _record(self, alias: str, key: str, record: dict) -> None:
-        _atomic_write(self.root / "alias-history" / alias / f"{key}.json", json.dumps(record))
-
-    def history(self, alias: str) -> list[dict]:
-        folder = self.root / "alias-history" / _name("alias", alias)
-        return [json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-
-    def resolve(self, alias: str) -> str:
-        try:
-            return (self.root / "aliases" / _name("alias", alias)).read_text().strip()
-        except FileNotFoundError as exc:
-            raise RegistryError(f"alias {alias!r} is not set in {self.root}") from exc
-
-    def versions(self) -> list[str]:
-        folder = self.root / "bundles"
-        return sorted(p.name for p in folder.iterdir() if p.is_dir() and not p.name.startswith(".")) \
-            if folder.is_dir() else []
-
-    def aliases(self) -> dict[str, str]:
-        folder = self.root / "aliases"
-        return {p.name: p.read_text().strip() for p in sorted(folder.iterdir())
-                if p.is_file() and not p.name.startswith(".")} if folder.is_dir() else {}
-
     def manifest(self, version: str) -> dict:
+        if not self._exists(version):
+            raise RegistryError(f"no version {version} in {self.root}")
         try:
             return read_manifest(self.bundle_dir(version))
         except BundleError as exc:
             raise RegistryError(str(exc)) from exc
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.parent / f".{path.name}.{time.time_ns()}"
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def _bundle_files(bundle: Path) -> list[Path]:
-    return sorted(p for p in bundle.rglob("*") if p.is_file())
-
-
-class S3Registry(_Aliases):
+class S3Registry(_StoredRegistry):
     """The same registry on S3: ``bundle_dir(version)`` is a verified local copy in ``cache_dir``."""
 
     def __init__(self, uri: str, cache_dir: str | Path, aws=None) -> None:  # aws: training.spot.aws.Aws
-        from training.spot.aws import Aws
-
-        bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-        if not uri.startswith("s3://") or not bucket:
+        if not uri.startswith("s3://") or not uri.removeprefix("s3://").partition("/")[0]:
             raise RegistryError(f"not an S3 registry: {uri!r} (expected s3://bucket/prefix)")
-        self.uri, self.bucket, self.prefix = uri.rstrip("/"), bucket, prefix.strip("/")
+        super().__init__(S3Storage(uri, aws))
         self.cache = Path(cache_dir)
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.s3 = (aws or Aws(region)).client("s3")  # the endpoint: AWS_ENDPOINT_URL, as boto3 reads it
-
-    def _key(self, key: str) -> str:
-        return f"{self.prefix}/{key}" if self.prefix else key
-
-    def _call(self, what: str, fn, **kwargs):
-        from training.spot.aws import CloudError, call
-
-        try:
-            return call(f"s3 {what}", fn, **kwargs)
-        except CloudError as exc:
-            if exc.code in ("NoSuchKey", "404"):
-                return None
-            raise RegistryError(f"registry {self.uri}: {exc}") from exc
-
-    def _get(self, key: str) -> bytes | None:
-        resp = self._call(f"get {self.uri}/{key}", self.s3.get_object, Bucket=self.bucket, Key=self._key(key))
-        return None if resp is None else resp["Body"].read()
-
-    def _put(self, key: str, data: bytes) -> None:
-        self._call(f"put {self.uri}/{key}", self.s3.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
-
-    def _keys(self, prefix: str) -> list[str]:
-        strip = len(self.prefix) + 1 if self.prefix else 0
-        paginator = self.s3.get_paginator("list_objects_v2")
-        pages = self._call(f"list {self.uri}/{prefix}", lambda: list(
-            paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)))) or []
-        return sorted(obj["Key"][strip:] for page in pages for obj in page.get("Contents", []))
-
-    def _exists(self, version: str) -> bool:
-        key = self._key(f"bundles/{_name('version', version)}/{MANIFEST}")
-        return self._call(f"head {self.uri}/{key}", self.s3.head_object, Bucket=self.bucket, Key=key) is not None
-
-    def publish(self, bundle: str | Path, version: str | None = None) -> str:
-        """Upload a verified bundle as ``version``; its manifest goes last (the commit point)."""
-        manifest = verify_bundle(bundle)
-        version = _name("version", version or manifest["model_version"])
-        if self._exists(version):
-            raise RegistryError(f"version {version} is already published (versions are immutable)")
-        files = _bundle_files(Path(bundle))
-        for path in sorted(files, key=lambda p: p.name == MANIFEST):  # manifest.json last
-            self._put(f"bundles/{version}/{path.relative_to(bundle).as_posix()}", path.read_bytes())
-        return version
-
-    def _require(self, version: str) -> None:
-        if not self._exists(version):
-            raise RegistryError(f"no version {version} in {self.uri}")
-
-    def _point(self, alias: str, version: str) -> None:
-        self._put(f"aliases/{_name('alias', alias)}", (version + "\n").encode())
-
-    def _record(self, alias: str, key: str, record: dict) -> None:
-        self._put(f"alias-history/{alias}/{key}.json", json.dumps(record).encode())
-
-    def history(self, alias: str) -> list[dict]:
-        return [json.loads(self._get(k) or b"{}") for k in self._keys(f"alias-history/{_name('alias', alias)}/")]
-
-    def resolve(self, alias: str) -> str:
-        data = self._get(f"aliases/{_name('alias', alias)}")
-        if data is None:
-            raise RegistryError(f"alias {alias!r} is not set in {self.uri}")
-        return data.decode().strip()
-
-    def versions(self) -> list[str]:
-        return sorted(k.split("/")[1] for k in self._keys("bundles/") if k.count("/") == 2
-                      and k.endswith(f"/{MANIFEST}"))
-
-    def aliases(self) -> dict[str, str]:
-        return {k.split("/", 1)[1]: self.resolve(k.split("/", 1)[1]) for k in self._keys("aliases/")}
-
-    def manifest(self, version: str) -> dict:
-        data = self._get(f"bundles/{_name('version', version)}/{MANIFEST}")
-        if data is None:
-            raise RegistryError(f"no version {version} in {self.uri}")
-        try:
-            return json.loads(data)
-        except ValueError as exc:
-            raise RegistryError(f"version {version} in {self.uri}: {MANIFEST} is not valid JSON") from exc
 
     def bundle_dir(self, version: str) -> Path:
         """The version as a local folder: downloaded once, checksums verified, renamed into place."""
         target = self.cache / _name("version", version)
         if target.is_dir():
             return target
-        keys = self._keys(f"bundles/{version}/")
+        keys = self._call(f"list bundles/{version}/", self.storage.keys, f"bundles/{version}/")
         if f"bundles/{version}/{MANIFEST}" not in keys:
             raise RegistryError(f"no version {version} in {self.uri}")
         tmp = self.cache / f".tmp-{version}-{os.getpid()}-{time.time_ns()}"

@@ -56,9 +56,13 @@ def _summary(reg, version: str) -> dict:
     metrics_path = Path(reg.bundle_dir(version)) / "metrics.json"
     metrics = json.loads(metrics_path.read_text()) if metrics_path.is_file() else {}
     recall = metrics.get("recall") or {}
+    lineage = manifest.get("lineage") or {}
+    window = lineage.get("data_window") or {}
     return {"version": version, "model_version": manifest["model_version"], "created_at": manifest.get("created_at"),
             "code_version": manifest.get("code_version"), "test_auc": metrics.get("test_auc"),
-            "test_gauc": metrics.get("test_gauc"), "recall_test_hr": recall.get("test_hr")}
+            "test_gauc": metrics.get("test_gauc"), "recall_test_hr": recall.get("test_hr"),
+            "parent": lineage.get("parent"), "data_window_end": window.get("end"),
+            "trained_by": lineage.get("trained_by")}
 
 
 @models_app.command("list")

@@ -67,10 +67,10 @@ def test_publish_alias_resolve_and_a_verified_local_copy(s3_registry, tiny_run, 
 
 def test_a_half_uploaded_version_does_not_exist_and_a_corrupt_one_is_refused(s3_registry, tiny_run):
     bundle_dir = tiny_run[2]
-    s3 = s3_registry.s3
+    s3 = s3_registry.storage.s3
     # An upload cut off before its manifest: everything but manifest.json.
     for path in sorted(p for p in bundle_dir.iterdir() if p.name != "manifest.json"):
-        s3.put_object(Bucket=s3_registry.bucket, Key=f"{s3_registry.prefix}/bundles/v1/{path.name}",
+        s3.put_object(Bucket=s3_registry.storage.bucket, Key=f"{s3_registry.storage.prefix}/bundles/v1/{path.name}",
                       Body=path.read_bytes())
     assert s3_registry.versions() == []
     with pytest.raises(RegistryError, match="no version v1"):
@@ -79,10 +79,10 @@ def test_a_half_uploaded_version_does_not_exist_and_a_corrupt_one_is_refused(s3_
         s3_registry.bundle_dir("v1")
 
     s3_registry.publish(bundle_dir, "v2")
-    weights = f"{s3_registry.prefix}/bundles/v2/model.safetensors"
-    body = bytearray(s3.get_object(Bucket=s3_registry.bucket, Key=weights)["Body"].read())
+    weights = f"{s3_registry.storage.prefix}/bundles/v2/model.safetensors"
+    body = bytearray(s3.get_object(Bucket=s3_registry.storage.bucket, Key=weights)["Body"].read())
     body[-1] ^= 0xFF  # one flipped bit in the weights
-    s3.put_object(Bucket=s3_registry.bucket, Key=weights, Body=bytes(body))
+    s3.put_object(Bucket=s3_registry.storage.bucket, Key=weights, Body=bytes(body))
     with pytest.raises(RegistryError, match="does not verify"):
         s3_registry.bundle_dir("v2")
     assert not (s3_registry.cache / "v2").exists()  # nothing half-verified is left to be served

@@ -60,6 +60,10 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
     assert lineage["parent"] == first and lineage["data_window"]["end"] == END and lineage["warm_start"]
     assert report["candidate"]["train"]["warm_start"]["items_new"] > 0  # new items got fresh rows
     assert reg.history("champion")[-1]["reason"].startswith(f"retrain {report['run']}")
+    listed = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "list", "--registry",
+                             str(root / "registry")], cwd=REPO, capture_output=True, text=True, timeout=120)
+    row = next(v for v in json.loads(listed.stdout)["versions"] if v["version"] == new)
+    assert (row["parent"], row["data_window_end"], row["trained_by"]) == (first, END, "dinrec retrain")
 
     # The same window again: decided already — the report replays, nothing is trained or moved.
     versions = reg.versions()
@@ -157,6 +161,11 @@ def test_the_gate_refuses_any_measure_worse_beyond_its_tolerance():
     assert not ok and [c.metric for c in checks if not c.passed] == ["logloss"]
     slightly_worse = {**champion, "gauc": 0.70 - s.gauc_tolerance / 2}
     assert decide(slightly_worse, champion, s)[0]
+    off_mean = {**champion, "calibration_error": 0.10 + s.calibration_tolerance + 0.05}
+    assert [c.metric for c in decide(off_mean, champion, s)[1] if not c.passed] == ["calibration_error"]
+    # ... unless its logloss is clearly better: then its probabilities carry more, whatever their mean.
+    ok, checks = decide({**off_mean, "logloss": 0.50 * (1 - s.logloss_tolerance) - 0.01}, champion, s)
+    assert ok and "logloss" in next(c.note for c in checks if c.metric == "calibration_error")
     narrower_tail = {**champion, "recall_tail_share": 0.30 - s.tail_tolerance - 0.01}
     assert [c.metric for c in decide(narrower_tail, champion, s)[1] if not c.passed] == ["recall_tail_share"]
     assert not decide({**champion, "gauc": float("nan")}, champion, s)[0]
@@ -181,3 +190,29 @@ def test_warm_start_carries_rows_by_external_id(tiny_run):
     assert torch.equal(new.item_emb.weight[1], fresh_row)  # the new item keeps its fresh init
     assert torch.equal(new.cat_emb.weight[2], old.model.cat_emb.weight[1])
     assert torch.equal(new.out.weight, old.model.out.weight)  # dense layers copied whole
+
+
+def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
+    """The serving model chose what those users could click: as a holdout they would favour it."""
+    from feature_store.schema import BehaviourEvent
+    from training.retrain.compare import holdout_rows
+    from training.retrain.events import read_window
+    from training.samples import build_samples
+
+    events = []
+    for u in range(6):
+        for j in range(5):  # the last click of even users came from a /recommend answer
+            served = j == 4 and u % 2 == 0
+            events.append(BehaviourEvent(event_id=f"e{u}-{j}", user_id=f"u{u}", item_id=f"i{(u + j) % 7}",
+                                         category_id="c1", ts=1000.0 + 10 * j + u,
+                                         request_id="r1" if served else None, position=0 if served else None))
+    events.append(BehaviourEvent(event_id="imp", user_id="u1", item_id="i1", event_type="impression", ts=1001.0,
+                                 request_id="r2", position=1))  # impressions are never behaviours
+    archive(events, tmp_path)
+    window = read_window(tmp_path, "dinrec.events", 0, 2000)
+    assert window.stats["attributed"] == 3 and window.stats["behaviours"] == 30
+    samples = build_samples(window.data, seq_len=5, eval_negatives=2)
+    every, organic = holdout_rows(samples, None), holdout_rows(samples, None, window.attributed)
+    assert len(every) == 6 * 3 and len(organic) == 3 * 3  # whole groups: the positive and its negatives
+    assert {samples.users[u] for u in samples.test.user[organic]} == {"u1", "u3", "u5"}
+    assert len(holdout_rows(samples, 1043.0, window.attributed)) == 2 * 3  # and only after the champion's window

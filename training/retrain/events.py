@@ -23,12 +23,16 @@ from feature_store.schema import BehaviourEvent
 class WindowEvents:
     data: Interactions  # every event in the window (impressions included: they are logged for CTR)
     stats: dict = field(default_factory=dict)
+    # (user, item, ts) of behaviours on a served recommendation (the event names its request): the
+    # serving model chose what could be clicked, so these favour it as a holdout (exposure bias)
+    attributed: list[tuple[str, str, float]] = field(default_factory=list)
 
 
 def read_window(archive_dir: str | Path, topic: str, start: float, end: float) -> WindowEvents:
     """The archived events of ``topic`` with ``start <= ts < end``, oldest first."""
     rows: list[tuple] = []
     seen: set[str] = set()
+    attributed: list[tuple[str, str, float]] = []
     invalid = duplicates = outside = 0
     for raw in read_archive(archive_dir, topic):
         try:
@@ -43,6 +47,8 @@ def read_window(archive_dir: str | Path, topic: str, start: float, end: float) -
             duplicates += 1
             continue
         seen.add(e.event_id)
+        if e.request_id is not None and e.event_type != "impression":
+            attributed.append((e.user_id, e.item_id, e.ts))
         rows.append((e.user_id, e.item_id, e.category_id, e.event_type, e.ts,
                      np.nan if e.value is None else e.value))
     rows.sort(key=lambda r: r[4])
@@ -51,5 +57,5 @@ def read_window(archive_dir: str | Path, topic: str, start: float, end: float) -
                                      event_type=np.asarray(cols[3], dtype=object), value=cols[5],
                                      source=f"archive:{topic}")
     stats = {"events": len(data), "behaviours": int(len(data.behaviours())), "invalid": invalid,
-             "duplicates": duplicates, "outside_window": outside}
-    return WindowEvents(data, stats)
+             "duplicates": duplicates, "outside_window": outside, "attributed": len(attributed)}
+    return WindowEvents(data, stats, attributed)

@@ -109,9 +109,10 @@ class RetrainJob:
         samples, data_stats = self._samples()
         report["data"] = data_stats
         new = int((samples.seq_ts >= since).sum()) if since is not None else len(samples.seq_ts)
-        rows = holdout_rows(samples, since)
+        rows = holdout_rows(samples, since, self._attributed() if self.s.holdout == "organic" else ())
         holdout_users = len(np.unique(samples.test.user[rows]))
-        report["data"].update({"new_behaviours": new, "holdout_rows": int(len(rows)), "holdout_users": holdout_users})
+        report["data"].update({"new_behaviours": new, "holdout": self.s.holdout, "holdout_rows": int(len(rows)),
+                               "holdout_users": holdout_users})
         if new < self.s.min_new_events or holdout_users < self.s.min_holdout_users:
             report["reason"] = (f"nothing to retrain on: {new} new behaviours (need {self.s.min_new_events}), "
                                 f"{holdout_users} holdout users (need {self.s.min_holdout_users})")
@@ -164,12 +165,14 @@ class RetrainJob:
         folder, stats_file = self.run_dir / "samples", self.run_dir / "data.json"
         if is_sample_dir(folder) and stats_file.is_file():
             return SampleSet.load(folder), json.loads(stats_file.read_text())
+        # The attributed clicks first: data.json, written last, is what marks the samples complete.
         window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end)
         t = self.train_settings
         samples = build_samples(window.data, seq_len=t.seq_len, negatives=t.negatives,
                                 eval_negatives=t.eval_negatives, seed=t.seed, negative_power=t.negative_power)
         stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
                  "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}
+        _atomic_json(self.run_dir / "attributed.json", {"attributed": window.attributed})
         tmp = self.run_dir / f".samples-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         samples.save(tmp)
@@ -177,6 +180,10 @@ class RetrainJob:
         tmp.rename(folder)
         _atomic_json(stats_file, stats)
         return samples, stats
+
+    def _attributed(self) -> list[tuple[str, str, float]]:
+        rows = json.loads((self.run_dir / "attributed.json").read_text())["attributed"]
+        return [(u, i, float(t)) for u, i, t in rows]
 
     def _candidate(self, samples: SampleSet, champion: Bundle | None, parent: str | None,
                    data_stats: dict) -> Bundle | None:

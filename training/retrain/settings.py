@@ -30,6 +30,9 @@ class RetrainSettings(BaseSettings):
         "behaviours after the champion's window needed to retrain; fewer: nothing to do (exit 0)"))
     min_holdout_users: int = Field(30, ge=1, description=(
         "users with a new behaviour needed to compare candidate and champion; fewer: nothing to do (exit 0)"))
+    holdout: Literal["organic", "all"] = Field("organic", description=(
+        "organic: the holdout leaves out clicks on served recommendations (the serving model chose what could "
+        "be clicked: they favour it); all: every behaviour"))
     warm_start: bool = Field(True, description="start from the champion's weights (new items/categories fresh)")
     rollout: Literal["champion", "challenger"] = Field("champion", description=(
         "champion: a model that passes the gate becomes champion; challenger: it becomes challenger and an A/B "

@@ -1,0 +1,68 @@
+"""The one storage layer under checkpoints, spot job state and the registry: the same contract on a
+folder and on S3 (boto3 against a real moto server)."""
+
+from __future__ import annotations
+
+import boto3
+import pytest
+
+from training.spot.aws import CloudError
+from training.storage import LocalStorage, S3Storage, open_storage
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request, tmp_path):
+    if request.param == "local":
+        return open_storage(tmp_path / "store", durable=True)
+    request.getfixturevalue("aws_env")
+    bucket = request.getfixturevalue("unique")
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return open_storage(f"s3://{bucket}/some/prefix")
+
+
+def test_keys_are_written_whole_listed_by_string_prefix_and_deleted(storage):
+    assert storage.get_bytes("a/b.json") is None and not storage.exists("a/b.json") and storage.keys("a") == []
+    storage.put_bytes("a/b.json", b"one")
+    storage.put_bytes("a/b.json", b"two")  # replaced whole
+    storage.put_json("a/c/d.json", {"x": 1})
+    storage.put_bytes("ab", b"{not json")
+    assert storage.get_bytes("a/b.json") == b"two" and storage.get_json("a/c/d.json") == {"x": 1}
+    assert storage.keys("a/") == ["a/b.json", "a/c/d.json"]
+    assert storage.keys("a") == ["a/b.json", "a/c/d.json", "ab"]  # a string prefix, as S3 lists
+    assert storage.keys("a/c/d") == ["a/c/d.json"] and storage.exists("ab")
+    storage.delete("a/c/d.json")
+    storage.delete("a/c/d.json")  # absent: nothing
+    assert storage.keys("a/") == ["a/b.json"]
+    with pytest.raises(ValueError, match="not valid JSON"):
+        storage.get_json("ab")
+
+
+def test_upload_dir_puts_the_commit_file_last(storage, tmp_path):
+    src = tmp_path / "bundle"
+    (src / "sub").mkdir(parents=True)
+    for name in ("manifest.json", "a.bin", "sub/z.bin"):
+        (src / name).write_bytes(name.encode())
+    written: list[str] = []
+    put = storage.put_bytes
+    storage.put_bytes = lambda key, data: (written.append(key), put(key, data))  # type: ignore[method-assign]
+    storage.upload_dir(src, "v1", last="manifest.json")
+    assert written[-1] == "v1/manifest.json" and sorted(written) == ["v1/a.bin", "v1/manifest.json", "v1/sub/z.bin"]
+    assert storage.get_bytes("v1/sub/z.bin") == b"sub/z.bin"
+
+
+def test_local_writes_leave_no_temp_files_and_no_empty_folders(tmp_path):
+    s = LocalStorage(tmp_path, durable=True)
+    s.put_bytes("x/y/z", b"1")
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == ["z"]
+    s.delete("x/y/z")
+    assert list(tmp_path.iterdir()) == []  # x/y removed with their last key
+    assert s.local_path("k") == tmp_path / "k"
+
+
+def test_s3_errors_are_mapped_once_at_the_boundary(aws_env):
+    with pytest.raises(CloudError, match="s3 put s3://no-such-bucket-here/p/k"):
+        S3Storage("s3://no-such-bucket-here/p").put_bytes("k", b"1")
+    with pytest.raises(ValueError, match="expected s3://bucket/prefix"):
+        S3Storage("s3://")
+    with pytest.raises(ValueError, match="unsupported storage"):
+        open_storage("gs://bucket/x")
