@@ -44,6 +44,9 @@ def train(
     checkpoint_dir: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = None,
     resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint), none, or a checkpoint name")] = "none",
+    init_from: Annotated[Path | None, typer.Option(help="warm-start DIN and the towers from this bundle (rows by "
+                                                        "item/category id; a relative path is looked for in --data "
+                                                        "first, so a spot job can ship it with its data)")] = None,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar")] = False,
 ) -> None:
     """Train DIN and the recall towers, evaluate (AUC/GAUC/logloss; recall HR@200), export a bundle;
@@ -73,6 +76,16 @@ def train(
                                 negative_power=settings.negative_power)
         samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
+    din_init = towers_init = None
+    if init_from is not None:
+        from training.bundle import load_bundle
+        from training.warm_start import warm_start
+
+        found = data / init_from if not init_from.is_absolute() and (data / init_from).is_dir() else init_from
+        champion = load_bundle(found)
+        din_init = lambda m: warm_start(m, champion.model, champion.vocab, samples.vocab)  # noqa: E731
+        if champion.towers is not None:
+            towers_init = lambda t: warm_start(t, champion.towers, champion.vocab, samples.vocab)  # noqa: E731
 
     stop, checkpoint_now = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the step, checkpoint, exit 75
@@ -80,12 +93,13 @@ def train(
     signal.signal(signal.SIGUSR1, lambda *_: checkpoint_now.set())  # checkpoint after this step, keep training
     try:
         result = run_training(samples, settings, checkpoints=store, resume=resume, stop=stop,
-                              checkpoint_now=checkpoint_now)
+                              checkpoint_now=checkpoint_now, init=din_init)
     except TrainingInterrupted as exc:
         typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
         sys.exit(EXIT_INTERRUPTED)
     if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 trains recall and exports
-        bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, settings)
+        bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, settings,
+                                    towers_init=towers_init)
         final = _clean(result.metrics)
         final["bundle"] = str(bundle)
         typer.echo(json.dumps(final))

@@ -216,3 +216,22 @@ def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
     assert len(every) == 6 * 3 and len(organic) == 3 * 3  # whole groups: the positive and its negatives
     assert {samples.users[u] for u in samples.test.user[organic]} == {"u1", "u3", "u5"}
     assert len(holdout_rows(samples, 1043.0, window.attributed)) == 2 * 3  # and only after the champion's window
+
+
+def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(world, tmp_path):
+    root = fresh_copy(world, tmp_path)
+    spot = {"DINREC_SPOT_STATE_URI": str(tmp_path / "spot-state"), "DINREC_SPOT_BACKEND": "local",
+            "DINREC_SPOT_WORKDIR": str(tmp_path / "spot-work"), "DINREC_SPOT_POLL_S": "0.3"}
+    reg = Registry(root / "registry")
+    first = reg.resolve("champion")
+    code, report = retrain(root, "--until", str(END), "--spot", env=spot)
+    assert code == 0 and report["status"] == "promoted", report.get("reason")
+    job = report["candidate"]["spot"]
+    assert job["status"] == "done" and job["attempts"] == 1 and job["by_instance"][0]["instance_type"] == "g5.xlarge"
+    # The job trained on the run's samples, warm-started from the champion it shipped in init/.
+    data = tmp_path / "spot-state" / "jobs" / job["job_id"] / "data"
+    assert (data / "samples.json").is_file() and (data / "init" / "manifest.json").is_file()
+    assert report["candidate"]["train"]["warm_start"]["items_new"] > 0
+    lineage = reg.manifest(reg.resolve("champion"))["lineage"]
+    assert lineage["parent"] == first and lineage["trained_by"] == "dinrec retrain --spot"
+    assert report["candidate"]["holdout"]["gauc"] > report["champion"]["holdout"]["gauc"]

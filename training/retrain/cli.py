@@ -1,6 +1,7 @@
 """`dinrec retrain`: retrain from the event archive; promote only through the gate.
 
-Exit codes (what a scheduler alerts on): 0 promoted, or nothing new to train on; 2 bad input or
+Exit codes (what a scheduler alerts on): 0 promoted, or nothing new to train on; 1 the spot job
+failed (no candidate; the champion keeps serving); 2 bad input or
 configuration; 3 refused by the gate (the champion keeps serving; the report says why); 4 another
 run holds the lock; 5 a gate drill's degraded candidate was NOT refused; 75 stopped by
 SIGTERM/SIGINT (rerun: it resumes the same window).
@@ -59,6 +60,8 @@ def retrain(
     registry: Annotated[str | None, typer.Option(help="model registry: a folder or s3://bucket/prefix")] = None,
     archive_dir: Annotated[Path | None, typer.Option(help="the event archive")] = None,
     work_dir: Annotated[Path | None, typer.Option(help="lock, per-window state and reports")] = None,
+    spot: Annotated[bool, typer.Option("--spot", help="train the candidate as a spot job (DINREC_SPOT_*: backend, "
+                                                      "state, …; DINREC_RETRAIN_SPOT_INSTANCE_TYPES)")] = False,
     drill: Annotated[str | None, typer.Option(help="gate drill: shuffled-labels or miscalibrated (a degraded "
                                                    "candidate that must be refused; it never ships)")] = None,
 ) -> None:
@@ -87,13 +90,16 @@ def retrain(
     if drill is not None and drill not in DRILLS:
         typer.echo(f"unknown drill {drill!r}: use one of {', '.join(DRILLS)}", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    if drill is not None and spot:
+        typer.echo("gate drills run locally: drop --spot", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     end = parse_time(until) if until else None
     period = parse_duration(every) if every else None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     while True:
-        outcome = RetrainJob(settings, train_settings, until=end, stop=stop, drill=drill).run()
+        outcome = RetrainJob(settings, train_settings, until=end, stop=stop, drill=drill, spot=spot).run()
         typer.echo(json.dumps(outcome.report, default=str))
         if period is None or stop.is_set():
             sys.exit(EXIT_INTERRUPTED if stop.is_set() else outcome.exit_code)

@@ -39,12 +39,14 @@ from training.retrain.events import read_window
 from training.retrain.gate import checks_json, decide
 from training.retrain.lock import Locked, RunLock
 from training.retrain.settings import RetrainSettings
+from training.retrain.spot import SpotFailed, train_on_spot
 from training.samples import SampleSet, build_samples, is_sample_dir
 from training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
-EXIT_OK, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED = 0, 2, 3, 4, 5, 75
+EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT = 0, 1, 2, 3, 4, 5
+EXIT_INTERRUPTED = 75
 # What changes the model a window yields: a run under other values is another run.
 _RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negatives", "negative_power", "item_dim",
              "cat_dim", "mlp_hidden", "attention_hidden", "seed", "recall_epochs", "recall_dim")
@@ -52,7 +54,7 @@ _RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negativ
 
 @dataclass
 class Outcome:
-    status: str  # promoted | refused | skipped | locked | interrupted | drill-passed
+    status: str  # promoted | refused | skipped | locked | interrupted | failed | drill-passed
     exit_code: int
     report: dict
 
@@ -69,10 +71,13 @@ def _atomic_json(path: Path, data: dict) -> None:
 
 class RetrainJob:
     def __init__(self, settings: RetrainSettings, train: TrainSettings, *, until: float | None = None,
-                 stop: threading.Event | None = None, drill: str | None = None) -> None:
-        """``drill``: inject a fault (training.retrain.drills); the candidate never ships."""
+                 stop: threading.Event | None = None, drill: str | None = None, spot: bool = False) -> None:
+        """``drill``: inject a fault (training.retrain.drills); the candidate never ships. ``spot``: train
+        the candidate as a spot job (training.retrain.spot)."""
+        if drill and spot:
+            raise ValueError("gate drills run locally: drop --spot")
         self.s, self.train_settings = settings, train.model_copy(update={"progress": False})
-        self.drill = drill
+        self.drill, self.spot = drill, spot
         self.stop = stop or threading.Event()
         self.end = until if until is not None else (time.time() // settings.align_s) * settings.align_s
         self.start = self.end - settings.history_days * 86_400
@@ -118,11 +123,17 @@ class RetrainJob:
                                 f"{holdout_users} holdout users (need {self.s.min_holdout_users})")
             return self._finish(done, report, "skipped", EXIT_OK, t0)
 
-        candidate = self._candidate(samples, champion, champion_version, data_stats)
+        try:
+            candidate = self._candidate(samples, champion, champion_version, data_stats)
+        except SpotFailed as exc:  # no candidate; the champion keeps serving. Rerun: a new window or job
+            report.update({"spot": exc.report, "reason": f"{exc}; the champion keeps serving"})
+            return Outcome("failed", EXIT_FAILED, {**report, "status": "failed", "exit_code": EXIT_FAILED})
         if candidate is None:
             return Outcome("interrupted", EXIT_INTERRUPTED, {**report, "status": "interrupted",
                                                              "reason": "stopped; rerun to resume this window"})
         report["candidate"] = {"version": candidate.model_version, "train": _train_summary(candidate.metrics)}
+        if (self.run_dir / "spot-report.json").is_file():
+            report["candidate"]["spot"] = json.loads((self.run_dir / "spot-report.json").read_text())
         report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k)
         if champion is not None:
             report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k)
@@ -198,6 +209,15 @@ class RetrainJob:
         if (out / "manifest.json").is_file():
             return load_bundle(out)
         use = champion if self.s.warm_start else None
+        lineage = {"trained_by": "dinrec retrain" + (" --spot" if self.spot else ""), "run": self.run_id,
+                   "parent": parent, "warm_start": use is not None,
+                   "data_window": {"start": self.start, "end": self.end, "archive": str(self.s.archive_dir),
+                                   "topic": self.s.topic, **data_stats}}
+        if self.spot:
+            bundle, cost = train_on_spot(self.run_dir, self.run_dir / "samples", use, self.train_settings,
+                                         self.s.spot_instance_types, lineage)
+            _atomic_json(self.run_dir / "spot-report.json", cost)
+            return bundle
         din_init = (lambda m: warm_start(m, use.model, use.vocab, samples.vocab)) if use else None
         towers_init = (lambda t: warm_start(t, use.towers, use.vocab, samples.vocab)) \
             if use is not None and use.towers is not None else None
@@ -213,10 +233,6 @@ class RetrainJob:
         result.metrics["resumed_from"] = resumed_from
         if self.stop.is_set():
             return None
-        lineage = {"trained_by": "dinrec retrain", "run": self.run_id, "parent": parent,
-                   "warm_start": use is not None,
-                   "data_window": {"start": self.start, "end": self.end, "archive": str(self.s.archive_dir),
-                                   "topic": self.s.topic, **data_stats}}
         export_with_recall(out, result.model, samples, result.metrics, self.train_settings,
                            towers_init=towers_init, lineage=lineage)
         return load_bundle(out)

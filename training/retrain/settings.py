@@ -42,6 +42,8 @@ class RetrainSettings(BaseSettings):
     ramp: list[Annotated[float, Field(gt=0, le=1)]] = Field([0.05, 0.25, 0.5], min_length=1, description=(
         "rollout=challenger: the experiment's coverage steps"))
     ramp_hold_s: float = Field(3600.0, ge=0, description="rollout=challenger: least time at each ramp step")
+    spot_instance_types: list[str] = Field(["g5.xlarge", "g4dn.xlarge"], min_length=1, description=(
+        "--spot: the instance types the job may use, best first (`dinrec plan` ranks them)"))
     # The gate: the candidate is refused when worse than the champion by more than these.
     gauc_tolerance: float = Field(0.005, ge=0, le=1, description="GAUC, absolute")
     auc_tolerance: float = Field(0.01, ge=0, le=1, description="AUC, absolute")

@@ -164,38 +164,22 @@ def spot_run(
     """Create (or continue) a spot training job and supervise it to the end; prints its cost report."""
     import shlex
 
-    from training.spot.aws import live_spot_prices
     from training.spot.catalog import load_catalog
-    from training.spot.job import JobSpec, new_job_id
     from training.spot.settings import SpotSettings
-    from training.spot.supervisor import SPEC, Supervisor, cost_report
+    from training.spot.supervisor import cost_report
 
     settings = SpotSettings(**({"backend": backend} if backend else {}))
-    catalog = load_catalog()
     if job_id is None:
         if data is None or not data.is_dir():
             raise ValueError("a new job needs --data DIR (an existing dataset folder)")
-        types = instance_type or (_types_from_plan(plan_config, catalog) if plan_config else None)
+        types = instance_type or (_types_from_plan(plan_config, load_catalog()) if plan_config else None)
         if not types:
             raise ValueError("say where to run: --instance-type T (repeatable) or --plan JOB.json")
-        job_id = new_job_id()
-        store = _store(settings, job_id)
-        spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend,
-                       instance_types=list(types), train_args=shlex.split(train_args),
-                       max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
-                       budget_usd=budget_usd or settings.budget_usd, region=settings.region,
-                       install="true" if settings.backend == "local" else settings.install)  # local: this dinrec
-        store.upload_dir(data, "data")
-        store.put_json(SPEC, spec.model_dump(mode="json"))
-        typer.echo(json.dumps({"job_id": job_id, "job_uri": store.uri}), err=True)
-    else:
-        store = _store(settings, job_id)
-        spec = _load_spec(store, job_id)
-    prices = {}
-    if settings.live_prices and spec.backend == "ec2":  # an EC2 job needs working AWS access anyway: errors stop it
-        prices = live_spot_prices(_aws(settings), spec.instance_types)
-    supervisor = Supervisor(store, spec, _backend(spec.backend, settings, imds_url), {t.name: t for t in catalog},
-                            prices, poll_s=settings.poll_s)
+        store, spec = create_job(settings, data, list(types), shlex.split(train_args), budget_usd=budget_usd,
+                                 max_relaunches=max_relaunches)
+        typer.echo(json.dumps({"job_id": spec.job_id, "job_uri": store.uri}), err=True)
+        job_id = spec.job_id
+    store, spec, supervisor = job_supervisor(settings, job_id, imds_url)
     if detach:
         typer.echo(json.dumps({"job_id": job_id, "status": supervisor.start().status}))
         return
@@ -203,6 +187,40 @@ def spot_run(
     typer.echo(json.dumps(cost_report(spec, state)))
     if state.status != "done":
         raise typer.Exit(1)
+
+
+def create_job(settings, data: Path, instance_types: list[str], train_args: list[str], *,
+               budget_usd: float | None = None, max_relaunches: int | None = None):
+    """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
+    from training.spot.job import JobSpec, new_job_id
+    from training.spot.supervisor import SPEC
+
+    job_id = new_job_id()
+    store = _store(settings, job_id)
+    spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend, instance_types=instance_types,
+                   train_args=train_args,
+                   max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
+                   budget_usd=budget_usd or settings.budget_usd, region=settings.region,
+                   install="true" if settings.backend == "local" else settings.install)  # local: this dinrec
+    store.upload_dir(data, "data")
+    store.put_json(SPEC, spec.model_dump(mode="json"))
+    return store, spec
+
+
+def job_supervisor(settings, job_id: str, imds_url: list[str] | None = None):
+    """(store, spec, supervisor) of an existing job, ready to start or run to the end."""
+    from training.spot.aws import live_spot_prices
+    from training.spot.catalog import load_catalog
+    from training.spot.supervisor import Supervisor
+
+    store = _store(settings, job_id)
+    spec = _load_spec(store, job_id)
+    prices = {}
+    if settings.live_prices and spec.backend == "ec2":  # an EC2 job needs working AWS access anyway: errors stop it
+        prices = live_spot_prices(_aws(settings), spec.instance_types)
+    supervisor = Supervisor(store, spec, _backend(spec.backend, settings, imds_url),
+                            {t.name: t for t in load_catalog()}, prices, poll_s=settings.poll_s)
+    return store, spec, supervisor
 
 
 @spot_app.command("launch")

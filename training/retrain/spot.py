@@ -1,0 +1,68 @@
+"""`dinrec retrain --spot`: the candidate is trained as a spot job (training.spot), not in this process.
+
+The job's data is the run's sample set plus, for a warm start, the champion's bundle in ``init/``
+(``dinrec train --init-from init`` finds it there); the job resumes from its own checkpoints across
+interruptions, and this run's folder remembers the job, so a retrain killed while it waits takes the
+same job back. The bundle the job returns gets the run's lineage in its manifest (outside the
+checksummed files) and becomes the run's candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+from training.bundle import Bundle, load_bundle, verify_bundle
+from training.settings import TrainSettings
+
+
+class SpotFailed(RuntimeError):
+    def __init__(self, report: dict) -> None:
+        super().__init__(f"spot job {report.get('job_id')} ended {report.get('status')}")
+        self.report = report
+
+
+def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: TrainSettings,
+                  instance_types: list[str], lineage: dict) -> tuple[Bundle, dict]:
+    """(the candidate bundle, the job's cost report)."""
+    from training.spot.cli import create_job, job_supervisor
+    from training.spot.settings import SpotSettings
+    from training.spot.supervisor import cost_report
+
+    settings = SpotSettings()
+    job_file = run_dir / "spot-job.json"
+    if job_file.is_file():
+        job_id = json.loads(job_file.read_text())["job_id"]
+    else:
+        data = run_dir / "spot-data"
+        shutil.rmtree(data, ignore_errors=True)
+        shutil.copytree(samples_dir, data)
+        args = ["--epochs", str(t.epochs), "--batch-size", str(t.batch_size), "--seq-len", str(t.seq_len),
+                "--recall-epochs", str(t.recall_epochs), "--seed", str(t.seed)]
+        if champion is not None:
+            shutil.copytree(champion.path, data / "init")
+            args += ["--init-from", "init"]
+        store, spec = create_job(settings, data, instance_types, args)
+        tmp = job_file.with_name(f".{job_file.name}.tmp")
+        tmp.write_text(json.dumps({"job_id": spec.job_id, "job_uri": store.uri}))
+        os.replace(tmp, job_file)
+        job_id = spec.job_id
+    store, spec, supervisor = job_supervisor(settings, job_id)
+    state = supervisor.run()
+    report = {"job_id": job_id, **cost_report(spec, state)}
+    if state.status != "done":  # the next run starts a new job (this one is kept for the record)
+        os.replace(job_file, run_dir / f"spot-job-{job_id}-{state.status}.json")
+        raise SpotFailed(report)
+    out = run_dir / "candidate"
+    tmp = run_dir / f".candidate-spot-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for key in store.keys("results/"):
+        path = tmp / key.removeprefix("results/")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(store.get_bytes(key) or b"")
+    manifest = verify_bundle(tmp)
+    (tmp / "manifest.json").write_text(json.dumps({**manifest, "lineage": lineage}, indent=1))
+    tmp.rename(out)
+    return load_bundle(out), report
