@@ -53,7 +53,7 @@ def _run(root: Path, name: str, until: float, train: TrainSettings, drill: str |
     registry = root / f"registry-{name}"
     if name != "first":
         shutil.copytree(root / "registry-first", registry)
-    s = RetrainSettings(archive_dir=root / "archive", registry=str(registry), work_dir=root / f"work-{name}",
+    s = RetrainSettings(archive_dir=str(root / "archive"), registry=str(registry), work_dir=root / f"work-{name}",
                         history_days=3650, min_holdout_users=10, **settings)
     t0 = time.perf_counter()
     outcome = RetrainJob(s, train, until=until, drill=drill).run()

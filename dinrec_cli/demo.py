@@ -156,7 +156,7 @@ def _retrain(out: Path, stream, registry, say, smoke: bool) -> None:
     finally:
         archiver.close()
     champion = registry.resolve("champion")
-    settings = RetrainSettings(archive_dir=out / "archive", registry=str(registry.root), work_dir=out / "retrain",
+    settings = RetrainSettings(archive_dir=str(out / "archive"), registry=str(registry.root), work_dir=out / "retrain",
                                history_days=3650, min_new_events=50, min_holdout_users=20)
     train = TrainSettings(epochs=3, negative_power=1.0, recall_epochs=10 if smoke else 20)
     report = RetrainJob(settings, train, until=time.time() + 1).run().report

@@ -7,7 +7,8 @@ record as it was published) and writes what it reads, per partition, to files::
     {root}/{topic}/date=YYYY-MM-DD/hour=HH/p{partition}-{first:012d}-{last:012d}.jsonl
 
 (the date and hour of the file's first record, by its produce time; one record's bytes per line).
-A file is written to a temporary name and renamed into place, so it is whole or absent. **The files
+``root`` is a folder or ``s3://bucket/prefix`` (feature_store.storage): a file is one atomic write —
+a temp file fsynced and renamed into place, or one PUT — so it is whole or absent. **The files
 are the archive's offsets**: on assignment a partition is read from one past the highest offset any
 file covers, and a redelivered record at or below it is dropped — so a crash between writing a file
 and committing to the group re-reads nothing twice, whatever the group's committed offsets say.
@@ -16,7 +17,6 @@ and committing to the group re-reads nothing twice, whatever the group's committ
 from __future__ import annotations
 
 import logging
-import os
 import re
 import threading
 import time
@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from feature_store.storage import Storage, open_storage
 from feature_store.streams.base import EventStream, MembershipChanges, Record
 
 log = logging.getLogger(__name__)
@@ -38,39 +39,44 @@ class ArchiveStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
-def archived_offsets(root: str | Path, topic: str) -> dict[int, int]:
+def _storage(root: str | Path | Storage) -> Storage:
+    return root if isinstance(root, Storage) else open_storage(root, durable=True)
+
+
+def _files(storage: Storage, topic: str) -> list[tuple[int, int, int, str]]:
+    """(partition, first offset, last offset, key) of every archive file of ``topic``."""
+    out = []
+    for key in storage.keys(f"{topic}/"):
+        m = _FILE.match(key.rsplit("/", 1)[-1])
+        if m:
+            out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), key))
+    return sorted(out)
+
+
+def archived_offsets(root: str | Path | Storage, topic: str) -> dict[int, int]:
     """Per partition, the highest offset any archive file of ``topic`` covers."""
     out: dict[int, int] = {}
-    folder = Path(root) / topic
-    if folder.is_dir():
-        for path in folder.rglob("p*.jsonl"):
-            m = _FILE.match(path.name)
-            if m:
-                p, last = int(m.group(1)), int(m.group(3))
-                out[p] = max(out.get(p, -1), last)
+    for p, _, last, _ in _files(_storage(root), topic):
+        out[p] = max(out.get(p, -1), last)
     return out
 
 
-def read_archive(root: str | Path, topic: str) -> list[bytes]:
+def read_archive(root: str | Path | Storage, topic: str) -> list[bytes]:
     """Every archived record of ``topic``, by partition then offset (for retraining and checks)."""
-    files = []
-    for path in (Path(root) / topic).rglob("p*.jsonl"):
-        m = _FILE.match(path.name)
-        if m:
-            files.append((int(m.group(1)), int(m.group(2)), path))
+    storage = _storage(root)
     out: list[bytes] = []
-    for _, _, path in sorted(files):
-        out += [line for line in path.read_bytes().split(b"\n") if line]
+    for *_, key in _files(storage, topic):
+        out += [line for line in (storage.get_bytes(key) or b"").split(b"\n") if line]
     return out
 
 
 class Archiver:
-    def __init__(self, stream: EventStream, root: str | Path, group: str = "dinrec-archive", *,
+    def __init__(self, stream: EventStream, root: str | Path | Storage, group: str = "dinrec-archive", *,
                  max_file_records: int = 10_000, max_file_age_s: float = 60.0) -> None:
-        self.stream, self.root, self.topic = stream, Path(root), stream.topic
+        self.stream, self.storage, self.topic = stream, _storage(root), stream.topic
         self.max_file_records, self.max_file_age_s = max_file_records, max_file_age_s
         self.stats = ArchiveStats()
-        self._archived = archived_offsets(self.root, self.topic)  # partition -> last offset in a file
+        self._archived = archived_offsets(self.storage, self.topic)  # partition -> last offset in a file
         self._buffers: dict[int, list[Record]] = {}
         self._opened: dict[int, float] = {}  # partition -> when its buffer got its first record
         self._changes = MembershipChanges()
@@ -116,7 +122,7 @@ class Archiver:
 
     def _take_assignment_changes(self) -> None:
         for kind, parts in self._changes.take():
-            on_disk = archived_offsets(self.root, self.topic) if kind == "assigned" else {}
+            on_disk = archived_offsets(self.storage, self.topic) if kind == "assigned" else {}
             for p in parts:
                 self._buffers.pop(p, None)  # either way: what we hold is re-read from the files' end
                 if kind == "assigned":  # another member may have archived more of it meanwhile
@@ -135,18 +141,12 @@ class Archiver:
         first, last = records[0].offset, records[-1].offset
         ts = (records[0].timestamp_ms or int(time.time() * 1000)) / 1000
         when = datetime.fromtimestamp(ts, UTC)
-        folder = self.root / self.topic / f"date={when:%Y-%m-%d}" / f"hour={when:%H}"
-        folder.mkdir(parents=True, exist_ok=True)
-        path = folder / f"p{partition}-{first:012d}-{last:012d}.jsonl"
-        tmp = folder / f".{path.name}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(b"".join(r.value.rstrip(b"\n") + b"\n" for r in records))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)  # the file is the record that these offsets are archived
+        key = f"{self.topic}/date={when:%Y-%m-%d}/hour={when:%H}/p{partition}-{first:012d}-{last:012d}.jsonl"
+        self.storage.put_bytes(key, b"".join(r.value.rstrip(b"\n") + b"\n" for r in records))
+        # the file is the record that these offsets are archived
         self._archived[partition] = last
         with self.stats.lock:
             self.stats.records += len(records)
             self.stats.files += 1
         self.consumer.commit({partition: last + 1})  # a hint for lag tools; the files are the truth
-        log.info("archive: %s (%d records)", path, len(records))
+        log.info("archive: %s (%d records)", self.storage.child_uri(key), len(records))

@@ -202,7 +202,8 @@ def backfill(
 
 @ingest_app.command("archive")
 def archive(
-    out: Annotated[Path, typer.Option(help="archive root: {out}/{topic}/date=…/hour=…/p{partition}-….jsonl")],
+    out: Annotated[str, typer.Option(help="archive root, a folder or s3://bucket/prefix: "
+                                          "{out}/{topic}/date=…/hour=…/p{partition}-….jsonl")],
     group: Annotated[str, typer.Option(help="the archive's own consumer group")] = "dinrec-archive",
     max_records: Annotated[int | None, typer.Option(help="stop after archiving this many records")] = None,
     idle_exit: Annotated[float | None, typer.Option(help="stop after this many idle seconds")] = None,

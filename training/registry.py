@@ -4,7 +4,7 @@
     {root}/aliases/{alias}         one line: the version the alias points at (champion, challenger, …)
     {root}/alias-history/{alias}/{ns}.json   one immutable record per move: version, previous, at, reason
 
-Both backends are the one storage layer (training.storage), whose writes are atomic per key.
+Both backends are the one storage layer (feature_store.storage), whose writes are atomic per key.
 Publishing writes a version's files with its ``manifest.json`` last: the manifest is what makes the
 version exist, so a half-written version is invisible (and a publish that died is simply redone).
 Moving an alias replaces one key, so a service that watches it never reads half a pointer, and
@@ -29,9 +29,8 @@ import shutil
 import time
 from pathlib import Path
 
+from feature_store.storage import CloudError, LocalStorage, S3Storage, Storage
 from training.bundle import BundleError, read_manifest, verify_bundle
-from training.spot.aws import CloudError
-from training.storage import LocalStorage, S3Storage, Storage
 
 MANIFEST = "manifest.json"  # a bundle's index of files and checksums (training.bundle)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -48,7 +47,7 @@ def _name(kind: str, value: str) -> str:
 
 
 class _StoredRegistry:
-    """Versions, aliases and their history on a :class:`training.storage.Storage`."""
+    """Versions, aliases and their history on a :class:`feature_store.storage.Storage`."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage, self.uri = storage, storage.uri
@@ -158,7 +157,7 @@ class S3Registry(_StoredRegistry):
     def __init__(self, uri: str, cache_dir: str | Path, aws=None) -> None:  # aws: training.spot.aws.Aws
         if not uri.startswith("s3://") or not uri.removeprefix("s3://").partition("/")[0]:
             raise RegistryError(f"not an S3 registry: {uri!r} (expected s3://bucket/prefix)")
-        super().__init__(S3Storage(uri, aws))
+        super().__init__(S3Storage(uri, aws.client("s3") if aws is not None else None))
         self.cache = Path(cache_dir)
 
     def bundle_dir(self, version: str) -> Path:

@@ -70,3 +70,29 @@ def test_the_archive_command_drains_the_topic_once(kafka_bootstrap, unique, tmp_
     assert archive()["records"] == 0  # run again: nothing is archived twice
     assert len(read_archive(tmp_path, unique)) == 120
     kafka.close()
+
+
+def test_the_archive_on_s3_writes_each_record_once_and_retraining_reads_it(aws_env, unique):
+    import boto3
+
+    from feature_store.storage import open_storage
+    from feature_store.streams.inprocess import InProcessStream
+    from training.retrain.events import read_window
+
+    boto3.client("s3").create_bucket(Bucket=unique)
+    root = f"s3://{unique}/archive"
+    stream = InProcessStream()
+    stream.publish(events(300))
+    for group in ("a", "b"):  # the second member has no offsets: it resumes from the objects
+        archiver = Archiver(stream, root, group, max_file_records=64)
+        try:
+            archiver.run(max_records=150 if group == "a" else None, idle_exit_s=2)
+        finally:
+            archiver.close()
+    keys = open_storage(root).keys(f"{stream.topic}/")
+    assert keys and all("/date=" in k and "/hour=" in k for k in keys)
+    assert sum(last + 1 for last in archived_offsets(root, stream.topic).values()) == 300
+    window = read_window(root, stream.topic, 1.7e9, 1.7e9 + 200)
+    assert window.stats["events"] == 200 and window.stats["outside_window"] == 100
+    assert window.stats["behaviours"] == 160  # every fifth event is an impression
+    stream.close()

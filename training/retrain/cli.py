@@ -58,7 +58,7 @@ def retrain(
                                                    "scheduler)")] = None,
     rollout: Annotated[str | None, typer.Option(help="champion or challenger (through an A/B experiment)")] = None,
     registry: Annotated[str | None, typer.Option(help="model registry: a folder or s3://bucket/prefix")] = None,
-    archive_dir: Annotated[Path | None, typer.Option(help="the event archive")] = None,
+    archive_dir: Annotated[str | None, typer.Option(help="the event archive: a folder or s3://bucket/prefix")] = None,
     work_dir: Annotated[Path | None, typer.Option(help="lock, per-window state and reports")] = None,
     spot: Annotated[bool, typer.Option("--spot", help="train the candidate as a spot job (DINREC_SPOT_*: backend, "
                                                       "state, …; DINREC_RETRAIN_SPOT_INSTANCE_TYPES)")] = False,

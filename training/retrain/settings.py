@@ -16,7 +16,8 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 class RetrainSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DINREC_RETRAIN_", extra="ignore", validate_default=True)
 
-    archive_dir: Path = Field(Path("runs/archive"), description="the event archive (`dinrec ingest archive --out`)")
+    archive_dir: str = Field("runs/archive", description=(
+        "the event archive (`dinrec ingest archive --out`): a folder or s3://bucket/prefix"))
     topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$", description="the archived topic")
     registry: str = Field("runs/registry", description="model registry: a folder or s3://bucket/prefix")
     registry_cache: Path | None = Field(None, description="where versions from an S3 registry are downloaded")

@@ -9,30 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import statistics
-from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any
 
-T = TypeVar("T")
+from feature_store.storage import CloudError, call  # the one mapping of AWS errors (re-exported here)
 
-
-class CloudError(RuntimeError):
-    """An AWS call failed; the message says which call and why."""
-
-    def __init__(self, message: str, code: str | None = None) -> None:
-        super().__init__(message)
-        self.code = code
-
-
-def call(what: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return fn(**kwargs)
-    except ClientError as exc:
-        err = exc.response.get("Error", {})
-        raise CloudError(f"{what}: {err.get('Code', 'error')}: {err.get('Message', exc)}", err.get("Code")) from exc
-    except BotoCoreError as exc:  # no credentials, endpoint unreachable, bad region, …
-        raise CloudError(f"{what}: {exc}") from exc
+__all__ = ["Aws", "CloudError", "call", "live_spot_prices"]
 
 
 class Aws:

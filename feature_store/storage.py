@@ -1,7 +1,8 @@
-"""One storage layer for everything training writes: a local folder or an S3 prefix, keys → bytes.
+"""One storage layer: a local folder or an S3 prefix, keys → bytes.
 
-Checkpoints (training.checkpoint), spot job state (training.spot) and the model registry
-(training.registry) all sit on it, so each gets the same two guarantees on both backends:
+The event archive (feature_store.archive), checkpoints (training.checkpoint), spot job state
+(training.spot) and the model registry (training.registry) all sit on it, so each gets the same two
+guarantees on both backends:
 
 * **a key is written whole or not at all** — an S3 PUT is atomic per object; locally the bytes go
   to a temp file (fsynced, with its folder, when ``durable``) that is renamed over the key;
@@ -9,7 +10,8 @@ Checkpoints (training.checkpoint), spot job state (training.spot) and the model 
   version) writes its index key last (``meta.json``, ``manifest.json``) and exists only once that
   key does; a pointer (``latest``, an alias) is one key, moved atomically.
 
-AWS errors are mapped once, here (training.spot.aws.call → CloudError); a missing key reads as None.
+AWS errors are mapped once, here (:func:`call` → :class:`CloudError`, which training.spot's AWS
+boundary uses too); a missing key reads as None.
 """
 
 from __future__ import annotations
@@ -17,10 +19,44 @@ from __future__ import annotations
 import json
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
-from training.spot.aws import Aws, CloudError, call
+T = TypeVar("T")
+
+
+class CloudError(RuntimeError):
+    """An AWS call failed; the message says which call and why."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def call(what: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
+    """``fn(**kwargs)``, with botocore's errors turned into one :class:`CloudError` naming ``what``."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return fn(**kwargs)
+    except ClientError as exc:
+        err = exc.response.get("Error", {})
+        raise CloudError(f"{what}: {err.get('Code', 'error')}: {err.get('Message', exc)}", err.get("Code")) from exc
+    except BotoCoreError as exc:  # no credentials, endpoint unreachable, bad region, …
+        raise CloudError(f"{what}: {exc}") from exc
+
+
+def s3_client(region: str | None = None, endpoint_url: str | None = None) -> Any:
+    """A boto3 S3 client with bounded retries and timeouts (region and endpoint: boto3's environment
+    unless given — AWS_ENDPOINT_URL points it at moto in tests)."""
+    import boto3
+    from botocore.config import Config
+
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+    return boto3.client("s3", region_name=region, endpoint_url=endpoint_url,
+                        config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5,
+                                      read_timeout=30))
 
 
 class Storage(ABC):
@@ -128,15 +164,14 @@ class LocalStorage(Storage):
 
 class S3Storage(Storage):
     """``s3://bucket/prefix``; endpoint and credentials as boto3 reads them (AWS_ENDPOINT_URL: moto in
-    tests) unless ``aws`` says otherwise."""
+    tests) unless ``client`` (a boto3 S3 client) says otherwise."""
 
-    def __init__(self, uri: str, aws: Aws | None = None) -> None:
+    def __init__(self, uri: str, client: Any = None) -> None:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         if not uri.startswith("s3://") or not bucket:
             raise ValueError(f"not an S3 URI: {uri!r} (expected s3://bucket/prefix)")
         self.uri, self.bucket, self.prefix = uri.rstrip("/"), bucket, prefix.strip("/")
-        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-        self.s3 = (aws or Aws(region)).client("s3")
+        self.s3 = client or s3_client()
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -173,11 +208,11 @@ class S3Storage(Storage):
         call(f"s3 delete {self.child_uri(key)}", self.s3.delete_object, Bucket=self.bucket, Key=self._key(key))
 
 
-def open_storage(uri: str | Path, aws: Aws | None = None, durable: bool = False) -> Storage:
-    """A local folder, or ``s3://bucket/prefix``."""
+def open_storage(uri: str | Path, client: Any = None, durable: bool = False) -> Storage:
+    """A local folder, or ``s3://bucket/prefix`` (``client``: a boto3 S3 client to use)."""
     text = str(uri)
     if text.startswith("s3://"):
-        return S3Storage(text, aws)
+        return S3Storage(text, client)
     if "://" in text:
         raise ValueError(f"unsupported storage {text!r}: use a folder or s3://bucket/prefix")
     return LocalStorage(text, durable=durable)

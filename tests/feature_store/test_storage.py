@@ -6,8 +6,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from training.spot.aws import CloudError
-from training.storage import LocalStorage, S3Storage, open_storage
+from feature_store.storage import CloudError, LocalStorage, S3Storage, open_storage
 
 
 @pytest.fixture(params=["local", "s3"])
