@@ -104,7 +104,8 @@ def test_a_miscalibrated_candidate_within_the_gauc_tolerance_is_refused_on_loglo
 
 def test_two_runs_started_at_once_one_runs_and_one_says_it_is_locked(world, tmp_path):
     root = fresh_copy(world, tmp_path)
-    procs = [retrain(root, "--until", str(END), wait=False) for _ in range(2)]
+    longer = {"DINREC_TRAIN_BATCH_SIZE": "64"}  # the holder must still run when the other asks for the lock
+    procs = [retrain(root, "--until", str(END), env=longer, wait=False) for _ in range(2)]
     results = []
     for p in procs:
         out, err = p.communicate(timeout=600)
