@@ -21,9 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.archive import Archiver
+from feature_store.archive import archive_events
 from feature_store.datasets import load_dataset
-from feature_store.streams.inprocess import InProcessStream
 from training.registry import Registry
 from training.retrain.job import RetrainJob
 from training.retrain.settings import RetrainSettings
@@ -34,16 +33,8 @@ KEEP = ("auc", "gauc", "logloss", "calibration_error", "recall_hr", "recall_tail
 
 def _archive(data_dir: Path, root: Path) -> tuple[int, np.ndarray]:
     data = load_dataset(data_dir)
-    stream = InProcessStream()
-    events = list(data.events())
-    stream.publish(events)
-    archiver = Archiver(stream, root, max_file_records=50_000)
-    try:
-        archiver.run(max_records=len(events), idle_exit_s=5)
-    finally:
-        archiver.close()
-        stream.close()
-    return len(events), data.behaviours().ts
+    stats = archive_events(list(data.events()), root, max_file_records=50_000)
+    return stats.records, data.behaviours().ts
 
 
 def _run(root: Path, name: str, until: float, train: TrainSettings, drill: str | None = None,

@@ -128,8 +128,14 @@ def demo(
             say(f"6/7 ran an experiment on {users} simulated users: {ctrs}{lifts}; dashboard: {base}/dashboard")
             stream.publish(list(later.events("b-")))
             say(f"    {len(later)} more behaviours arrived through the stream (new items among them)")
-            _retrain(out, stream, registry, say, smoke)
-            model = client.get(base + "/admin/model", headers={"authorization": f"Bearer {token}"}).json()
+            report = _retrain(out, stream, registry, say, smoke)
+            admin = {"authorization": f"Bearer {token}"}
+            model = client.get(base + "/admin/model", headers=admin).json()
+            deadline = time.monotonic() + 30  # a promotion: the service follows the alias on its next poll
+            while (report["status"] == "promoted" and model["version"] != report["candidate"]["version"]
+                   and time.monotonic() < deadline):
+                time.sleep(0.1)
+                model = client.get(base + "/admin/model", headers=admin).json()
             say(f"    serving {model['version']} (alias {model['alias']})")
 
         typer.secho(f"\ndemo finished in {time.perf_counter() - t0:.0f}s; artefacts in {out}", fg="green", err=True)
@@ -142,9 +148,9 @@ def demo(
                 pass
 
 
-def _retrain(out: Path, stream, registry, say, smoke: bool) -> None:
+def _retrain(out: Path, stream, registry, say, smoke: bool) -> dict:
     """Archive the stream (the synthetic log, and the simulated users' impressions and clicks) and run
-    the retrain job on it; wait for the service to follow a promotion."""
+    the retrain job on it; returns its report."""
     from feature_store.archive import Archiver
     from training.retrain.job import RetrainJob
     from training.retrain.settings import RetrainSettings
@@ -155,7 +161,6 @@ def _retrain(out: Path, stream, registry, say, smoke: bool) -> None:
         stats = archiver.run(idle_exit_s=2.0)
     finally:
         archiver.close()
-    champion = registry.resolve("champion")
     settings = RetrainSettings(archive_dir=str(out / "archive"), registry=str(registry.root), work_dir=out / "retrain",
                                history_days=3650, min_new_events=50, min_holdout_users=20)
     train = TrainSettings(epochs=3, negative_power=1.0, recall_epochs=10 if smoke else 20)
@@ -166,8 +171,4 @@ def _retrain(out: Path, stream, registry, say, smoke: bool) -> None:
         line += (f" (holdout of {cand['users']} users' new clicks: GAUC {cand['gauc']:.3f} vs champion "
                  f"{champ['gauc']:.3f}, HR@200 {cand['recall_hr']:.3f} vs {champ['recall_hr']:.3f})")
     say(line)
-    if report["status"] == "promoted":
-        deadline = time.monotonic() + 30
-        while registry.resolve("champion") == champion and time.monotonic() < deadline:
-            time.sleep(0.1)
-        time.sleep(1.5)  # the service polls the alias every 0.5 s
+    return report

@@ -20,10 +20,12 @@ import logging
 import re
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from feature_store.schema import BehaviourEvent
 from feature_store.storage import Storage, open_storage
 from feature_store.streams.base import EventStream, MembershipChanges, Record
 
@@ -68,6 +70,22 @@ def read_archive(root: str | Path | Storage, topic: str) -> list[bytes]:
     for *_, key in _files(storage, topic):
         out += [line for line in (storage.get_bytes(key) or b"").split(b"\n") if line]
     return out
+
+
+def archive_events(events: Sequence[BehaviourEvent], root: str | Path | Storage, topic: str = "dinrec.events", *,
+                   max_file_records: int = 10_000) -> ArchiveStats:
+    """Archive ``events`` as if the stream had carried them — published to an in-process stream and
+    written by an :class:`Archiver` — for a replayed dataset (benchmarks) and tests."""
+    from feature_store.streams.inprocess import InProcessStream
+
+    stream = InProcessStream(topic)
+    stream.publish(list(events))
+    archiver = Archiver(stream, root, max_file_records=max_file_records)
+    try:
+        return archiver.run(max_records=len(events), idle_exit_s=5)
+    finally:
+        archiver.close()
+        stream.close()
 
 
 class Archiver:

@@ -81,10 +81,6 @@ class Storage(ABC):
     def exists(self, key: str) -> bool:
         return self.get_bytes(key) is not None
 
-    def local_path(self, key: str) -> Path | None:
-        """Where ``key`` lies on this machine's disk (None: not on a local disk)."""
-        return None
-
     def child_uri(self, key: str) -> str:
         return f"{self.uri.rstrip('/')}/{key}"
 
@@ -122,9 +118,6 @@ class LocalStorage(Storage):
     def __init__(self, root: str | Path, durable: bool = False) -> None:
         self.root, self.durable = Path(root), durable
         self.uri = str(self.root)
-
-    def local_path(self, key: str) -> Path:
-        return self.root / key
 
     def put_bytes(self, key: str, data: bytes) -> None:
         path = self.root / key

@@ -58,6 +58,7 @@ def train(
     from training.loop import train as run_training
     from training.samples import SampleSet, build_samples, is_sample_dir
     from training.settings import TrainSettings
+    from training.warm_start import initializers
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size,
@@ -76,16 +77,13 @@ def train(
                                 negative_power=settings.negative_power)
         samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
-    din_init = towers_init = None
+    champion = None
     if init_from is not None:
         from training.bundle import load_bundle
-        from training.warm_start import warm_start
 
         found = data / init_from if not init_from.is_absolute() and (data / init_from).is_dir() else init_from
         champion = load_bundle(found)
-        din_init = lambda m: warm_start(m, champion.model, champion.vocab, samples.vocab)  # noqa: E731
-        if champion.towers is not None:
-            towers_init = lambda t: warm_start(t, champion.towers, champion.vocab, samples.vocab)  # noqa: E731
+    din_init, towers_init = initializers(champion, samples.vocab)
 
     stop, checkpoint_now = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the step, checkpoint, exit 75

@@ -27,12 +27,12 @@ def gather_history(seq: torch.Tensor, hist_end: torch.Tensor, hist_len: torch.Te
     return torch.where(valid, seq[pos.clamp_min(0)], torch.zeros((), dtype=seq.dtype, device=seq.device))
 
 
-
 def split_histories(samples: SampleSet, split: Split, rows: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
     """The left-padded (item, category) histories of ``split``'s ``rows``: two (B, L) tensors."""
     end, length = torch.from_numpy(split.hist_end[rows]), torch.from_numpy(split.hist_len[rows])
     return (gather_history(torch.from_numpy(samples.seq_items), end, length, samples.seq_len),
             gather_history(torch.from_numpy(samples.seq_cats), end, length, samples.seq_len))
+
 
 @dataclass
 class Batch:

@@ -9,11 +9,19 @@ when its shape matches, and left fresh when it does not (a changed layer size).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
 import numpy as np
 import torch
 from torch import nn
 
 from training.vocab import Vocab
+
+if TYPE_CHECKING:
+    from training.bundle import Bundle
+
+Init = Callable[[nn.Module], dict]
 
 # Which vocabulary indexes a table's rows, by the parameter's name (DIN's and the towers' tables).
 _ITEM_TABLES = ("item_emb.weight", "hist_item_emb.weight")
@@ -53,3 +61,14 @@ def warm_start(new: nn.Module, old: nn.Module, old_vocab: Vocab, new_vocab: Voca
             "items_kept": int(len(maps["item"][0])), "items_new": new_vocab.n_items - 1 - len(maps["item"][0]),
             "categories_kept": int(len(maps["category"][0])),
             "categories_new": new_vocab.n_categories - 1 - len(maps["category"][0])}
+
+
+def initializers(champion: Bundle | None, vocab: Vocab) -> tuple[Init | None, Init | None]:
+    """The ``init`` hooks of DIN's trainer and the towers' that warm-start them from ``champion``'s
+    models for a run on ``vocab`` — (None, None) without a champion; no towers hook if it has none."""
+    if champion is None:
+        return None, None
+    din = lambda model: warm_start(model, champion.model, champion.vocab, vocab)  # noqa: E731
+    if champion.towers is None:
+        return din, None
+    return din, lambda towers: warm_start(towers, champion.towers, champion.vocab, vocab)

@@ -15,9 +15,8 @@ import sys
 
 import numpy as np
 
-from feature_store.archive import Archiver
+from feature_store.archive import archive_events
 from feature_store.schema import BehaviourEvent
-from feature_store.streams.inprocess import InProcessStream
 
 DAY = 86_400.0
 END = 1_790_000_000.0 // 3600 * 3600  # the newest window's end (aligned, as the job aligns it)
@@ -55,14 +54,8 @@ def drifting_world(end: float, users: int = 300, per_user: int = 12, seed: int =
 
 def archive(events: list[BehaviourEvent], root, topic: str = "dinrec.events") -> None:
     """Publish ``events`` and archive them as the ingest side would (feature_store.archive)."""
-    stream = InProcessStream(topic)
-    stream.publish(events)
-    archiver = Archiver(stream, root)
-    try:
-        archiver.run(max_records=len(events), idle_exit_s=5)
-    finally:
-        archiver.close()
-        stream.close()
+    stats = archive_events(events, root, topic)
+    assert stats.records == len(events)
 
 
 def retrain(root, *args: str, env: dict | None = None, wait: bool = True):

@@ -67,8 +67,6 @@ def retrain(
 ) -> None:
     """Retrain DIN and the recall towers on archived events, compare with the champion on the same
     recent holdout, promote only a model that is not worse; print the report as JSON."""
-    from pydantic import ValidationError
-
     from training.retrain.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RetrainJob
     from training.retrain.settings import RetrainSettings
     from training.settings import TrainSettings
@@ -76,33 +74,27 @@ def retrain(
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"rollout": rollout, "registry": registry, "archive_dir": archive_dir,
                                    "work_dir": work_dir}.items() if v is not None}
-    try:
-        settings, train_settings = RetrainSettings(**overrides), TrainSettings()
-    except ValidationError as exc:
-        typer.echo(f"invalid retrain settings: {exc}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    if settings.rollout == "challenger" and settings.experiments_file is None:
-        typer.echo("rollout=challenger needs DINREC_RETRAIN_EXPERIMENTS_FILE (the services' experiments file)",
-                   err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    from training.retrain.drills import DRILLS
-
-    if drill is not None and drill not in DRILLS:
-        typer.echo(f"unknown drill {drill!r}: use one of {', '.join(DRILLS)}", err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    if drill is not None and spot:
-        typer.echo("gate drills run locally: drop --spot", err=True)
-        sys.exit(EXIT_BAD_INPUT)
     end = parse_time(until) if until else None
     period = parse_duration(every) if every else None
     stop = threading.Event()
+
+    def job() -> RetrainJob:  # a new one per period: the window moves with the clock
+        return RetrainJob(settings, train_settings, until=end, stop=stop, drill=drill, spot=spot)
+
+    try:  # settings, drill and spot are checked before any work (pydantic's errors are ValueErrors)
+        settings, train_settings = RetrainSettings(**overrides), TrainSettings()
+        current = job()
+    except ValueError as exc:
+        typer.echo(f"dinrec retrain: {exc}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     while True:
-        outcome = RetrainJob(settings, train_settings, until=end, stop=stop, drill=drill, spot=spot).run()
+        outcome = current.run()
         typer.echo(json.dumps(outcome.report, default=str))
         if period is None or stop.is_set():
             sys.exit(EXIT_INTERRUPTED if stop.is_set() else outcome.exit_code)
         stop.wait(period - time.time() % period)  # the next period boundary
         if stop.is_set():
             sys.exit(0)
+        current = job()

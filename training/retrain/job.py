@@ -27,14 +27,14 @@ import threading
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 
 import numpy as np
 
+from feature_store.storage import LocalStorage
 from training.bundle import Bundle, code_version, load_bundle
 from training.registry import RegistryError, open_registry
 from training.retrain.compare import holdout_rows, measure
-from training.retrain.drills import degrade_model, degrade_samples
+from training.retrain.drills import DRILLS, degrade_model, degrade_samples
 from training.retrain.events import read_window
 from training.retrain.gate import checks_json, decide
 from training.retrain.lock import Locked, RunLock
@@ -63,17 +63,13 @@ def _iso(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def _atomic_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1, default=str))
-    os.replace(tmp, path)
-
-
 class RetrainJob:
     def __init__(self, settings: RetrainSettings, train: TrainSettings, *, until: float | None = None,
                  stop: threading.Event | None = None, drill: str | None = None, spot: bool = False) -> None:
         """``drill``: inject a fault (training.retrain.drills); the candidate never ships. ``spot``: train
         the candidate as a spot job (training.retrain.spot)."""
+        if drill is not None and drill not in DRILLS:
+            raise ValueError(f"unknown drill {drill!r}: use one of {', '.join(DRILLS)}")
         if drill and spot:
             raise ValueError("gate drills run locally: drop --spot")
         self.s, self.train_settings = settings, train.model_copy(update={"progress": False})
@@ -85,6 +81,7 @@ class RetrainJob:
                          sort_keys=True, default=str)
         self.run_id = f"{_iso(self.start)}_{_iso(self.end)}_{hashlib.sha256(cfg.encode()).hexdigest()[:8]}"
         self.run_dir = settings.work_dir / "runs" / self.run_id
+        self.files = LocalStorage(self.run_dir)  # the run's JSON documents, each written whole
         self.registry = open_registry(settings.registry, settings.registry_cache)
 
     # ------------------------------------------------------------------ the run
@@ -97,9 +94,9 @@ class RetrainJob:
 
     def _run_locked(self) -> Outcome:
         t0 = time.time()
-        done = self.run_dir / "report.json"
-        if done.is_file():  # this window was decided: say so again, change nothing
-            report = {**json.loads(done.read_text()), "replayed": True}
+        decided = self.files.get_json("report.json")
+        if decided is not None:  # this window was decided: say so again, change nothing
+            report = {**decided, "replayed": True}
             return Outcome(report["status"], report["exit_code"], report)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         champion_version, champion = self._champion()
@@ -121,7 +118,7 @@ class RetrainJob:
         if new < self.s.min_new_events or holdout_users < self.s.min_holdout_users:
             report["reason"] = (f"nothing to retrain on: {new} new behaviours (need {self.s.min_new_events}), "
                                 f"{holdout_users} holdout users (need {self.s.min_holdout_users})")
-            return self._finish(done, report, "skipped", EXIT_OK, t0)
+            return self._finish(report, "skipped", EXIT_OK, t0)
 
         try:
             candidate = self._candidate(samples, champion, champion_version, data_stats)
@@ -132,34 +129,34 @@ class RetrainJob:
             return Outcome("interrupted", EXIT_INTERRUPTED, {**report, "status": "interrupted",
                                                              "reason": "stopped; rerun to resume this window"})
         report["candidate"] = {"version": candidate.model_version, "train": _train_summary(candidate.metrics)}
-        if (self.run_dir / "spot-report.json").is_file():
-            report["candidate"]["spot"] = json.loads((self.run_dir / "spot-report.json").read_text())
+        spot = self.files.get_json("spot-report.json")
+        if spot is not None:
+            report["candidate"]["spot"] = spot
         report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k)
         if champion is not None:
             report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k)
         promote, checks = decide(report["candidate"]["holdout"],
                                  report["champion"].get("holdout"), self.s)
         report["checks"] = checks_json(checks)
+        failures = "; ".join(c.why() for c in checks if not c.passed)
         if self.drill:  # a drill candidate never ships, whatever the gate says
             if promote:
                 report["reason"] = f"drill {self.drill}: the gate PASSED a deliberately degraded candidate"
-                return self._finish(done, report, "drill-passed", EXIT_DRILL_UNCAUGHT, t0)
-            report["reason"] = f"drill {self.drill}: refused as it should be: " + "; ".join(
-                c.why() for c in checks if not c.passed)
-            return self._finish(done, report, "refused", EXIT_REFUSED, t0)
+                return self._finish(report, "drill-passed", EXIT_DRILL_UNCAUGHT, t0)
+            report["reason"] = f"drill {self.drill}: refused as it should be: {failures}"
+            return self._finish(report, "refused", EXIT_REFUSED, t0)
         self._publish(candidate)
         if not promote:
-            report["reason"] = "the candidate is worse than the champion: " + "; ".join(
-                c.why() for c in checks if not c.passed)
-            return self._finish(done, report, "refused", EXIT_REFUSED, t0)
+            report["reason"] = f"the candidate is worse than the champion: {failures}"
+            return self._finish(report, "refused", EXIT_REFUSED, t0)
         report["rolled_out"] = self._roll_out(candidate.model_version)
         report["reason"] = "passed the gate" + ("" if champion else " (first model: no champion to compare with)")
-        return self._finish(done, report, "promoted", EXIT_OK, t0)
+        return self._finish(report, "promoted", EXIT_OK, t0)
 
-    def _finish(self, path: Path, report: dict, status: str, code: int, t0: float) -> Outcome:
+    def _finish(self, report: dict, status: str, code: int, t0: float) -> Outcome:
         report.update({"status": status, "exit_code": code, "seconds": round(time.time() - t0, 1)})
-        _atomic_json(path, report)  # last: its presence means this window is decided
-        _atomic_json(self.s.work_dir / "latest.json", report)
+        self.files.put_json("report.json", report)  # last: its presence means this window is decided
+        LocalStorage(self.s.work_dir).put_json("latest.json", report)
         return Outcome(status, code, report)
 
     # ------------------------------------------------------------------ stages
@@ -173,9 +170,9 @@ class RetrainJob:
     def _samples(self) -> tuple[SampleSet, dict]:
         """The window's point-in-time samples: built once per run, then reused (a resume trains on
         exactly what the first attempt did, whatever arrived since)."""
-        folder, stats_file = self.run_dir / "samples", self.run_dir / "data.json"
-        if is_sample_dir(folder) and stats_file.is_file():
-            return SampleSet.load(folder), json.loads(stats_file.read_text())
+        folder, stats = self.run_dir / "samples", self.files.get_json("data.json")
+        if is_sample_dir(folder) and stats is not None:
+            return SampleSet.load(folder), stats
         # The attributed clicks first: data.json, written last, is what marks the samples complete.
         window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end)
         t = self.train_settings
@@ -183,17 +180,17 @@ class RetrainJob:
                                 eval_negatives=t.eval_negatives, seed=t.seed, negative_power=t.negative_power)
         stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
                  "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}
-        _atomic_json(self.run_dir / "attributed.json", {"attributed": window.attributed})
+        self.files.put_json("attributed.json", {"attributed": window.attributed})
         tmp = self.run_dir / f".samples-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         samples.save(tmp)
         shutil.rmtree(folder, ignore_errors=True)
         tmp.rename(folder)
-        _atomic_json(stats_file, stats)
+        self.files.put_json("data.json", stats)
         return samples, stats
 
     def _attributed(self) -> list[tuple[str, str, float]]:
-        rows = json.loads((self.run_dir / "attributed.json").read_text())["attributed"]
+        rows = self.files.get_json("attributed.json")["attributed"]
         return [(u, i, float(t)) for u, i, t in rows]
 
     def _candidate(self, samples: SampleSet, champion: Bundle | None, parent: str | None,
@@ -203,7 +200,7 @@ class RetrainJob:
         from training.checkpoint import LocalCheckpointStore
         from training.export import export_with_recall
         from training.loop import TrainingInterrupted, train
-        from training.warm_start import warm_start
+        from training.warm_start import initializers
 
         out = self.run_dir / "candidate"
         if (out / "manifest.json").is_file():
@@ -216,11 +213,9 @@ class RetrainJob:
         if self.spot:
             bundle, cost = train_on_spot(self.run_dir, self.run_dir / "samples", use, self.train_settings,
                                          self.s.spot_instance_types, lineage)
-            _atomic_json(self.run_dir / "spot-report.json", cost)
+            self.files.put_json("spot-report.json", cost)
             return bundle
-        din_init = (lambda m: warm_start(m, use.model, use.vocab, samples.vocab)) if use else None
-        towers_init = (lambda t: warm_start(t, use.towers, use.vocab, samples.vocab)) \
-            if use is not None and use.towers is not None else None
+        din_init, towers_init = initializers(use, samples.vocab)
         store = LocalCheckpointStore(self.run_dir / "checkpoints", keep=self.train_settings.keep_checkpoints)
         resumed_from = store.latest()
         samples = degrade_samples(samples, self.drill, self.train_settings.seed)

@@ -18,9 +18,9 @@ PREFIX = "retrain-"
 
 
 def start_challenger_experiment(s: RetrainSettings, version: str) -> str:
-    """Add (and start) the experiment for ``version`` to the experiments file; returns its name."""
-    if s.experiments_file is None:
-        raise ValueError("rollout=challenger needs DINREC_RETRAIN_EXPERIMENTS_FILE (the services' experiments file)")
+    """Add (and start) the experiment for ``version`` to the experiments file (RetrainSettings requires
+    one for rollout=challenger); returns its name."""
+    assert s.experiments_file is not None
     name = f"{PREFIX}{version}"[:128]
     try:
         current = ExperimentFile.load(s.experiments_file)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -55,3 +55,10 @@ class RetrainSettings(BaseSettings):
     tail_tolerance: float = Field(0.05, ge=0, le=1, description="long-tail share of recalled items, absolute")
     min_gauc: float = Field(0.55, ge=0, le=1, description="a first model (no champion) must reach this holdout GAUC")
     recall_k: int = Field(200, ge=1, le=10_000, description="HR@k of recall")
+
+    @model_validator(mode="after")
+    def _challenger_needs_the_experiments_file(self) -> RetrainSettings:
+        if self.rollout == "challenger" and self.experiments_file is None:
+            raise ValueError("rollout=challenger needs DINREC_RETRAIN_EXPERIMENTS_FILE (the services' experiments "
+                             "file)")
+        return self

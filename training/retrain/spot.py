@@ -14,6 +14,7 @@ import os
 import shutil
 from pathlib import Path
 
+from feature_store.storage import LocalStorage
 from training.bundle import Bundle, load_bundle, verify_bundle
 from training.settings import TrainSettings
 
@@ -27,14 +28,15 @@ class SpotFailed(RuntimeError):
 def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: TrainSettings,
                   instance_types: list[str], lineage: dict) -> tuple[Bundle, dict]:
     """(the candidate bundle, the job's cost report)."""
+    from training.spot.agent import fetch_data
     from training.spot.cli import create_job, job_supervisor
     from training.spot.settings import SpotSettings
     from training.spot.supervisor import cost_report
 
-    settings = SpotSettings()
-    job_file = run_dir / "spot-job.json"
-    if job_file.is_file():
-        job_id = json.loads(job_file.read_text())["job_id"]
+    settings, files = SpotSettings(), LocalStorage(run_dir)
+    known = files.get_json("spot-job.json")
+    if known is not None:
+        job_id = known["job_id"]
     else:
         data = run_dir / "spot-data"
         shutil.rmtree(data, ignore_errors=True)
@@ -45,23 +47,19 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
             shutil.copytree(champion.path, data / "init")
             args += ["--init-from", "init"]
         store, spec = create_job(settings, data, instance_types, args)
-        tmp = job_file.with_name(f".{job_file.name}.tmp")
-        tmp.write_text(json.dumps({"job_id": spec.job_id, "job_uri": store.uri}))
-        os.replace(tmp, job_file)
+        files.put_json("spot-job.json", {"job_id": spec.job_id, "job_uri": store.uri})
         job_id = spec.job_id
     store, spec, supervisor = job_supervisor(settings, job_id)
     state = supervisor.run()
     report = {"job_id": job_id, **cost_report(spec, state)}
     if state.status != "done":  # the next run starts a new job (this one is kept for the record)
-        os.replace(job_file, run_dir / f"spot-job-{job_id}-{state.status}.json")
+        files.put_json(f"spot-job-{job_id}-{state.status}.json", files.get_json("spot-job.json"))
+        files.delete("spot-job.json")
         raise SpotFailed(report)
     out = run_dir / "candidate"
     tmp = run_dir / f".candidate-spot-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for key in store.keys("results/"):
-        path = tmp / key.removeprefix("results/")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(store.get_bytes(key) or b"")
+    fetch_data(store, "results/", tmp)
     manifest = verify_bundle(tmp)
     (tmp / "manifest.json").write_text(json.dumps({**manifest, "lineage": lineage}, indent=1))
     tmp.rename(out)
