@@ -19,8 +19,10 @@ pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 def test_redis_down_mid_stream_degrades_then_recovers(own_redis, tiny_run, unique):
-    store = RedisStore(own_redis.url, prefix=unique, socket_timeout_s=0.1)
-    store.write(list(tiny_run[0].events()))
+    seeding = RedisStore(own_redis.url, prefix=unique)  # the default timeout: one big write on a busy host
+    seeding.write(list(tiny_run[0].events()))
+    seeding.close()
+    store = RedisStore(own_redis.url, prefix=unique, socket_timeout_s=0.1)  # the service's: fails fast
     own_redis.save()  # it comes back with the histories
     users = sorted(set(tiny_run[0].user_id.tolist()))[:20]
     answers: list[tuple[float, int, bool, str, float]] = []  # (when, status, degraded, strategy, seconds)
