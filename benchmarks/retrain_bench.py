@@ -7,8 +7,10 @@ A dataset's log is published and archived (feature_store.archive, the path produ
 2. at the end of the log: the candidate, **warm-started** from the champion, against the champion on
    the behaviours after the cut (the gate's holdout) — the stale champion is what serving would keep
    without retraining;
-3. the peer, in the same run: the same candidate trained **from scratch** (``warm_start=False``) on the
-   same window, from the same champion state — its time and holdout metrics beside the warm one's;
+3. the peers, in the same run and window, from the same champion state: the candidate trained **from
+   scratch** (``warm_start=False``), and with the recall towers warm-started too
+   (``warm_start_towers=True``; by default only DIN is) — their times and holdout metrics beside the
+   default's;
 4. the gate drills (shuffled labels, miscalibrated logits): each must be refused.
 """
 
@@ -28,7 +30,8 @@ from training.retrain.job import RetrainJob
 from training.retrain.settings import RetrainSettings
 from training.settings import TrainSettings
 
-KEEP = ("auc", "gauc", "logloss", "calibration_error", "recall_hr", "recall_tail_share", "users")
+KEEP = ("auc", "gauc", "logloss", "calibration_error", "recall_hr", "recall_tail_share", "recall_tail_hr",
+        "tail_positives", "users")
 
 
 def _archive(data_dir: Path, root: Path) -> tuple[int, np.ndarray]:
@@ -70,6 +73,7 @@ def bench_retrain(data_dir: Path, cut: float = 0.8, epochs: int = 2, recall_epoc
             return {"dataset": str(data_dir), "error": f"no first model: {first.get('reason')}"}
         warm, warm_s = _run(root, "warm", end, train)
         cold, cold_s = _run(root, "cold", end, train, warm_start=False)
+        towers, towers_s = _run(root, "warm-towers", end, train, warm_start_towers=True)
         drills = {}
         for drill in ("shuffled-labels", "miscalibrated"):
             report, _ = _run(root, drill, end, train, drill=drill)
@@ -87,6 +91,8 @@ def bench_retrain(data_dir: Path, cut: float = 0.8, epochs: int = 2, recall_epoc
         "stale_champion": _holdout(warm, "champion"),
         "warm_candidate": _holdout(warm, "candidate"),
         "peer_cold_candidate": {**_holdout(cold, "candidate"), "status": cold["status"], "seconds": round(cold_s, 1)},
+        "peer_warm_towers_candidate": {**_holdout(towers, "candidate"), "status": towers["status"],
+                                       "reason": towers.get("reason"), "seconds": round(towers_s, 1)},
         "warm_vs_cold": {"seconds_ratio": round(warm_s / cold_s, 3) if cold_s else None,
                          "gauc_delta": _delta(warm, cold, "gauc"), "recall_hr_delta": _delta(warm, cold, "recall_hr")},
         "retrain_vs_stale": {"gauc_delta": _delta(warm, warm, "gauc", "champion"),

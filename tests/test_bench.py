@@ -130,8 +130,11 @@ def test_bench_retrain_replays_a_log_and_prints_retrain_peer_and_drills(tmp_path
                                                           mean_events_per_user=25, seed=5),
                                 "retrain", "--epochs", "2", "--recall-epochs", "3", "--seq-len", "20")
     assert result["first_model"]["status"] == "promoted" and result["retrain"]["holdout_users"] >= 10
-    for side in ("stale_champion", "warm_candidate", "peer_cold_candidate"):
+    for side in ("stale_champion", "warm_candidate", "peer_cold_candidate", "peer_warm_towers_candidate"):
         assert 0 < result[side]["gauc"] < 1 and result[side]["users"] == result["retrain"]["holdout_users"]
+        assert 0 <= result[side]["recall_tail_hr"] <= 1 and result[side]["tail_positives"] > 0
+    # The warm-towers peer differs only in how its towers start: DIN (deterministic on CPU) ranks the same.
+    assert result["peer_warm_towers_candidate"]["gauc"] == result["warm_candidate"]["gauc"]
     assert result["warm_vs_cold"]["gauc_delta"] == pytest.approx(
         result["warm_candidate"]["gauc"] - result["peer_cold_candidate"]["gauc"], abs=1e-3)
     assert result["drills"]["shuffled-labels"]["status"] == "refused"

@@ -44,9 +44,13 @@ def train(
     checkpoint_dir: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = None,
     resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint), none, or a checkpoint name")] = "none",
-    init_from: Annotated[Path | None, typer.Option(help="warm-start DIN and the towers from this bundle (rows by "
-                                                        "item/category id; a relative path is looked for in --data "
-                                                        "first, so a spot job can ship it with its data)")] = None,
+    init_from: Annotated[Path | None, typer.Option(help=(
+        "warm-start DIN (and the towers: --init-towers) from this bundle (rows by item/category id; a relative "
+        "path is looked for in --data first, so a spot job can ship it with its data)"))] = None,
+    init_towers: Annotated[bool, typer.Option("--init-towers/--no-init-towers",
+                                              help="with --init-from: warm-start the recall towers too (off: they "
+                                                   "train from scratch, which kept more of the long tail in "
+                                                   "dinrec bench retrain)")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar")] = False,
 ) -> None:
     """Train DIN and the recall towers, evaluate (AUC/GAUC/logloss; recall HR@200), export a bundle;
@@ -83,7 +87,7 @@ def train(
 
         found = data / init_from if not init_from.is_absolute() and (data / init_from).is_dir() else init_from
         champion = load_bundle(found)
-    din_init, towers_init = initializers(champion, samples.vocab)
+    din_init, towers_init = initializers(champion, samples.vocab, towers=init_towers)
 
     stop, checkpoint_now = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the step, checkpoint, exit 75

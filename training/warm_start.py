@@ -63,12 +63,13 @@ def warm_start(new: nn.Module, old: nn.Module, old_vocab: Vocab, new_vocab: Voca
             "categories_new": new_vocab.n_categories - 1 - len(maps["category"][0])}
 
 
-def initializers(champion: Bundle | None, vocab: Vocab) -> tuple[Init | None, Init | None]:
+def initializers(champion: Bundle | None, vocab: Vocab, towers: bool = True) -> tuple[Init | None, Init | None]:
     """The ``init`` hooks of DIN's trainer and the towers' that warm-start them from ``champion``'s
-    models for a run on ``vocab`` — (None, None) without a champion; no towers hook if it has none."""
+    models for a run on ``vocab`` — (None, None) without a champion; no towers hook if it has none or
+    ``towers`` is False (the towers then train from scratch: see RetrainSettings.warm_start_towers)."""
     if champion is None:
         return None, None
     din = lambda model: warm_start(model, champion.model, champion.vocab, vocab)  # noqa: E731
-    if champion.towers is None:
+    if champion.towers is None or not towers:
         return din, None
     return din, lambda towers: warm_start(towers, champion.towers, champion.vocab, vocab)

@@ -59,6 +59,9 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
     lineage = reg.manifest(new)["lineage"]
     assert lineage["parent"] == first and lineage["data_window"]["end"] == END and lineage["warm_start"]
     assert report["candidate"]["train"]["warm_start"]["items_new"] > 0  # new items got fresh rows
+    # The towers train from scratch by default (DINREC_RETRAIN_WARM_START_TOWERS): they are retrained too.
+    assert report["candidate"]["train"]["recall_warm_start"] is None and not lineage["warm_start_towers"]
+    assert report["candidate"]["holdout"]["tail_positives"] > 0
     assert reg.history("champion")[-1]["reason"].startswith(f"retrain {report['run']}")
     listed = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "list", "--registry",
                              str(root / "registry")], cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -155,7 +158,7 @@ def test_bad_input_exits_2_and_says_why(world, tmp_path):
 def test_the_gate_refuses_any_measure_worse_beyond_its_tolerance():
     s = RetrainSettings()
     champion = {"gauc": 0.70, "auc": 0.72, "logloss": 0.50, "calibration_error": 0.10, "recall_hr": 0.40,
-                "recall_tail_share": 0.30}
+                "recall_tail_hr": 0.30, "recall_tail_share": 0.50}
     assert decide(dict(champion), champion, s)[0]
     better_gauc_worse_logloss = {**champion, "gauc": 0.71, "logloss": 0.50 * (1 + s.logloss_tolerance) + 0.01}
     ok, checks = decide(better_gauc_worse_logloss, champion, s)
@@ -167,8 +170,10 @@ def test_the_gate_refuses_any_measure_worse_beyond_its_tolerance():
     # ... unless its logloss is clearly better: then its probabilities carry more, whatever their mean.
     ok, checks = decide({**off_mean, "logloss": 0.50 * (1 - s.logloss_tolerance) - 0.01}, champion, s)
     assert ok and "logloss" in next(c.note for c in checks if c.metric == "calibration_error")
-    narrower_tail = {**champion, "recall_tail_share": 0.30 - s.tail_tolerance - 0.01}
-    assert [c.metric for c in decide(narrower_tail, champion, s)[1] if not c.passed] == ["recall_tail_share"]
+    misses_the_tail = {**champion, "recall_tail_hr": 0.30 - s.tail_tolerance - 0.01}
+    assert [c.metric for c in decide(misses_the_tail, champion, s)[1] if not c.passed] == ["recall_tail_hr"]
+    # A narrower recalled tail alone is not worse: serving's lane sets the tail share users see.
+    assert decide({**champion, "recall_tail_share": 0.20}, champion, s)[0]
     assert not decide({**champion, "gauc": float("nan")}, champion, s)[0]
     assert not decide({**champion, "gauc": 0.52}, None, s)[0]  # a first model must beat chance clearly
 
@@ -225,7 +230,7 @@ def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(
             "DINREC_SPOT_WORKDIR": str(tmp_path / "spot-work"), "DINREC_SPOT_POLL_S": "0.3"}
     reg = Registry(root / "registry")
     first = reg.resolve("champion")
-    code, report = retrain(root, "--until", str(END), "--spot", env=spot)
+    code, report = retrain(root, "--until", str(END), "--spot", env={**spot, "DINREC_RETRAIN_WARM_START_TOWERS": "1"})
     assert code == 0 and report["status"] == "promoted", report.get("reason")
     job = report["candidate"]["spot"]
     assert job["status"] == "done" and job["attempts"] == 1 and job["by_instance"][0]["instance_type"] == "g5.xlarge"
@@ -233,8 +238,10 @@ def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(
     data = tmp_path / "spot-state" / "jobs" / job["job_id"] / "data"
     assert (data / "samples.json").is_file() and (data / "init" / "manifest.json").is_file()
     assert report["candidate"]["train"]["warm_start"]["items_new"] > 0
+    assert report["candidate"]["train"]["recall_warm_start"]["items_new"] > 0  # asked for: the towers too
     lineage = reg.manifest(reg.resolve("champion"))["lineage"]
     assert lineage["parent"] == first and lineage["trained_by"] == "dinrec retrain --spot"
+    assert lineage["warm_start_towers"]
     assert report["candidate"]["holdout"]["gauc"] > report["champion"]["holdout"]["gauc"]
 
 

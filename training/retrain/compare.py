@@ -16,8 +16,9 @@ on:
   taken after the standard correction for negative sampling, ``logit − log(k/n)`` (He et al., 2014),
   so they measure the model, not the sampling rates it and the holdout happen to use;
 * recall (the bundle's recall space: towers, or DIN's item embeddings): HR@k of the held-out
-  behaviour, history items excluded as serving excludes them; and the long-tail share of the recalled
-  items (outside the top 20 % of items by behaviours in the window).
+  behaviour, history items excluded as serving excludes them; the same HR on the behaviours whose item
+  is in the long tail (outside the top 20 % of items by behaviours in the window); and the long-tail
+  share of the recalled items.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
     by_id = dict(zip(samples.vocab.items[1:], window_tail[1:], strict=True))
     tail = torch.tensor([False] + [bool(by_id.get(x, True)) for x in bundle.vocab.items[1:]])
     k = min(k, len(table) - 1)
-    hits = recalled_tail = recalled = 0
+    hits = recalled_tail = recalled = tail_hits = tail_positives = 0
     for s in range(0, len(positives), batch):
         r = positives[s:s + batch]
         hist, cats = histories(r)
@@ -116,8 +117,12 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
         scores.scatter_(1, hist, -torch.inf)  # seen items (and padding) are never recalled
         top = scores.topk(k, dim=1).indices  # (B, k)
         target = item_map[torch.from_numpy(samples.test.target_item[r])]  # 0: the bundle cannot recall it
-        hits += int(((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).sum())
+        hit = ((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1)  # (B,)
+        is_tail = torch.from_numpy(window_tail[samples.test.target_item[r]])  # (B,) a long-tail behaviour
+        hits += int(hit.sum())
+        tail_hits += int((hit & is_tail).sum())
+        tail_positives += int(is_tail.sum())
         recalled_tail += int(tail[top].sum())
         recalled += top.numel()
     return {"recall_hr": hits / max(len(positives), 1), "recall_tail_share": recalled_tail / max(recalled, 1),
-            "recall_k": k}
+            "recall_tail_hr": tail_hits / max(tail_positives, 1), "tail_positives": tail_positives, "recall_k": k}

@@ -1,6 +1,14 @@
 """The promotion gate: a candidate is promoted only if it is not worse than the champion beyond a
 tolerance on **any** measure — so a better GAUC cannot buy a broken calibration, and an AUC on uniform
-negatives (which rewards popularity) cannot buy worse recall or a narrower long tail.
+negatives (which rewards popularity) cannot buy worse recall, overall or of the long tail.
+
+The long tail is judged by what recall *finds*: HR@k on the holdout behaviours whose item is in the
+long tail. The share of tail items among the recalled ones is reported but not gated: it rewards
+noise (a model that recalls arbitrary unpopular items scores high on it), and serving sets the tail
+share of what users see with its own lane (DINREC_TAIL_SHARE) — what a model must not lose is the
+ability to put the right tail items among the candidates. On amazon-hin a warm-started candidate
+recalled a smaller tail share than the champion (0.477 vs 0.549) while finding the held-out tail
+behaviours as often (0.171 vs 0.166) and all behaviours more often (0.275 vs 0.240).
 
 One measure is conditional. The holdout's negatives are uniform samples, not logged impressions, so
 its calibration-in-the-large (mean predicted ÷ observed CTR) is an approximation: a far sharper model
@@ -58,8 +66,8 @@ def decide(candidate: dict, champion: dict | None, s: RetrainSettings) -> tuple[
         _calibration(candidate, champion, s),
         _check("recall_hr", champion["recall_hr"], candidate["recall_hr"],
                champion["recall_hr"] - s.recall_tolerance, True),
-        _check("recall_tail_share", champion["recall_tail_share"], candidate["recall_tail_share"],
-               champion["recall_tail_share"] - s.tail_tolerance, True),
+        _check("recall_tail_hr", champion["recall_tail_hr"], candidate["recall_tail_hr"],
+               champion["recall_tail_hr"] - s.tail_tolerance, True),
     ]
     return all(c.passed for c in checks), checks
 

@@ -208,14 +208,15 @@ class RetrainJob:
         use = champion if self.s.warm_start else None
         lineage = {"trained_by": "dinrec retrain" + (" --spot" if self.spot else ""), "run": self.run_id,
                    "parent": parent, "warm_start": use is not None,
+                   "warm_start_towers": use is not None and self.s.warm_start_towers,
                    "data_window": {"start": self.start, "end": self.end, "archive": str(self.s.archive_dir),
                                    "topic": self.s.topic, **data_stats}}
         if self.spot:
             bundle, cost = train_on_spot(self.run_dir, self.run_dir / "samples", use, self.train_settings,
-                                         self.s.spot_instance_types, lineage)
+                                         self.s.spot_instance_types, lineage, towers=self.s.warm_start_towers)
             self.files.put_json("spot-report.json", cost)
             return bundle
-        din_init, towers_init = initializers(use, samples.vocab)
+        din_init, towers_init = initializers(use, samples.vocab, towers=self.s.warm_start_towers)
         store = LocalCheckpointStore(self.run_dir / "checkpoints", keep=self.train_settings.keep_checkpoints)
         resumed_from = store.latest()
         samples = degrade_samples(samples, self.drill, self.train_settings.seed)

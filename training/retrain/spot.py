@@ -26,8 +26,8 @@ class SpotFailed(RuntimeError):
 
 
 def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: TrainSettings,
-                  instance_types: list[str], lineage: dict) -> tuple[Bundle, dict]:
-    """(the candidate bundle, the job's cost report)."""
+                  instance_types: list[str], lineage: dict, towers: bool = False) -> tuple[Bundle, dict]:
+    """(the candidate bundle, the job's cost report). ``towers``: warm-start the towers too."""
     from training.spot.agent import fetch_data
     from training.spot.cli import create_job, job_supervisor
     from training.spot.settings import SpotSettings
@@ -45,7 +45,7 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
                 "--recall-epochs", str(t.recall_epochs), "--seed", str(t.seed)]
         if champion is not None:
             shutil.copytree(champion.path, data / "init")
-            args += ["--init-from", "init"]
+            args += ["--init-from", "init", "--init-towers" if towers else "--no-init-towers"]
         store, spec = create_job(settings, data, instance_types, args)
         files.put_json("spot-job.json", {"job_id": spec.job_id, "job_uri": store.uri})
         job_id = spec.job_id
