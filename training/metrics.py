@@ -27,19 +27,36 @@ def auc(labels: np.ndarray, scores: np.ndarray) -> float:
     return _rank_auc(np.asarray(labels), np.asarray(scores, dtype=np.float64))
 
 
-def gauc(users: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> float:
-    """Σ_u n_u·AUC_u / Σ_u n_u over users whose samples hold both classes."""
+def user_aucs(users: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(AUC_u, n_u) per user, in sorted user order; AUC_u is NaN when a user's samples hold one class."""
     users, labels, scores = np.asarray(users), np.asarray(labels), np.asarray(scores, dtype=np.float64)
     order = np.argsort(users, kind="stable")
     users, labels, scores = users[order], labels[order], scores[order]
     cuts = np.flatnonzero(np.r_[True, users[1:] != users[:-1], True])
-    total, weight = 0.0, 0
-    for a, b in zip(cuts[:-1], cuts[1:], strict=True):
-        value = _rank_auc(labels[a:b], scores[a:b])
-        if not np.isnan(value):
-            total += (b - a) * value
-            weight += b - a
-    return total / weight if weight else float("nan")
+    aucs = np.array([_rank_auc(labels[a:b], scores[a:b]) for a, b in zip(cuts[:-1], cuts[1:], strict=True)])
+    return aucs, np.diff(cuts)
+
+
+def gauc(users: np.ndarray, labels: np.ndarray, scores: np.ndarray) -> float:
+    """Σ_u n_u·AUC_u / Σ_u n_u over users whose samples hold both classes."""
+    aucs, n = user_aucs(users, labels, scores)
+    ok = ~np.isnan(aucs)
+    return float((n[ok] * aucs[ok]).sum() / n[ok].sum()) if ok.any() else float("nan")
+
+
+def paired_difference(a: np.ndarray, b: np.ndarray, weights: np.ndarray | None = None) -> tuple[float, float]:
+    """(mean of a − b, its standard error) over units both were measured on (a weighted mean when
+    ``weights``): two models on the same holdout, so the difference is paired, unit by unit."""
+    d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+    w = np.ones(len(d)) if weights is None else np.asarray(weights, dtype=np.float64)
+    ok = ~np.isnan(d)
+    d, w = d[ok], w[ok]
+    if len(d) < 2:
+        return float("nan"), float("nan")
+    mean = float((w * d).sum() / w.sum())
+    # Linearised SE of a ratio of sums (the unweighted case gives std/√n, up to n/(n−1)).
+    se = float(np.sqrt((w ** 2 * (d - mean) ** 2).sum() * len(d) / (len(d) - 1)) / w.sum())
+    return mean, se
 
 
 def logloss(labels: np.ndarray, logits: np.ndarray) -> float:

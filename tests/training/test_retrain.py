@@ -10,12 +10,14 @@ import signal
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
 from tests.conftest import REPO, wait_until
 from tests.training.retrain_world import DAY, END, archive, drifting_world, retrain
 from training.bundle import load_bundle
+from training.metrics import paired_difference
 from training.registry import Registry
 from training.retrain.gate import decide
 from training.retrain.job import _iso
@@ -88,6 +90,12 @@ def test_a_candidate_trained_on_shuffled_labels_is_refused_and_never_ships(world
     failed = {c["metric"] for c in report["checks"] if not c["passed"]}
     assert "gauc" in failed and "gauc" in report["reason"] and "refused as it should be" in report["reason"]
     assert report["candidate"]["holdout"]["gauc"] < report["champion"]["holdout"]["gauc"]
+    # Each mean-over-units check carries the paired difference and its standard error; AUC has none.
+    by_metric = {c["metric"]: c for c in report["checks"]}
+    gauc_check = by_metric["gauc"]
+    assert gauc_check["difference"] == pytest.approx(gauc_check["candidate"] - gauc_check["champion"], abs=1e-3)
+    assert 0 < gauc_check["se"] < abs(gauc_check["difference"]) and "s.e." in gauc_check["why"]
+    assert all(by_metric[m]["se"] > 0 for m in ("logloss", "recall_hr")) and by_metric["auc"]["se"] is None
     assert reg.resolve("champion") == champion and reg.versions() == versions  # the champion keeps serving
 
 
@@ -255,3 +263,14 @@ def test_every_runs_on_a_period_until_sigterm(world, tmp_path):
     reports = [json.loads(line) for line in lines]
     assert [r["run"] for r in reports] == [reports[0]["run"]] * 2 and all(r.get("replayed") for r in reports)
     assert p.returncode in (0, 75), err[-2000:]  # 0 between runs; 75 if the signal met a run
+
+
+def test_paired_difference_is_the_mean_difference_with_its_standard_error():
+    a, b = np.array([1.0, 0.0, 1.0, 1.0]), np.array([0.0, 0.0, 1.0, 0.0])
+    d, se = paired_difference(a, b)
+    assert d == 0.5 and se == pytest.approx(np.std(a - b, ddof=1) / 2)
+    # Weighted (GAUC: per-user AUCs weighted by rows), NaN units (one-class users) left out.
+    d, se = paired_difference(np.array([0.9, 0.5, np.nan]), np.array([0.7, 0.5, 0.6]), np.array([3, 1, 5]))
+    assert d == pytest.approx((3 * 0.2 + 0) / 4) and se > 0
+    assert np.isnan(paired_difference(np.array([1.0]), np.array([0.0]))[1])  # one unit: no error to give
+

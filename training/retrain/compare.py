@@ -19,6 +19,10 @@ on:
   behaviour, history items excluded as serving excludes them; the same HR on the behaviours whose item
   is in the long tail (outside the top 20 % of items by behaviours in the window); and the long-tail
   share of the recalled items.
+
+``units`` collects what each metric averages, unit by unit (a user's AUC and weight, a row's loss, a
+positive's hit), so :func:`paired_differences` can put a standard error on candidate − champion:
+both models are measured on the same units, so the difference is paired.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from retrieval.baselines import long_tail_mask
 from training.bundle import Bundle
 from training.data import gather_history
 from training.export import item_counts
-from training.metrics import auc, gauc, logloss
+from training.metrics import auc, gauc, logloss, paired_difference, user_aucs
 from training.recall import RecallSpace
 from training.samples import SampleSet
 
@@ -64,8 +68,9 @@ def _to_bundle(ids: list[str], known: dict[str, int]) -> np.ndarray:
 
 @torch.no_grad()
 def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int = 200,
-            batch: int = 4096) -> dict:
-    """Ranking and recall metrics of ``bundle`` on ``samples.test[rows]`` (see the module doc)."""
+            batch: int = 4096, units: dict | None = None) -> dict:
+    """Ranking and recall metrics of ``bundle`` on ``samples.test[rows]`` (see the module doc); fills
+    ``units`` (when given) with the per-unit values behind them."""
     split = samples.test
     item_map = torch.from_numpy(_to_bundle(samples.vocab.items, bundle.vocab.item_index()))
     cat_map = torch.from_numpy(_to_bundle(samples.vocab.categories,
@@ -95,12 +100,15 @@ def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int 
     out = {"rows": int(len(rows)), "users": int(len(np.unique(users))), "auc": auc(labels, z),
            "gauc": gauc(users, labels, z), "logloss": logloss(labels, zc) if len(rows) else float("nan"),
            "calibration": ratio, "calibration_error": abs(math.log(ratio)) if ratio > 0 else float("nan")}
-    out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k))
+    if units is not None:
+        units["gauc"] = user_aucs(users, labels, z)  # (AUC_u, n_u): the same users, in the same order
+        units["logloss"] = (np.maximum(zc, 0) - zc * labels + np.log1p(np.exp(-np.abs(zc))), None)  # (N,) per row
+    out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k, units))
     return {k: round(v, 5) if isinstance(v, float) else v for k, v in out.items()}
 
 
 def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories, item_map: torch.Tensor,
-            k: int, batch: int = 1024) -> dict:
+            k: int, units: dict | None = None, batch: int = 1024) -> dict:
     space = RecallSpace(bundle.model, bundle.towers, bundle.vocab.item_category)
     table = torch.from_numpy(space.item_vectors)  # (I, D), row = the bundle's item index
     # Long tail by this window's behaviours, carried to the bundle's indices by id (unseen: tail).
@@ -109,6 +117,7 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
     tail = torch.tensor([False] + [bool(by_id.get(x, True)) for x in bundle.vocab.items[1:]])
     k = min(k, len(table) - 1)
     hits = recalled_tail = recalled = tail_hits = tail_positives = 0
+    hit_by_positive, tail_by_positive = [], []
     for s in range(0, len(positives), batch):
         r = positives[s:s + batch]
         hist, cats = histories(r)
@@ -122,7 +131,26 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
         hits += int(hit.sum())
         tail_hits += int((hit & is_tail).sum())
         tail_positives += int(is_tail.sum())
+        hit_by_positive.append(hit.numpy())
+        tail_by_positive.append(is_tail.numpy())
         recalled_tail += int(tail[top].sum())
         recalled += top.numel()
+    if units is not None and hit_by_positive:
+        hit, is_tail = np.concatenate(hit_by_positive), np.concatenate(tail_by_positive)
+        units["recall_hr"], units["recall_tail_hr"] = (hit, None), (hit[is_tail], None)
     return {"recall_hr": hits / max(len(positives), 1), "recall_tail_share": recalled_tail / max(recalled, 1),
             "recall_tail_hr": tail_hits / max(tail_positives, 1), "tail_positives": tail_positives, "recall_k": k}
+
+
+def paired_differences(candidate: dict, champion: dict) -> dict[str, dict]:
+    """{metric: {"difference": candidate − champion, "se": its standard error}} from two models'
+    ``units`` on the same holdout. Rows of one user are treated as independent for logloss (a slight
+    underestimate of its SE); AUC and calibration get none."""
+    out = {}
+    for metric, (values, weights) in candidate.items():
+        if metric in champion:
+            d, se = paired_difference(values, champion[metric][0], weights)
+            if not math.isnan(se):  # fewer than two units: nothing to say
+                out[metric] = {"difference": round(d, 5), "se": round(se, 5)}
+    return out
+

@@ -18,13 +18,17 @@ better (a drifted-interest candidate: GAUC 0.92 vs 0.60, logloss 0.163 vs 0.191,
 champion's by more than the logloss tolerance; a miscalibrated model that ranks the same (the
 ``miscalibrated`` drill) fails both.
 
-Each check says what it compared; the report keeps every one, passed or not.
+Each check says what it compared; the report keeps every one, passed or not. Where the metric is a
+mean over units (users for GAUC, rows for logloss, held-out behaviours for the HRs) the check also
+carries the paired difference and its standard error, so a reader can tell a refusal by a clear
+margin from one within noise (the decision does not use it: tolerances are absolute, the safe
+direction on a small holdout is to keep the champion).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 from training.retrain.settings import RetrainSettings
 
@@ -38,11 +42,16 @@ class Check:
     higher_is_better: bool
     passed: bool
     note: str | None = None  # why a check beyond its limit still passed
+    difference: float | None = None  # candidate − champion, paired over the holdout's units
+    se: float | None = None  # its standard error
 
     def why(self) -> str:
         worse = "below" if self.higher_is_better else "above"
-        base = f" (champion {self.champion:.4f})" if self.champion is not None else ""
-        return f"{self.metric} {self.candidate:.4f} is {worse} the limit {self.limit:.4f}{base}"
+        base = f"champion {self.champion:.4f}" if self.champion is not None else ""
+        if base and self.se is not None and not math.isnan(self.se):
+            base += f", difference {self.difference:+.4f} ± {self.se:.4f} s.e."
+        said = f"{self.metric} {self.candidate:.4f} is {worse} the limit {self.limit:.4f}"
+        return f"{said} ({base})" if base else said
 
 
 def _check(metric: str, champion: float | None, candidate: float, limit: float, higher: bool) -> Check:
@@ -53,8 +62,10 @@ def _check(metric: str, champion: float | None, candidate: float, limit: float, 
     return Check(metric, champion, candidate, limit, higher, bool(candidate >= limit if higher else candidate <= limit))
 
 
-def decide(candidate: dict, champion: dict | None, s: RetrainSettings) -> tuple[bool, list[Check]]:
-    """(promote?, the checks). Without a champion the candidate must only reach ``min_gauc``."""
+def decide(candidate: dict, champion: dict | None, s: RetrainSettings,
+           differences: dict[str, dict] | None = None) -> tuple[bool, list[Check]]:
+    """(promote?, the checks). Without a champion the candidate must only reach ``min_gauc``.
+    ``differences``: compare.paired_differences, attached to the checks they belong to."""
     if champion is None:
         checks = [_check("gauc", None, candidate["gauc"], s.min_gauc, True)]
         return all(c.passed for c in checks), checks
@@ -69,6 +80,8 @@ def decide(candidate: dict, champion: dict | None, s: RetrainSettings) -> tuple[
         _check("recall_tail_hr", champion["recall_tail_hr"], candidate["recall_tail_hr"],
                champion["recall_tail_hr"] - s.tail_tolerance, True),
     ]
+    paired = differences or {}
+    checks = [replace(c, **paired[c.metric]) if c.metric in paired else c for c in checks]
     return all(c.passed for c in checks), checks
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from feature_store.storage import LocalStorage
 from training.bundle import Bundle, code_version, load_bundle
 from training.registry import RegistryError, open_registry
-from training.retrain.compare import holdout_rows, measure
+from training.retrain.compare import holdout_rows, measure, paired_differences
 from training.retrain.drills import DRILLS, degrade_model, degrade_samples
 from training.retrain.events import read_window
 from training.retrain.gate import checks_json, decide
@@ -132,11 +132,12 @@ class RetrainJob:
         spot = self.files.get_json("spot-report.json")
         if spot is not None:
             report["candidate"]["spot"] = spot
-        report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k)
+        cand_units, champ_units = {}, {}
+        report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k, units=cand_units)
         if champion is not None:
-            report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k)
-        promote, checks = decide(report["candidate"]["holdout"],
-                                 report["champion"].get("holdout"), self.s)
+            report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k, units=champ_units)
+        promote, checks = decide(report["candidate"]["holdout"], report["champion"].get("holdout"), self.s,
+                                 paired_differences(cand_units, champ_units))
         report["checks"] = checks_json(checks)
         failures = "; ".join(c.why() for c in checks if not c.passed)
         if self.drill:  # a drill candidate never ships, whatever the gate says
