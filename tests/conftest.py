@@ -7,13 +7,17 @@ test that needs them is skipped with the command that starts them; with DINREC_R
 
 from __future__ import annotations
 
+import atexit
 import os
 import uuid
 from pathlib import Path
 
 import pytest
 
+from dinrec_cli.teardown import quiet_triton_teardown
 from serving.server import free_port
+
+atexit.register(quiet_triton_teardown)  # after pytest's summary: Triton's leak report is noise
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("DINREC_SHARED_DATA", REPO.parent / "shared" / "data"))
