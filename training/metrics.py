@@ -59,7 +59,12 @@ def paired_difference(a: np.ndarray, b: np.ndarray, weights: np.ndarray | None =
     return mean, se
 
 
-def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
-    """Mean binary cross-entropy from logits (numerically stable)."""
+def row_logloss(labels: np.ndarray, logits: np.ndarray) -> np.ndarray:
+    """(N,) binary cross-entropy of each row, from logits (numerically stable)."""
     y, z = np.asarray(labels, dtype=np.float64), np.asarray(logits, dtype=np.float64)
-    return float(np.mean(np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))))
+    return np.maximum(z, 0) - z * y + np.log1p(np.exp(-np.abs(z)))
+
+
+def logloss(labels: np.ndarray, logits: np.ndarray) -> float:
+    """Mean binary cross-entropy from logits."""
+    return float(np.mean(row_logloss(labels, logits)))

@@ -37,7 +37,7 @@ from retrieval.baselines import long_tail_mask
 from training.bundle import Bundle
 from training.data import gather_history
 from training.export import item_counts
-from training.metrics import auc, gauc, logloss, paired_difference, user_aucs
+from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
 from training.recall import RecallSpace
 from training.samples import SampleSet
 
@@ -102,7 +102,7 @@ def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int 
            "calibration": ratio, "calibration_error": abs(math.log(ratio)) if ratio > 0 else float("nan")}
     if units is not None:
         units["gauc"] = user_aucs(users, labels, z)  # (AUC_u, n_u): the same users, in the same order
-        units["logloss"] = (np.maximum(zc, 0) - zc * labels + np.log1p(np.exp(-np.abs(zc))), None)  # (N,) per row
+        units["logloss"] = (row_logloss(labels, zc), None)
     out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k, units))
     return {k: round(v, 5) if isinstance(v, float) else v for k, v in out.items()}
 
@@ -116,8 +116,8 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
     by_id = dict(zip(samples.vocab.items[1:], window_tail[1:], strict=True))
     tail = torch.tensor([False] + [bool(by_id.get(x, True)) for x in bundle.vocab.items[1:]])
     k = min(k, len(table) - 1)
-    hits = recalled_tail = recalled = tail_hits = tail_positives = 0
-    hit_by_positive, tail_by_positive = [], []
+    recalled_tail = recalled = 0
+    hits, tails = [np.zeros(0, dtype=bool)], [np.zeros(0, dtype=bool)]  # per positive: recalled? a tail item?
     for s in range(0, len(positives), batch):
         r = positives[s:s + batch]
         hist, cats = histories(r)
@@ -126,20 +126,16 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
         scores.scatter_(1, hist, -torch.inf)  # seen items (and padding) are never recalled
         top = scores.topk(k, dim=1).indices  # (B, k)
         target = item_map[torch.from_numpy(samples.test.target_item[r])]  # 0: the bundle cannot recall it
-        hit = ((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1)  # (B,)
-        is_tail = torch.from_numpy(window_tail[samples.test.target_item[r]])  # (B,) a long-tail behaviour
-        hits += int(hit.sum())
-        tail_hits += int((hit & is_tail).sum())
-        tail_positives += int(is_tail.sum())
-        hit_by_positive.append(hit.numpy())
-        tail_by_positive.append(is_tail.numpy())
+        hits.append(((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).numpy())  # (B,)
+        tails.append(window_tail[samples.test.target_item[r]])  # (B,) a long-tail behaviour
         recalled_tail += int(tail[top].sum())
         recalled += top.numel()
-    if units is not None and hit_by_positive:
-        hit, is_tail = np.concatenate(hit_by_positive), np.concatenate(tail_by_positive)
+    hit, is_tail = np.concatenate(hits), np.concatenate(tails)
+    if units is not None:
         units["recall_hr"], units["recall_tail_hr"] = (hit, None), (hit[is_tail], None)
-    return {"recall_hr": hits / max(len(positives), 1), "recall_tail_share": recalled_tail / max(recalled, 1),
-            "recall_tail_hr": tail_hits / max(tail_positives, 1), "tail_positives": tail_positives, "recall_k": k}
+    return {"recall_hr": int(hit.sum()) / max(len(hit), 1), "recall_tail_share": recalled_tail / max(recalled, 1),
+            "recall_tail_hr": int(hit[is_tail].sum()) / max(int(is_tail.sum()), 1),
+            "tail_positives": int(is_tail.sum()), "recall_k": k}
 
 
 def paired_differences(candidate: dict, champion: dict) -> dict[str, dict]:

@@ -48,7 +48,7 @@ class Check:
     def why(self) -> str:
         worse = "below" if self.higher_is_better else "above"
         base = f"champion {self.champion:.4f}" if self.champion is not None else ""
-        if base and self.se is not None and not math.isnan(self.se):
+        if base and self.se is not None:  # compare.paired_differences gives none it cannot size
             base += f", difference {self.difference:+.4f} ± {self.se:.4f} s.e."
         said = f"{self.metric} {self.candidate:.4f} is {worse} the limit {self.limit:.4f}"
         return f"{said} ({base})" if base else said
