@@ -109,6 +109,25 @@ def bench_ab_cmd(
     typer.echo(json.dumps(result, indent=None if as_json else 1))
 
 
+@bench_app.command("e2e")
+def bench_e2e_cmd(
+    data: Annotated[Path, typer.Option(help="dataset folder")],
+    users: Annotated[int | None, typer.Option(help="serve only the first N test users (all users train)")] = None,
+    sequential: Annotated[bool, typer.Option("--sequential/--no-sequential",
+                                             help="also train the SASRec-style peer")] = True,
+    seed: int = 0,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """The served list (dinrec train's defaults, GET /recommend on the embedded store after the
+    histories arrive through POST /events) against popularity, item-CF, the recall towers' own order
+    and a SASRec-style model, on the same leave-last-out split: HR@10, NDCG@10, HR@50, coverage,
+    long-tail share, seen items in the list, per-user paired differences with standard errors."""
+    from benchmarks.e2e_bench import bench_e2e
+
+    result = bench_e2e(data, max_users=users, seed=seed, sequential=sequential)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
 @bench_app.command("recall")
 def bench_recall_cmd(
     data: Annotated[Path | None, typer.Option(help="dataset folder")] = None,

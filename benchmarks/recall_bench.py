@@ -33,7 +33,7 @@ from serving.settings import ServingSettings
 from training.export import build_item_index, item_counts
 from training.loop import train
 from training.recall import RecallSpace
-from training.samples import SampleSet, Split, build_samples
+from training.samples import SampleSet, Split, build_samples, training_sequences
 from training.scorer import Scorer
 from training.settings import TrainSettings
 from training.towers_train import towers_settings, train_towers
@@ -49,13 +49,6 @@ def _cases(samples: SampleSet, split: Split) -> list[tuple[list[int], list[int],
         out.append((samples.seq_items[end - length:end].tolist(), samples.seq_cats[end - length:end].tolist(),
                     int(split.target_item[r])))
     return out
-
-
-def _training_sequences(samples: SampleSet) -> list[np.ndarray]:
-    """Each user's training behaviours in time order (validation and test targets left out)."""
-    rows = np.flatnonzero(samples.train.label == 1)
-    users = samples.train.user[rows]
-    return np.split(samples.train.target_item[rows], np.flatnonzero(np.diff(users)) + 1)
 
 
 def _faiss_recall(space: RecallSpace, index: FaissIndex, cases, n: int) -> list[np.ndarray]:
@@ -94,7 +87,7 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
         recalled[name] = _faiss_recall(space, index, test, max(NS))
         result[name] = {**_hr(recalled[name], test), "index": info["kind"], "dim": space.dim}
 
-    seqs = _training_sequences(samples)
+    seqs = training_sequences(samples)
     tuned = {w: ItemCF.fit(seqs, samples.vocab.n_items, ItemCFConfig(window=w)) for w in (5, 10, 20)}
     val_hr = {w: hit_rate(cf.recall, [(c[0], c[2]) for c in val], [200])["hr@200"] for w, cf in tuned.items()}
     best = max(val_hr, key=val_hr.get)

@@ -9,7 +9,7 @@ from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from feature_store.features import DEFAULT_HISTORY_LEN
-from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S
+from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP
 
 
 class FeatureStoreSettings(BaseSettings):
@@ -22,6 +22,9 @@ class FeatureStoreSettings(BaseSettings):
     redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
     history_len: int = Field(DEFAULT_HISTORY_LEN, ge=1, le=10_000,
                              description="behaviours kept per user in the online store")
+    interacted_cap: int = Field(DEFAULT_INTERACTED_CAP, ge=1, le=100_000, description=(
+        "items remembered per user beyond the history (the newest this many behaviours' items), which the "
+        "seen-item policy keeps out of the served lists"))
     dedup_window_s: float = Field(
         DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
         description="an event id is applied once per user within this many seconds of its first application "

@@ -72,5 +72,8 @@ class GuardedStore:
     def history(self, user_id: str, limit: int) -> list[HistoryItem] | None:
         return self._call(lambda: self.store.history(user_id, limit))
 
+    def history_and_interacted(self, user_id: str, limit: int) -> tuple[list[HistoryItem], frozenset[str]] | None:
+        return self._call(lambda: self.store.history_and_interacted(user_id, limit))
+
     def popular(self, n: int) -> list[tuple[str, float]] | None:
         return self._call(lambda: self.store.popular(n))

@@ -47,6 +47,8 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     rec = Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
     rec.fresh_candidates = settings.fresh_candidates
     rec.popular_candidates = settings.popular_candidates
+    if rec.covisit is not None:
+        rec.covisit_candidates = settings.covisit_candidates
     return rec
 
 

@@ -16,6 +16,7 @@ import torch
 from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex, IndexSpec
 from serving.rerank import Reranker
+from training.blend import features as blend_features
 from training.bundle import Bundle
 from training.recall import RecallSpace
 from training.scorer import Scorer, choose_precision
@@ -45,6 +46,7 @@ class ColdLane:
     catalog builds a new lane, swapped in with one assignment."""
 
     index: FaissIndex            # their item-tower vectors (category only), flat
+    vectors: np.ndarray          # (C, D) the same vectors, by j (the blend's towers feature)
     names: list[str]             # item id by j
     categories: list[str]        # category id by j
     ids: dict[str, int]          # item id -> candidate id
@@ -85,6 +87,13 @@ class Recommender:
         self.popular_candidates = 0  # the bundle's most popular items every recall includes (a popularity lane)
         self._popular_idx = [i for i in (self._item_idx.get(item) for item, _ in bundle.popularity) if i]
         self.cold: ColdLane | None = None
+        # The co-visitation lane's best unseen items join every recall (0: off), and with a blend
+        # the served score is DIN's blended with the lanes' (training.blend).
+        self.covisit = bundle.covisit
+        self.covisit_candidates = 100 if bundle.covisit is not None else 0
+        self.blend = bundle.blend
+        self._counts = (bundle.item_counts.astype(np.float32) if bundle.item_counts is not None
+                        else np.zeros(len(bundle.vocab.items), dtype=np.float32))
 
     def set_cold_items(self, items: list[tuple[str, str]]) -> int:
         """Make recallable the (item id, category id) pairs this model does not know but whose category
@@ -98,31 +107,64 @@ class Recommender:
             return 0
         base = len(self.bundle.vocab.items)
         ids = np.arange(base, base + len(picked), dtype=np.int64)
-        self.cold = ColdLane(FaissIndex.build(vectors, ids, IndexSpec(kind="flat")), [i for i, _ in picked],
+        self.cold = ColdLane(FaissIndex.build(vectors, ids, IndexSpec(kind="flat")), vectors, [i for i, _ in picked],
                              [c for _, c in picked], {i: base + j for j, (i, _) in enumerate(picked)},
                              self.scorer.with_cold_items(cats))
         return len(picked)
 
-    def _recall(self, query: np.ndarray, n: int, known: list[int], history: list[HistoryItem],
-                cold: ColdLane | None) -> np.ndarray:
-        """The n best candidates for ``query`` (item indices; cold items past n_items), seen ones excluded:
-        the catalog's index merged by score with the cold lane's, plus ``fresh_candidates`` cold ones,
-        plus ``popular_candidates`` of the most popular items not already among them."""
-        out = self._by_score(query, n, known, history, cold)
+    def _excluded(self, seen: Collection[str], cold: ColdLane | None) -> set[int]:
+        """Candidate ids (bundle items, then cold ones) of the item ids in ``seen``."""
+        out = {i for i in (self._item_idx.get(item) for item in seen) if i}
+        if cold is not None:
+            out.update(cold.ids[item] for item in seen if item in cold.ids)
+        return out
+
+    def _recall(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
+        """The n best candidates for ``query`` (item indices; cold items past n_items), ``excluded`` ones
+        never: the catalog's index merged by score with the cold lane's, plus ``fresh_candidates`` cold
+        ones, plus ``popular_candidates`` of the most popular items not already among them."""
+        out = self._by_score(query, n, excluded, cold)
         if self.popular_candidates:  # the popularity lane: what everybody takes, whatever the query says
-            have = set(known) | set(out.tolist())
+            have = excluded | set(out.tolist())
             extra = [i for i in self._popular_idx if i not in have][:self.popular_candidates]
             out = np.concatenate([out, np.asarray(extra, dtype=np.int64)])
         return out
 
-    def _by_score(self, query: np.ndarray, n: int, known: list[int], history: list[HistoryItem],
-                  cold: ColdLane | None) -> np.ndarray:
-        ids, scores = self.index.search(query, n, exclude=[set(known)])
+    def _candidates(self, items: list[int], cats: list[int], n: int, excluded: set[int],
+                    cold: ColdLane | None) -> tuple[np.ndarray, np.ndarray]:
+        """Every lane's candidates for one history: (N,) candidate ids and the (1, D) recall query."""
+        query = self.recall.query(items, cats)  # (1, D)
+        cand = self._recall(query, n, excluded, cold)  # (N,)
+        if self.covisit is not None and self.covisit_candidates:
+            extra, _ = self.covisit.recall([i for i in items if i], self.covisit_candidates,
+                                           excluded=excluded | set(cand.tolist()))
+            cand = np.concatenate([cand, extra])
+        return cand, query
+
+    def _blended(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], query: np.ndarray,
+                 cold: ColdLane | None) -> torch.Tensor:
+        """DIN's logits (N,) blended with the towers', co-visitation's and popularity's signals (N,)."""
+        assert self.blend is not None and self.covisit is not None
+        base = len(self.bundle.vocab.items)
+        known = cand < base
+        vectors = np.empty((len(cand), self.recall.dim), dtype=np.float32)  # (N, D)
+        vectors[known] = self.recall.item_vectors[cand[known]]
+        if not known.all():
+            assert cold is not None
+            vectors[~known] = cold.vectors[cand[~known] - base]
+        counts = np.zeros(len(cand), dtype=np.float32)
+        counts[known] = self._counts[cand[known]]
+        x = blend_features(logits.numpy(), vectors @ query[0], self.covisit.score([i for i in items if i], cand),
+                           counts, self.blend.temperature)
+        return torch.from_numpy(self.blend.combine(x))
+
+    def _by_score(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
+        base = len(self.bundle.vocab.items)
+        ids, scores = self.index.search(query, n, exclude=[{i for i in excluded if i < base}])
         ids, scores = ids[0], scores[0]
         if cold is None:
             return ids[ids >= 0]
-        seen_cold = {cold.ids[h.item_id] for h in history if h.item_id in cold.ids}
-        c_ids, c_scores = cold.index.search(query, n, exclude=[seen_cold])
+        c_ids, c_scores = cold.index.search(query, n, exclude=[{i for i in excluded if i >= base}])
         c_ids, c_scores = c_ids[0], c_scores[0]
         fresh = c_ids[:self.fresh_candidates]
         fresh = fresh[fresh >= 0]
@@ -158,29 +200,34 @@ class Recommender:
     @torch.inference_mode()
     def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]], *,
              rerank: Reranker | None = None, shown: Collection[str] = (), explain: bool = False,
-             candidates: int | None = None, tail_share: float | None = None) -> Ranking:
-        """``popular(n)``: the n most popular (item, count), called only when no behaviour is usable.
-        ``rerank`` applies the business rules (``shown``: items recently shown to the user) and the
-        long-tail lane (``tail_share`` overrides its share); with ``explain`` each item says which
-        behaviours drew it (DIN's attention weights, largest first)."""
+             candidates: int | None = None, tail_share: float | None = None,
+             seen: Collection[str] | None = None) -> Ranking:
+        """``popular(n)``: the n most popular (item, count), for users with no usable behaviour and to
+        fill a list recall could not. ``seen``: the items never to recommend (the seen-item policy;
+        default: the history's). ``rerank`` applies the business rules (``shown``: items recently shown
+        to the user) and the long-tail lane (``tail_share`` overrides its share); with ``explain`` each
+        item says which behaviours drew it (DIN's attention weights, largest first). The list has
+        ``k`` items whenever the catalog has that many the rules allow."""
         rerank = rerank or Reranker()
+        seen = {h.item_id for h in history} if seen is None else seen
         window = history[-self.seq_len:]
         items, cats = self._encode(window)
         known = [i for i in items if i]
         if not known:
-            return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown)
+            return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown, seen=seen)
 
         t0 = time.perf_counter()
         cold = self.cold  # read once: a catalog update swaps it whole
-        query = self.recall.query(items, cats)  # (1, D)
-        cand = self._recall(query, candidates or self.recall_candidates, known, history, cold)  # (N,)
+        cand, query = self._candidates(items, cats, candidates or self.recall_candidates, self._excluded(seen, cold),
+                                       cold)  # (N,), (1, D)
         t1 = time.perf_counter()
         if len(cand) == 0:
-            return Ranking([], "din", len(known), {"recall": t1 - t0})
+            return self._filled(Ranking([], "din", len(known), {"recall": t1 - t0}), k, popular, rerank, shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
         scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                               torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
-        scores = torch.sigmoid(scored.logits).tolist()  # (N,)
+        logits = scored.logits if self.blend is None else self._blended(scored.logits, cand, items, query, cold)
+        scores = torch.sigmoid(logits).tolist()  # (N,)
         cand_list = cand.tolist()
         candidates = [(item, cat, s) for (item, cat), s in zip(self._describe(cand_list, cold), scores, strict=True)]
         base = len(self.bundle.vocab.items)
@@ -195,26 +242,42 @@ class Recommender:
                 top = torch.argsort(weights, descending=True, stable=True)[:self.explain_top].tolist()
                 because = [Because(behaviours[t].item_id, behaviours[t].category_id, float(weights[t])) for t in top]
             out.append(Scored(candidates[j][0], candidates[j][1], score, because))
-        return Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1})
+        ranking = Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1})
+        return self._filled(ranking, k, popular, rerank, shown, seen)
+
+    def _filled(self, ranking: Ranking, k: int, popular: Callable[[int], list[tuple[str, float]]],
+                rerank: Reranker, shown: Collection[str], seen: Collection[str]) -> Ranking:
+        """``ranking`` with popular items after its own when it has fewer than ``k`` (recall found too
+        few it may show); they score below every item the model chose."""
+        if len(ranking.items) >= k:
+            return ranking
+        taken = {x.item_id for x in ranking.items}
+        more = self.rank_by_popularity([], k - len(ranking.items), popular, rerank=rerank, shown=shown,
+                                       seen=taken | set(seen)).items
+        floor = min((x.score for x in ranking.items), default=1.0)
+        tail = [Scored(x.item_id, x.category_id, floor * x.score) for x in more]
+        return Ranking(ranking.items + tail, ranking.strategy, ranking.known_history, ranking.seconds)
 
     def rank_by_popularity(self, history: list[HistoryItem], k: int,
                            popular: Callable[[int], list[tuple[str, float]]], *, rerank: Reranker | None = None,
-                           shown: Collection[str] = ()) -> Ranking:
-        """The ``k`` most popular items the user has not interacted with (after the business rules);
-        score relative to the top item."""
+                           shown: Collection[str] = (), seen: Collection[str] | None = None) -> Ranking:
+        """The ``k`` most popular items not in ``seen`` (default: the history's items), after the
+        business rules; score relative to the top item."""
         rerank = rerank or Reranker()
-        seen_ids = {h.item_id for h in history}
-        ranked = popular(5 * k + len(seen_ids))  # headroom for blocklists and category caps
+        seen = {h.item_id for h in history} if seen is None else seen
+        ranked = popular(5 * k + len(seen))  # headroom for blocklists and category caps
         peak = max((s for _, s in ranked), default=1.0) or 1.0
-        candidates = [(i, self.category_of(i), s / peak) for i, s in ranked if i not in seen_ids]
+        candidates = [(i, self.category_of(i), s / peak) for i, s in ranked if i not in seen]
         return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in rerank.select(candidates, k, shown)],
                        "popular", 0)
 
-    def recall_items(self, history: list[HistoryItem], n: int) -> list[str]:
-        """The ids of the n candidates recall finds for ``history`` (before DIN): to inspect recall."""
+    def recall_items(self, history: list[HistoryItem], n: int, seen: Collection[str] | None = None) -> list[str]:
+        """The ids of the n candidates recall finds for ``history`` (before DIN), ``seen`` (default: the
+        history's items) excluded: to inspect recall."""
         items, cats = self._encode(history[-self.seq_len:])
         cold = self.cold
-        ids = self._recall(self.recall.query(items, cats), n, [i for i in items if i], history, cold).tolist()
+        seen = {h.item_id for h in history} if seen is None else seen
+        ids = self._candidates(items, cats, n, self._excluded(seen, cold), cold)[0].tolist()
         return [item for item, _ in self._describe(ids, cold)]
 
     def _describe(self, ids: list[int], cold: ColdLane | None) -> list[tuple[str, str]]:

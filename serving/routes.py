@@ -34,6 +34,15 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 
+def _then_bundle(live: list[tuple[str, float]], bundled: list[tuple[str, float]]) -> list[tuple[str, float]]:
+    """Live popularity, then the bundle's items it lacks, scored below the live ones (a live count and
+    a training count are not on one scale, so the order between the two parts is what counts)."""
+    have = {item for item, _ in live}
+    floor = min((n for _, n in live), default=1.0)
+    peak = max((n for _, n in bundled), default=1.0) or 1.0
+    return live + [(item, floor * n / peak * 0.999) for item, n in bundled if item not in have]
+
+
 def _recommend(state: State, request: Request, user_id: str, k: int | None, *, explain: bool = False,
                shown: list[str] | None = None, context: list[ContextItem] | None = None) -> Response:
     s = state.settings
@@ -50,38 +59,44 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     if variant and variant.model and state.models is not None:  # the variant serves its own model
         rec = state.models.variant_model(variant.model)
     t0 = time.perf_counter()
-    history = state.features.history(user_id, rec.seq_len)
+    policy = s.seen_policy
+    if policy == "all":  # the history and every item the user took, in one read
+        read = state.features.history_and_interacted(user_id, rec.seq_len)
+        history, interacted = read if read is not None else (None, frozenset())
+    else:
+        history, interacted = state.features.history(user_id, rec.seq_len), frozenset()
     state.metrics.stages.labels("features").observe(time.perf_counter() - t0)
     if history is None:  # the store is down or slow: the request's own context, else popularity
         reasons.append("feature_store")
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
+    seen = set() if policy == "none" else {h.item_id for h in history} | interacted
     if overrides and overrides.seq_len:  # the variant looks at fewer behaviours (20 vs 50, say)
         history = history[-overrides.seq_len:]
     started = getattr(request.state, "started", t0)
     late = time.perf_counter() - started > s.request_deadline_ms / 1000
 
     def popular(n: int) -> list[tuple[str, float]]:
-        # Live popularity from the store (fresh, knows new items); the bundle's when the store has none
-        # or cannot answer. Asked for only when the fallback is taken.
-        return state.features.popular(n) or rec.bundle.popularity
+        # Live popularity from the store (fresh, knows new items), then the bundle's after it, so a
+        # store that has seen few items still fills the list. Asked for only when a list needs it.
+        return _then_bundle(state.features.popular(n) or [], rec.bundle.popularity)
 
     shown_set = set(shown or ())
     ranking = None
     if late:  # the store answered, but too late to rank: the bundle's popularity, with no further call
         reasons.append("deadline")
     elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
-        ranking = rec.rank_by_popularity(history, k, popular, rerank=state.reranker, shown=shown_set)
+        ranking = rec.rank_by_popularity(history, k, popular, rerank=state.reranker, shown=shown_set, seen=seen)
     else:
         try:
             ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain,
                                candidates=overrides.recall_candidates if overrides else None,
-                               tail_share=overrides.tail_share if overrides else None)
+                               tail_share=overrides.tail_share if overrides else None, seen=seen)
         except Exception:  # recall or model failure: still an answer, from the bundle's popularity
             log.exception("ranking failed for user %r; answering with popular items", user_id)
             reasons.append("ranking")
     if ranking is None:
         ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
-                                         shown=shown_set)
+                                         shown=shown_set, seen=seen)
 
     for stage, seconds in ranking.seconds.items():
         state.metrics.stages.labels(stage).observe(seconds)

@@ -26,6 +26,8 @@ class ServingSettings(BaseSettings):
     catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
         "how often the store's item catalog is read for items the model does not know (recalled by category); "
         "0: never"))
+    covisit_candidates: int = Field(100, ge=0, le=10_000, description=(
+        "the co-visitation lane's best unseen items added to every recall (bundles that have the lane; 0: off)"))
     popular_candidates: int = Field(0, ge=0, le=1000, description=(
         "the popularity lane: this many of the most popular unseen items join every recall (DIN ranks them)"))
     fresh_candidates: int = Field(0, ge=0, le=1000, description=(
@@ -44,6 +46,10 @@ class ServingSettings(BaseSettings):
         "popularity instead, degraded with reason deadline"))
     store_cooldown_s: float = Field(
         1.0, gt=0, le=60, description="after a failed feature-store read, answer degraded this long before retrying")
+    seen_policy: Literal["all", "recent", "none"] = Field("all", description=(
+        "items never recommended to a user: all they interacted with (the store keeps DINREC_INTERACTED_CAP "
+        "per user beyond the history), only the recent history the model reads, or none (catalogs of "
+        "repeat purchases)"))
     max_per_category: int | None = Field(None, ge=1, description="at most this many items of one category per list")
     blocked_items: frozenset[str] = Field(frozenset(), description='never recommended (JSON list: ["i1", "i2"])')
     blocked_categories: frozenset[str] = Field(frozenset(), description="no item of these categories (JSON list)")

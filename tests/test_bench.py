@@ -142,3 +142,30 @@ def test_bench_retrain_replays_a_log_and_prints_retrain_peer_and_drills(tmp_path
     # The drill scales the warm candidate's logits: the same ranking, other probabilities.
     assert miscalibrated["gauc"] == result["warm_candidate"]["gauc"]
     assert miscalibrated["logloss"] != result["warm_candidate"]["logloss"]
+
+
+@pytest.mark.slow
+def test_bench_e2e_serves_through_http_and_measures_every_method(tmp_path):
+    from tests.conftest import synthetic_dataset_dir
+
+    data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=120, n_categories=6,
+                                 mean_events_per_user=20, seed=3)
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "e2e", "--data", str(data), "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["users"] > 50
+    keys = {"hr@10", "ndcg@10", "hr@50", "coverage", "long_tail_share", "seen_in_list"}
+    for method in ("dinrec", "popularity", "item_cf", "towers", "sequential"):
+        m = result[method]
+        assert keys <= set(m), method
+        assert 0 <= m["ndcg@10"] <= m["hr@10"] <= m["hr@50"] <= 1 and 0 < m["coverage"] <= 1
+        assert m["seen_in_list"] == 0, method  # every method keeps out what the user took
+        assert m["mean_list_len"] == 10, method
+        if method != "dinrec":
+            assert {"diff", "se"} <= set(m["vs_dinrec"]["hr@10"])
+            assert m["vs_dinrec"]["hr@10"]["diff"] == pytest.approx(result["dinrec"]["hr@10"] - m["hr@10"], abs=2e-4)
+    serving = result["dinrec"]["serving"]
+    assert serving["strategies"] == {"din": result["users"]} and serving["degraded"] == 0
+    assert serving["http_matches_in_process"] == 1.0  # the same lists through HTTP as in-process
+    assert result["dinrec"]["hr@10"] > result["popularity"]["hr@10"]  # the synthetic world has tastes to find

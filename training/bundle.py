@@ -13,6 +13,9 @@
       towers.safetensors   recall towers (training.towers), with towers_config.json; optional:
                            without them recall uses DIN's item embeddings (training.recall)
       item_index.faiss     inner-product index of the recall space's item vectors
+      covisit.npz          the co-visitation lane (retrieval.covisit): each item's nearest neighbours
+      ranking_blend.json   the ranking stage's blend weights (training.blend); optional, with covisit:
+                           without them the served score is DIN's alone
 
 Readers refuse formats and versions they do not know, and any file whose checksum differs.
 """
@@ -32,6 +35,8 @@ from safetensors.torch import load_file, save_file
 
 from feature_store.schema import SCHEMA_VERSION
 from retrieval.baselines import long_tail_mask
+from retrieval.covisit import CoVisitation
+from training.blend import Blend
 from training.model import DIN, DINConfig
 from training.towers import Towers, TowersConfig
 from training.vocab import Vocab
@@ -41,6 +46,8 @@ BUNDLE_FORMAT_VERSION = 1
 ITEM_INDEX_FILE = "item_index.faiss"
 ITEM_INDEX_INFO_FILE = "item_index.json"
 ITEM_COUNTS_FILE = "item_counts.npy"
+COVISIT_FILE = "covisit.npz"
+BLEND_FILE = "ranking_blend.json"
 
 
 class BundleError(ValueError):
@@ -75,6 +82,8 @@ class Bundle:
     model: DIN
     towers: Towers | None = None  # the recall towers (None: recall from DIN's item embeddings)
     item_counts: np.ndarray | None = None  # (n_items,) behaviours per item index (None: older bundles)
+    covisit: CoVisitation | None = None  # the co-visitation lane (None: recall by the towers alone)
+    blend: Blend | None = None  # the ranking blend (None: DIN's score alone)
 
     def long_tail(self, head_share: float = 0.2) -> np.ndarray | None:
         """(n_items,) bool by item index: outside the top ``head_share`` of items by training count."""
@@ -191,10 +200,17 @@ def load_bundle(path: str | Path) -> Bundle:
             towers.load_state_dict(load_file(str(path / "towers.safetensors")))
             towers.eval()
         item_counts = np.load(path / ITEM_COUNTS_FILE) if ITEM_COUNTS_FILE in manifest["files"] else None
+        covisit = CoVisitation.load(path / COVISIT_FILE) if COVISIT_FILE in manifest["files"] else None
+        blend = (Blend.from_json(json.loads((path / BLEND_FILE).read_text()))
+                 if BLEND_FILE in manifest["files"] else None)
+        if blend is not None and (covisit is None or item_counts is None or towers is None):
+            raise ValueError(f"{BLEND_FILE} needs {COVISIT_FILE}, {ITEM_COUNTS_FILE} and the towers beside it")
+        if covisit is not None and covisit.n_items != config.n_items:
+            raise ValueError(f"{COVISIT_FILE} covers {covisit.n_items} items, the model {config.n_items}")
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise BundleError(f"{path}: cannot build the model from the bundle: {exc}") from exc
     model.eval()
     popularity = [(str(i), float(c)) for i, c in json.loads((path / "popularity.json").read_text())]
     return Bundle(path=path, manifest=manifest, config=config, vocab=vocab,
                   metrics=json.loads((path / "metrics.json").read_text()), popularity=popularity, model=model,
-                  towers=towers, item_counts=item_counts)
+                  towers=towers, item_counts=item_counts, covisit=covisit, blend=blend)

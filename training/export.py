@@ -16,12 +16,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from retrieval.baselines import tune_item_cf
+from retrieval.covisit import CoVisitation
 from retrieval.index import FaissIndex, IndexSpec, tune_ef_search
-from training.bundle import ITEM_COUNTS_FILE, ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
+from training.bundle import (
+    BLEND_FILE,
+    COVISIT_FILE,
+    ITEM_COUNTS_FILE,
+    ITEM_INDEX_FILE,
+    ITEM_INDEX_INFO_FILE,
+    write_bundle,
+)
 from training.data import split_histories
 from training.model import DIN
 from training.recall import RecallSpace
-from training.samples import SampleSet
+from training.samples import SampleSet, training_sequences
 from training.settings import TrainSettings
 from training.towers import Towers
 
@@ -70,10 +79,25 @@ def _probe_queries(space: RecallSpace, samples: SampleSet, n: int = 200) -> np.n
     return space.queries(*split_histories(samples, split, rows))
 
 
+def fit_covisitation(samples: SampleSet, max_users: int = 3000, seed: int = 0) -> tuple[CoVisitation, dict]:
+    """The co-visitation lane, fitted on the training behaviours, its window and decay chosen by
+    validation HR@10 (history items excluded, as serving does)."""
+    rows = np.flatnonzero(samples.val.label == 1)
+    if len(rows) > max_users:
+        rows = np.sort(np.random.default_rng(seed).choice(rows, max_users, replace=False))
+    hist, _ = split_histories(samples, samples.val, rows)
+    cases = [([i for i in h if i], int(t)) for h, t in zip(hist.tolist(), samples.val.target_item[rows], strict=True)]
+    cf, tried = tune_item_cf(training_sequences(samples), samples.vocab.n_items, cases)
+    lane = CoVisitation.from_item_cf(cf)
+    return lane, {**lane.cfg.to_json(), "val_hr@10_by_config": tried}
+
+
 def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict,
                   index_spec: IndexSpec | None = None, towers: Towers | None = None,
-                  lineage: dict | None = None) -> Path:
-    """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings)."""
+                  lineage: dict | None = None, blend: bool = True) -> Path:
+    """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings).
+    With towers and ``blend``, the co-visitation lane and the ranking blend (training.blend) are fitted
+    on the validation split and exported too (``metrics["ranking"]`` says what each gave)."""
     space = RecallSpace(model, towers, samples.vocab.item_category)
     resolved = (index_spec or IndexSpec()).resolve(samples.vocab.n_items - 1, space.dim)
     probes = _probe_queries(space, samples) if resolved != "flat" and len(samples.test) else None
@@ -84,10 +108,19 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
     # The negatives per positive it was trained against: what its probabilities are relative to
     # (training.retrain.compare corrects for it before comparing calibration).
     metrics.setdefault("train_negatives", samples.negatives)
+    extra: dict = {ITEM_INDEX_FILE: index.save,
+                   ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
+                   ITEM_COUNTS_FILE: lambda p: np.save(p, counts)}
+    if blend and towers is not None and int((samples.val.label == 1).sum()) > 0:
+        from training.blend_fit import fit_blend
+
+        lane, lane_info = fit_covisitation(samples)
+        fitted, blend_info = fit_blend(model, towers, lane, samples, counts, index)
+        metrics["ranking"] = {"covisit": lane_info, "blend": blend_info}
+        extra[COVISIT_FILE] = lane.save
+        extra[BLEND_FILE] = lambda p: p.write_text(json.dumps(fitted.to_json(), indent=1))
     return write_bundle(out, model, samples.vocab, metrics, popularity(samples, counts=counts), towers=towers,
-                        lineage=lineage, extra_files={ITEM_INDEX_FILE: index.save,
-                                     ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
-                                     ITEM_COUNTS_FILE: lambda p: np.save(p, counts)})
+                        lineage=lineage, extra_files=extra)
 
 
 def export_with_recall(out: str | Path, model: DIN, samples: SampleSet, metrics: dict, settings: TrainSettings,
@@ -102,4 +135,5 @@ def export_with_recall(out: str | Path, model: DIN, samples: SampleSet, metrics:
     if settings.recall_epochs > 0:
         recall = train_towers(samples, towers_settings(settings), init=towers_init)
         towers, metrics["recall"] = recall.model, recall.metrics
-    return export_bundle(out, model, samples, metrics, index_spec, towers=towers, lineage=lineage)
+    return export_bundle(out, model, samples, metrics, index_spec, towers=towers, lineage=lineage,
+                         blend=settings.ranking_blend)

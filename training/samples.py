@@ -4,7 +4,9 @@ For each user, events are ordered by time. Every behaviour is a positive *target
 the user's behaviours **strictly before** the target's timestamp (so an event at the same second
 or later can never leak in), newest ``seq_len`` kept. Each positive gets ``negatives`` sampled
 items that share its history. Leave-one-out by time per user: the last eligible positive is the
-test target, the second last the validation target, the rest are training targets.
+test target, the second last the validation target, the rest are training targets. Where a log
+has repeats, the held-out targets are the user's last two behaviours on items new to them, and
+the user trains only on what came before the validation target.
 
 Histories are not copied per sample. The user's time-ordered behaviours are concatenated into
 ``seq_items``/``seq_cats`` and a sample stores where its history *ends* and how long it is::
@@ -97,6 +99,14 @@ class SampleSet:
                    negatives=meta["negatives"], source=meta["source"], fingerprint=meta["fingerprint"])
 
 
+def training_sequences(samples: SampleSet) -> list[np.ndarray]:
+    """Each user's training targets in time order (validation and test targets left out): the
+    sequences item-to-item co-visitation is fitted on."""
+    rows = np.flatnonzero(samples.train.label == 1)
+    users = samples.train.user[rows]
+    return np.split(samples.train.target_item[rows], np.flatnonzero(np.diff(users)) + 1)
+
+
 def is_sample_dir(path: str | Path) -> bool:
     return (Path(path) / "samples.json").is_file()
 
@@ -142,21 +152,30 @@ def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, 
     n_before = hist_end - start_of
     hist_len = np.minimum(n_before, seq_len)
 
-    # Leave-one-out by time among targets that have at least one earlier behaviour.
+    # Leave-one-out by time among targets that have at least one earlier behaviour and, where the log
+    # has repeats, whose item is new to the user: a served list never repeats what the user already
+    # took (the seen-item policy), so a repeat could never be found and would only blur the measure.
     eligible = n_before >= 1
-    elig_pos = pos[eligible]
-    elig_user = u[eligible]
-    # rank from the end within each user: 0 = last eligible, 1 = second last
-    last_of_user = np.r_[elig_user[1:] != elig_user[:-1], True]
-    group_id = np.cumsum(np.r_[True, elig_user[1:] != elig_user[:-1]]) - 1
+    first_time = np.zeros(n, dtype=bool)
+    by_user_item = np.lexsort((pos, seq_items, u))
+    first_time[by_user_item[np.r_[True, (u[by_user_item][1:] != u[by_user_item][:-1])
+                                  | (seq_items[by_user_item][1:] != seq_items[by_user_item][:-1])]]] = True
+    holdout = eligible & first_time
+    held_pos, held_user = pos[holdout], u[holdout]
+    last_of_user = np.r_[held_user[1:] != held_user[:-1], True]
+    group_id = np.cumsum(np.r_[True, held_user[1:] != held_user[:-1]]) - 1
     ends = np.flatnonzero(last_of_user)
-    rank_from_end = ends[group_id] - np.arange(len(elig_pos))
-    counts = np.bincount(group_id)
-    enough = counts[group_id] >= 3  # users with < 3 eligible targets train only
-    test_pos = elig_pos[enough & (rank_from_end == 0)]
-    val_pos = elig_pos[enough & (rank_from_end == 1)]
-    train_pos = elig_pos[~enough | (rank_from_end >= 2)]
-
+    rank_from_end = ends[group_id] - np.arange(len(held_pos))  # 0 = the user's last new item
+    # Users with fewer than 3 eligible targets (new items or repeats) train only.
+    eligible_per_user = np.bincount(u[eligible], minlength=len(users))
+    enough = (np.bincount(group_id)[group_id] >= 2) & (eligible_per_user[held_user] >= 3)
+    test_pos = held_pos[enough & (rank_from_end == 0)]
+    val_pos = held_pos[enough & (rank_from_end == 1)]
+    # Training targets: the rest, strictly before the user's validation target (a repeat after it
+    # is the future); users without a holdout train on everything.
+    val_of_user = np.full(len(users), n, dtype=np.int64)
+    val_of_user[u[val_pos]] = val_pos
+    train_pos = pos[eligible & (pos < val_of_user[u])]
     rng = np.random.default_rng(seed)
     n_items = len(items) + 1
     weights = np.bincount(seq_items[train_pos], minlength=n_items).astype(np.float64) ** negative_power

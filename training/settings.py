@@ -45,5 +45,8 @@ class TrainSettings(BaseSettings):
     recall_epochs: int = Field(20, ge=0, le=1000, description=(
         "epochs of the recall towers trained beside DIN (early-stopped on validation HR@200); 0 = none: "
         "recall from DIN's item embeddings"))
+    ranking_blend: bool = Field(True, description=(
+        "fit the ranking blend (DIN + towers + co-visitation + popularity, weights from validation) and the "
+        "co-visitation lane into the bundle; false: the served score is DIN's alone"))
     recall_dim: int = Field(32, ge=2, le=4096, description="the recall towers' vector size (the FAISS index's)")
     recall_lr: float = Field(3e-3, gt=0, le=1.0)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from feature_store.datasets import amazon, movielens, taobao
+from feature_store.datasets import amazon, diginetica, movielens, taobao
 from feature_store.datasets.base import Interactions
 from feature_store.errors import DatasetError
 from feature_store.schema import loads_many
@@ -22,6 +22,10 @@ def _taobao_csv(folder: Path) -> Path | None:
         if len(first) == 5 and first[3] in taobao.BEHAVIOURS:
             return p
     return None
+
+
+def _item_views_csv(folder: Path) -> Path | None:
+    return next((p for p in sorted(folder.glob("*.csv")) if diginetica.is_item_views(p)), None)
 
 
 def detect_layout(path: str | Path) -> str:
@@ -45,10 +49,12 @@ def detect_layout(path: str | Path) -> str:
         return "amazon-reviews"
     if _taobao_csv(folder):
         return "taobao"
+    if _item_views_csv(folder):
+        return "diginetica"
     raise DatasetError(
         f"{folder}: layout not recognised; expected one of events.jsonl, u.data (MovieLens 100k), "
         "ratings.dat (MovieLens 1M/10M), ratings.csv (ml-latest), user_item.dat (amazon-hin), "
-        "Amazon review JSON lines, or a Taobao UserBehavior CSV"
+        "Amazon review JSON lines, a Taobao UserBehavior CSV, or DIGINETICA item views (CSV)"
     )
 
 
@@ -69,6 +75,10 @@ def load_dataset(path: str | Path, *, side: str = "brand") -> Interactions:
         return amazon.load_hin(folder, side=side)
     if layout == "amazon-reviews":
         return amazon.load_mcauley(folder)
+    if layout == "diginetica":
+        found = _item_views_csv(folder)
+        assert found is not None
+        return diginetica.load_item_views(found)
     found = _taobao_csv(folder)
     assert found is not None
     return taobao.load_taobao(found)

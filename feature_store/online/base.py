@@ -17,6 +17,7 @@ if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings
 
 DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0
+DEFAULT_INTERACTED_CAP = 1000
 
 
 class Record(NamedTuple):
@@ -83,6 +84,9 @@ class OnlineStore(ABC):
       or not at all (OffsetConflict): a consumer that resumes from the store's offsets never applies
       a record twice nor skips one, even if the store itself lost recent writes.
     * ``history`` returns the newest ``limit`` behaviours, oldest first.
+    * ``interacted`` returns the items of the user's newest ``interacted_cap`` behaviours (one entry
+      per item, however often taken), kept beyond the history cap and written in the same atomic
+      step: what the seen-item policy keeps out of a served list.
     * Experiments: an impression (with experiment, variant, request id) adds to its variant's
       per-user counts; a click with a request id is attributed to the variant that request's
       impression of the item was logged under, else counted apart — never joined silently; both
@@ -90,9 +94,12 @@ class OnlineStore(ABC):
     """
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
-                 clock: Callable[[], float] | None = None) -> None:
+                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
         if history_cap < 1:
             raise ValueError("history_cap must be >= 1")
+        if interacted_cap < 1:
+            raise ValueError("interacted_cap must be >= 1")
+        self.interacted_cap = interacted_cap
         if dedup_window_s < 1:
             raise ValueError("dedup_window_s must be >= 1 second")
         self.history_cap = history_cap
@@ -166,6 +173,14 @@ class OnlineStore(ABC):
         return self.histories([user_id], limit)[user_id]
 
     @abstractmethod
+    def interacted(self, user_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        """Per user, the items of their newest ``interacted_cap`` behaviours; one round trip."""
+
+    def history_and_interacted(self, user_id: str, limit: int) -> tuple[list[HistoryItem], frozenset[str]]:
+        """Both reads a request makes (backends may do them in one round trip)."""
+        return self.history(user_id, limit), self.interacted([user_id])[user_id]
+
+    @abstractmethod
     def popular(self, k: int) -> list[tuple[str, float]]:
         """The ``k`` items with the most behaviours, most popular first."""
 
@@ -188,12 +203,14 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
     if settings.store == "memory":
         from feature_store.online.memory import MemoryStore
 
-        return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s)
+        return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s,
+                           interacted_cap=settings.interacted_cap)
     if settings.store == "redis":
         try:
             from feature_store.online.redis_store import RedisStore
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
         return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
-                          dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000)
+                          dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
+                          interacted_cap=settings.interacted_cap)
     raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

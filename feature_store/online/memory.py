@@ -10,14 +10,21 @@ from collections.abc import Callable, Sequence
 from feature_store.errors import OffsetConflict
 from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem, merge_history
-from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, OnlineStore, Record, StreamOffsets
+from feature_store.online.base import (
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_INTERACTED_CAP,
+    OnlineStore,
+    Record,
+    StreamOffsets,
+)
 
 
 class MemoryStore(OnlineStore):
     def __init__(self, history_cap: int = 50, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
-                 clock: Callable[[], float] | None = None) -> None:
-        super().__init__(history_cap, dedup_window_s, clock)
+                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
+        super().__init__(history_cap, dedup_window_s, clock, interacted_cap)
         self._hist: dict[str, list[HistoryItem]] = defaultdict(list)
+        self._items: dict[str, dict[str, float]] = defaultdict(dict)  # user -> item -> newest behaviour time
         self._pop: Counter[str] = Counter()
         self._catalog: dict[str, str] = {}  # item -> category, as first seen
         self._catalog_order: list[str] = []
@@ -121,8 +128,24 @@ class MemoryStore(OnlineStore):
                 added += len(fresh)
                 if fresh:
                     self._hist[user] = merge_history(self._hist[user], fresh, self.history_cap)
+                    self._remember(user, fresh)
             self._pop.update(increments)
         return added
+
+    def _remember(self, user: str, fresh: list[HistoryItem]) -> None:
+        """The user's interacted items, each at its newest time, trimmed to the newest
+        ``interacted_cap`` (ties: the greater item id kept, as Redis ranks a sorted set)."""
+        items = self._items[user]
+        for h in fresh:
+            if h.ts > items.get(h.item_id, -math.inf):
+                items[h.item_id] = h.ts
+        if len(items) > self.interacted_cap:
+            kept = sorted(items.items(), key=lambda kv: (kv[1], kv[0]))[-self.interacted_cap:]
+            self._items[user] = dict(kept)
+
+    def interacted(self, user_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        with self._lock:
+            return {u: frozenset(self._items.get(u, ())) for u in user_ids}
 
     def stream_offsets(self, topic: str) -> dict[int, int]:
         with self._lock:

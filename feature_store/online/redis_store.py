@@ -11,6 +11,9 @@ Layout (prefix ``dinrec`` by default; pinned by tests/golden/redis_layout.json):
   applied; entries older than the dedup window are dropped on the user's next write, and the key
   expires a window after the last one. It decides "new or redelivered" independently of the
   history cap, so a late duplicate of a trimmed event is not counted again.
+* ``{prefix}:items:{user_id}`` — a sorted set of the items the user took, each scored by its newest
+  behaviour's time, trimmed to the newest ``interacted_cap``: what the seen-item policy excludes,
+  kept beyond the history cap.
 * ``{prefix}:pop`` — a sorted set of item_id → behaviour count.
 * ``{prefix}:offsets:{topic}`` — a hash partition → last applied offset, written by the same
   script as the events it covers.
@@ -33,14 +36,20 @@ from redis.exceptions import RedisError
 from feature_store.errors import OffsetConflict, StoreUnavailable
 from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem
-from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, OnlineStore, Record, StreamOffsets
+from feature_store.online.base import (
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_INTERACTED_CAP,
+    OnlineStore,
+    Record,
+    StreamOffsets,
+)
 
 log = logging.getLogger(__name__)
 
 SEP = "\x1f"
 
-# KEYS: offsets hash, popularity, then (history, seen) per user.
-# ARGV: now, dedup window (s), cap, prefix, n_partitions, (partition, expected, last)*,
+# KEYS: offsets hash, popularity, then (history, seen, items) per user.
+# ARGV: now, dedup window (s), cap, prefix, interacted cap, n_partitions, (partition, expected, last)*,
 #       then per user: user id, n_events, then one record per event, fields joined by \31:
 #       kind (B/C/I, see online.base.Record), ts, event_id, item_id, category_id, request_id,
 #       experiment, variant (one argument per event, not eight: packing arguments is most of the
@@ -56,8 +65,9 @@ SEP = "\x1f"
 #   {prefix}:catalog                 hash item -> category (first seen); {prefix}:catalog:order  list of items
 _WRITE_SCRIPT = r"""
 local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
-local nparts = tonumber(ARGV[5])
-local i = 6
+local icap = tonumber(ARGV[5])
+local nparts = tonumber(ARGV[6])
+local i = 7
 local conflicts = {0}
 for _ = 1, nparts do
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
@@ -67,7 +77,7 @@ for _ = 1, nparts do
   i = i + 3
 end
 if #conflicts > 1 then return conflicts end
-i = 6
+i = 7
 for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
@@ -114,8 +124,8 @@ local applied = 0
 local ttl = math.ceil(window)
 local increments = {}  -- item -> new behaviours: one ZINCRBY per item, not per event (Zipf traffic)
 local categories = {}  -- item -> its category in this batch: the catalog keeps the first ever seen
-for u = 1, (#KEYS - 2) / 2 do
-  local hist, seen = KEYS[1 + 2 * u], KEYS[2 + 2 * u]
+for u = 1, (#KEYS - 2) / 3 do
+  local hist, seen, items = KEYS[3 * u], KEYS[3 * u + 1], KEYS[3 * u + 2]
   local user = ARGV[i]
   local n = tonumber(ARGV[i + 1]); i = i + 2
   redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
@@ -131,6 +141,7 @@ for u = 1, (#KEYS - 2) / 2 do
         applied = applied + 1
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
       elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
+        redis.call('ZADD', items, 'GT', f[2], item)
         if not increments[item] then categories[item] = f[5] end
         increments[item] = (increments[item] or 0) + 1
         applied = applied + 1
@@ -148,6 +159,7 @@ for u = 1, (#KEYS - 2) / 2 do
     i = i + 1
   end
   redis.call('ZREMRANGEBYRANK', hist, 0, -(cap + 1))
+  redis.call('ZREMRANGEBYRANK', items, 0, -(icap + 1))
   redis.call('EXPIRE', seen, ttl)
 end
 for item, n in pairs(increments) do
@@ -163,8 +175,8 @@ return {1, applied}
 class RedisStore(OnlineStore):
     def __init__(self, url: str, *, prefix: str = "dinrec", history_cap: int = 50,
                  dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S, socket_timeout_s: float = 2.0,
-                 clock: Callable[[], float] | None = None) -> None:
-        super().__init__(history_cap, dedup_window_s, clock)
+                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
+        super().__init__(history_cap, dedup_window_s, clock, interacted_cap)
         self.prefix = prefix
         self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
                                        socket_connect_timeout=socket_timeout_s, decode_responses=True)
@@ -173,6 +185,9 @@ class RedisStore(OnlineStore):
 
     def _hist_key(self, user_id: str) -> str:
         return f"{self.prefix}:hist:{user_id}"
+
+    def _items_key(self, user_id: str) -> str:
+        return f"{self.prefix}:items:{user_id}"
 
     @property
     def _pop_key(self) -> str:
@@ -186,13 +201,14 @@ class RedisStore(OnlineStore):
         for user, r in items:
             by_user.setdefault(user, []).append(r)
         keys = [self._offsets_key(offsets.topic if offsets else ""), self._pop_key]
-        args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, self.prefix]
+        args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, self.prefix,
+                                         self.interacted_cap]
         parts = sorted(offsets.last) if offsets else []
         args.append(len(parts))
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
         for user, rs in by_user.items():
-            keys += [self._hist_key(user), f"{self.prefix}:seen:{user}"]
+            keys += [self._hist_key(user), f"{self.prefix}:seen:{user}", self._items_key(user)]
             args += [user, len(rs)]
             args += [SEP.join((r.kind, repr(r.item.ts), r.item.event_id, r.item.item_id, r.item.category_id,
                                r.request_id, r.experiment, r.variant)) for r in rs]
@@ -213,27 +229,42 @@ class RedisStore(OnlineStore):
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
         return {int(p): int(o) for p, o in raw.items()}
 
+    def _read(self, queue: Callable[[redis.client.Pipeline], None]) -> list:
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            queue(pipe)
+            return pipe.execute()
+        except RedisError as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+
+    def _parse_history(self, user: str, rows: list) -> list[HistoryItem]:
+        hist = []
+        for member, score in rows:
+            parts = member.split(SEP)
+            if len(parts) != 3:  # written before ids were validated: skip it, keep the rest
+                log.warning("skipping an unreadable history member of user %r: %r", user, member[:200])
+                continue
+            hist.append(HistoryItem(float(score), *parts))
+        return hist
+
     def histories(self, user_ids: Sequence[str], limit: int) -> dict[str, list[HistoryItem]]:
         if limit <= 0:
             return {u: [] for u in user_ids}
-        try:
-            pipe = self._r.pipeline(transaction=False)
-            for u in user_ids:
-                pipe.zrange(self._hist_key(u), -limit, -1, withscores=True)
-            results = pipe.execute()
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        out: dict[str, list[HistoryItem]] = {}
-        for u, rows in zip(user_ids, results, strict=True):
-            hist = []
-            for member, score in rows:
-                parts = member.split(SEP)
-                if len(parts) != 3:  # written before ids were validated: skip it, keep the rest
-                    log.warning("skipping an unreadable history member of user %r: %r", u, member[:200])
-                    continue
-                hist.append(HistoryItem(float(score), *parts))
-            out[u] = hist
-        return out
+        results = self._read(lambda pipe: [pipe.zrange(self._hist_key(u), -limit, -1, withscores=True)
+                                           for u in user_ids])
+        return {u: self._parse_history(u, rows) for u, rows in zip(user_ids, results, strict=True)}
+
+    def interacted(self, user_ids: Sequence[str]) -> dict[str, frozenset[str]]:
+        results = self._read(lambda pipe: [pipe.zrange(self._items_key(u), 0, -1) for u in user_ids])
+        return {u: frozenset(items) for u, items in zip(user_ids, results, strict=True)}
+
+    def history_and_interacted(self, user_id: str, limit: int) -> tuple[list[HistoryItem], frozenset[str]]:
+        def queue(pipe: redis.client.Pipeline) -> None:
+            pipe.zrange(self._hist_key(user_id), -max(limit, 1), -1, withscores=True)
+            pipe.zrange(self._items_key(user_id), 0, -1)
+
+        rows, items = self._read(queue)
+        return (self._parse_history(user_id, rows) if limit > 0 else []), frozenset(items)
 
     def popular(self, k: int) -> list[tuple[str, float]]:
         try:

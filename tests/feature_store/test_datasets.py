@@ -68,6 +68,23 @@ def test_taobao_user_behavior_csv():
     assert sorted(set(d.event_type)) == ["buy", "cart", "fav", "view"]
 
 
+def test_diginetica_item_views_sessions_are_users():
+    folder = shared_dataset("diginetica-sample")
+    assert detect_layout(folder) == "diginetica"
+    d = load_dataset(folder)
+    assert len(d) == 12_391 and len(set(d.user_id)) == 2_986 and len(set(d.item_id)) == 7_139
+    assert set(d.event_type) == {"view"} and set(d.category_id) == {"-"}
+    # Session 1's first row: 81766 at 526,309 ms into 2016-05-09 (UTC).
+    first = np.flatnonzero((d.user_id == "s1") & (d.item_id == "81766"))[0]
+    assert d.ts[first] == pytest.approx(1462752000.0 + 526.309)
+
+
+def test_diginetica_malformed_rows_say_where(tmp_path):
+    (tmp_path / "views.csv").write_text("session_id;user_id;item_id;timeframe;eventdate\n1;NA;5;10;2016-13-01\n")
+    with pytest.raises(DatasetError, match="views.csv:2"):
+        load_dataset(tmp_path)
+
+
 def test_events_jsonl_layout_round_trips_synthetic_data(tmp_path):
     d = generate(SyntheticConfig(n_users=20, n_items=50, n_categories=5, seed=3))
     (tmp_path / "events.jsonl").write_text(dumps_many(list(d.events())))

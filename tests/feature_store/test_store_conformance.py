@@ -51,6 +51,29 @@ def test_history_is_time_ordered_whatever_the_arrival_order(store):
     assert [h.ts for h in hist] == [10.0, 20.0, 30.0]
 
 
+@pytest.fixture(params=["memory", "redis"])
+def items_store(request, unique, clock):
+    """History cap 3, interacted cap 4: the seen-item set outlives the history, within its own cap."""
+    yield from online_store(request.param, request, unique, history_cap=3, dedup_window_s=3600, clock=clock,
+                            interacted_cap=4)
+
+
+def test_interacted_items_outlive_the_history_within_their_cap(items_store):
+    s = items_store
+    s.write([ev("u", "a", 1), ev("u", "b", 2), ev("u", "c", 3), ev("u", "d", 4)])
+    assert [h.item_id for h in s.history("u", 10)] == ["b", "c", "d"]  # the history forgot "a"
+    assert s.interacted(["u", "nobody"]) == {"u": frozenset("abcd"), "nobody": frozenset()}
+    s.write([ev("u", "a", 5, eid="again"), ev("u", "e", 6)])  # "a" taken again: newest again, "b" drops
+    assert s.interacted(["u"])["u"] == frozenset("acde")
+    s.write([ev("u", "b", 0.5, eid="late")])  # an old behaviour arriving late is older than all four kept
+    assert s.interacted(["u"])["u"] == frozenset("acde")
+    assert s.history_and_interacted("u", 2) == (s.history("u", 2), frozenset("acde"))
+    assert s.write([ev("u", "e", 6)]) == 0  # a redelivery changes nothing
+    assert s.interacted(["u"])["u"] == frozenset("acde")
+    s.write([BehaviourEvent(event_id="low", user_id="u", item_id="z", ts=7.0, event_type="rate", value=1.0)])
+    assert "z" not in s.interacted(["u"])["u"]  # what is not a behaviour is not "taken"
+
+
 def test_capped_to_newest_and_limit_takes_the_newest(store):
     store.write([ev("u", str(i), float(i)) for i in range(8)])
     assert [h.item_id for h in store.history("u", 100)] == ["3", "4", "5", "6", "7"]
@@ -186,11 +209,12 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
                 StreamOffsets("dinrec.events", expected={3: -1}, last={3: 41}))
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         assert sorted(r.scan_iter(f"{unique}:*")) == sorted(
-            [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["offsets_key"], golden["catalog_key"],
-             golden["catalog_order_key"]])
+            [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["items_key"], golden["offsets_key"],
+             golden["catalog_key"], golden["catalog_order_key"]])
         assert [list(x) for x in r.zrange(golden["hist_key"], 0, -1, withscores=True)] == golden["hist_members"]
         assert [list(x) for x in r.zrange(golden["pop_key"], 0, -1, withscores=True)] == golden["pop_members"]
         assert [list(x) for x in r.zrange(golden["seen_key"], 0, -1, withscores=True)] == golden["seen_members"]
+        assert [list(x) for x in r.zrange(golden["items_key"], 0, -1, withscores=True)] == golden["items_members"]
         assert r.hgetall(golden["offsets_key"]) == golden["offsets"]
         assert r.hgetall(golden["catalog_key"]) == golden["catalog"]
         assert sorted(r.lrange(golden["catalog_order_key"], 0, -1)) == sorted(golden["catalog"])

@@ -52,6 +52,22 @@ def drifting_world(end: float, users: int = 300, per_user: int = 12, seed: int =
     return phase1, phase2
 
 
+def chain_world(end: float, users: int = 300, chains: int = 8, length: int = 100, steps: int = 12, seed: int = 1):
+    """Users who walk chains of items, one step at a time (item j, then j + 1): what comes next is the
+    successor of the newest behaviour — item-to-item co-visitation finds it, a model blind to order
+    does not. Events in [end − 10 d, end)."""
+    rng = np.random.default_rng(seed)
+    events = []
+    for u in range(users):
+        chain, start = rng.integers(chains), rng.integers(length - steps)
+        ts = np.sort(rng.uniform(end - 10 * DAY, end, steps))
+        for j, t in enumerate(ts):
+            item = chain * length + start + j
+            events.append(BehaviourEvent(event_id=f"c-{u}-{j}", user_id=f"u{u}", item_id=f"i{item}",
+                                         category_id=f"c{chain}", event_type="click", ts=round(float(t), 3)))
+    return events
+
+
 def archive(events: list[BehaviourEvent], root, topic: str = "dinrec.events") -> None:
     """Publish ``events`` and archive them as the ingest side would (feature_store.archive)."""
     stats = archive_events(events, root, topic)

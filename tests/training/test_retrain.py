@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from tests.conftest import REPO, wait_until
-from tests.training.retrain_world import DAY, END, archive, drifting_world, retrain
+from tests.training.retrain_world import DAY, END, archive, chain_world, drifting_world, retrain
 from training.bundle import load_bundle
 from training.metrics import paired_difference
 from training.registry import Registry
@@ -79,6 +79,27 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
     # Nothing new since the new champion's window: nothing to do.
     code, idle = retrain(root, "--until", str(END + 3600))
     assert (code, idle["status"]) == (0, "skipped") and "0 new behaviours" in idle["reason"]
+
+
+def test_a_first_model_that_serves_worse_than_item_cf_is_refused_and_the_blend_is_not(tmp_path):
+    """Chains of items: the next behaviour is the newest one's successor. DIN's score alone (no blend)
+    serves far worse than item-CF on the holdout: refused, naming the baseline; the default ranking
+    (the blend, with the co-visitation lane) holds against both baselines and is promoted."""
+    archive(chain_world(END), tmp_path / "a" / "archive")
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    code, report = retrain(tmp_path / "a", "--until", str(END), env={"DINREC_TRAIN_RANKING_BLEND": "false"})
+    assert (code, report["status"]) == (3, "refused"), report
+    by_metric = {c["metric"]: c for c in report["checks"]}
+    cf = by_metric["served_hr_vs_item_cf"]
+    assert not cf["passed"] and cf["champion"] == report["baselines"]["item_cf"]["served_hr"]
+    assert cf["candidate"] == report["candidate"]["holdout"]["served_hr"] < cf["champion"] - 0.02
+    assert cf["se"] > 0 and cf["difference"] == pytest.approx(cf["candidate"] - cf["champion"], abs=1e-3)
+    assert "worse than the baselines" in report["reason"] and "served_hr_vs_item_cf" in report["reason"]
+    assert Registry(tmp_path / "a" / "registry").aliases().get("champion") is None  # nothing serves it
+    code, report = retrain(tmp_path / "b", "--until", str(END))
+    assert (code, report["status"]) == (0, "promoted"), report["reason"]
+    assert report["candidate"]["holdout"]["served_hr"] >= report["baselines"]["item_cf"]["served_hr"] - 0.02
+    assert report["candidate"]["holdout"]["served_hr"] > report["baselines"]["popularity"]["served_hr"]
 
 
 def test_a_candidate_trained_on_shuffled_labels_is_refused_and_never_ships(world, tmp_path):

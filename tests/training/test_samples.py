@@ -33,21 +33,24 @@ def test_hand_made_log_with_a_timestamp_tie():
 
 
 def _reference(data: Interactions, seq_len: int) -> dict[str, list[tuple[str, tuple[str, ...]]]]:
-    """Slow, obvious re-implementation: per user, per event, the events with a smaller ts."""
+    """Slow, obvious re-implementation: per user, per event, the events with a smaller ts; the last two
+    targets on items new to the user are held out, and training stops before the first of them."""
     by_user = defaultdict(list)
     for u, i, t in zip(data.user_id, data.item_id, data.ts, strict=True):
         by_user[u].append((t, i))
     out: dict[str, list] = {"train": [], "val": [], "test": []}
     for u in sorted(by_user):
         events = sorted(by_user[u], key=lambda e: e[0])  # stable: ties keep file order
-        targets = [(i, tuple(x for tt, x in events if tt < t)[-seq_len:]) for t, i in events]
-        targets = [(u, i, h) for i, h in targets if h]
-        if len(targets) >= 3:
-            out["train"] += targets[:-2]
-            out["val"].append(targets[-2])
-            out["test"].append(targets[-1])
+        targets = [(i, tuple(x for tt, x in events if tt < t)[-seq_len:], i not in [x for _, x in events[:n]])
+                   for n, (t, i) in enumerate(events)]
+        targets = [(u, i, h, new) for i, h, new in targets if h]
+        new = [j for j, t in enumerate(targets) if t[3]]
+        if len(targets) >= 3 and len(new) >= 2:
+            out["train"] += [t[:3] for t in targets[:new[-2]]]
+            out["val"].append(targets[new[-2]][:3])
+            out["test"].append(targets[new[-1]][:3])
         else:
-            out["train"] += targets
+            out["train"] += [t[:3] for t in targets]
     return out
 
 
@@ -115,3 +118,17 @@ def test_bad_arguments_are_refused():
         build_samples(d, seq_len=0)
     with pytest.raises(ValueError, match="no behaviours"):
         build_samples(Interactions.from_columns(["u"], ["i"], ["c"], [1.0], event_type="impression"))
+
+
+def test_held_out_targets_are_items_new_to_the_user_and_training_stops_before_them():
+    """A log with repeats: the test target is the user's last behaviour on a new item, the validation
+    target the one before; repeats after the validation target are the future and never train."""
+    rows = [("u", "a", 1), ("u", "b", 2), ("u", "c", 3), ("u", "d", 4), ("u", "b", 5), ("u", "e", 6),
+            ("u", "a", 7), ("u", "e", 8),  # the newest two are repeats
+            ("v", "x", 1), ("v", "y", 2)]
+    data = Interactions.from_columns([r[0] for r in rows], [r[1] for r in rows], ["c"] * len(rows),
+                                     [float(r[2]) for r in rows], event_type="click")
+    s = build_samples(data, seq_len=10, negatives=1, eval_negatives=1)
+    item = lambda split: [s.vocab.items[i] for i in s.split(split).target_item[s.split(split).label == 1]]  # noqa: E731
+    assert item("test") == ["e"] and item("val") == ["d"]
+    assert sorted(item("train")) == ["b", "c", "y"]  # u before d; v (too few targets) trains only

@@ -20,6 +20,11 @@ on:
   is in the long tail (outside the top 20 % of items by behaviours in the window); and the long-tail
   share of the recalled items.
 
+* the served list: ``served_hr`` — HR@10 of the top 10 the ranking stage serves from the bundle's
+  recall lanes (towers and co-visitation, history excluded), scored by its blend (or DIN's alone);
+  and, on the same held-out behaviours, what popularity and item-CF serve (:func:`baselines`): a
+  candidate that loses to them must not ship, however it compares with the champion.
+
 ``units`` collects what each metric averages, unit by unit (a user's AUC and weight, a row's loss, a
 positive's hit), so :func:`paired_differences` can put a standard error on candidate − champion:
 both models are measured on the same units, so the difference is paired.
@@ -40,6 +45,8 @@ from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
 from training.recall import RecallSpace
 from training.samples import SampleSet
+
+SERVED_K = 10
 
 
 def holdout_rows(samples: SampleSet, since: float | None,
@@ -104,7 +111,61 @@ def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int 
         units["gauc"] = user_aucs(users, labels, z)  # (AUC_u, n_u): the same users, in the same order
         units["logloss"] = (row_logloss(labels, zc), None)
     out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k, units))
+    out.update(_served(bundle, rows[labels == 1], histories, item_map[torch.from_numpy(split.target_item)], units))
     return {k: round(v, 5) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _served(bundle: Bundle, positives: np.ndarray, histories, targets, units: dict | None = None,
+            k: int = SERVED_K, batch: int = 1024) -> dict:
+    """HR@k of the list the ranking stage serves (training.blend_fit.candidate_features: the towers'
+    and co-visitation's candidates, blended; DIN alone without a blend)."""
+    from retrieval.index import FaissIndex
+    from training.blend_fit import candidate_features
+    from training.scorer import Scorer
+
+    space = RecallSpace(bundle.model, bundle.towers, bundle.vocab.item_category)
+    index = FaissIndex.load(bundle.item_index_path)
+    scorer = Scorer(bundle.model, torch.as_tensor(bundle.vocab.item_category, dtype=torch.long), "fp32")
+    counts = (bundle.item_counts if bundle.item_counts is not None
+              else np.zeros(len(bundle.vocab.items))).astype(np.float32)
+    temperature = bundle.blend.temperature if bundle.blend is not None else 1.0
+    hits = []
+    for s in range(0, len(positives), batch):
+        r = positives[s:s + batch]
+        hist, cats = histories(r)
+        for h, c, t in zip(hist.tolist(), cats.tolist(), targets[torch.from_numpy(r)].tolist(), strict=True):
+            cand, x = candidate_features(scorer, space, index, bundle.covisit, counts, h, c, 200, 100, temperature)
+            score = bundle.blend.combine(x) if bundle.blend is not None else x[:, 0]
+            top = cand[np.argsort(-score, kind="stable")[:k]]
+            hits.append(bool(t) and t in top.tolist())
+    hit = np.asarray(hits, dtype=bool)
+    if units is not None:
+        units["served_hr"] = (hit, None)
+    return {"served_hr": int(hit.sum()) / max(len(hit), 1), "served_k": k}
+
+
+def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K) -> tuple[dict, dict]:
+    """HR@k of what popularity (training counts) and item-CF (the co-visitation lane fitted on the
+    training behaviours, tuned on validation) serve on the holdout rows' behaviours, history excluded:
+    ({name: {"served_hr"}}, {name: per-behaviour hits})."""
+    from retrieval.baselines import Popularity
+    from training.export import fit_covisitation
+
+    split = samples.test
+    positives = rows[split.label[rows] == 1]
+    hist = gather_history(torch.from_numpy(samples.seq_items), torch.from_numpy(split.hist_end[positives]),
+                          torch.from_numpy(split.hist_len[positives]), samples.seq_len).tolist()
+    pop = Popularity(np.bincount(samples.train.target_item[samples.train.label == 1], minlength=samples.vocab.n_items))
+    lane, _ = fit_covisitation(samples)
+    recall = {"popularity": lambda h: pop.recall(h, k),
+              "item_cf": lambda h: lane.recall(h, k, excluded=set(h))[0]}
+    out, hits = {}, {}
+    for name, fn in recall.items():
+        hit = np.asarray([t in fn([i for i in h if i]).tolist() for h, t in
+                          zip(hist, split.target_item[positives].tolist(), strict=True)], dtype=bool)
+        hits[name] = hit
+        out[name] = {"served_hr": round(int(hit.sum()) / max(len(hit), 1), 5), "users": len(hit)}
+    return out, hits
 
 
 def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories, item_map: torch.Tensor,

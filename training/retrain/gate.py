@@ -62,12 +62,28 @@ def _check(metric: str, champion: float | None, candidate: float, limit: float, 
     return Check(metric, champion, candidate, limit, higher, bool(candidate >= limit if higher else candidate <= limit))
 
 
+def _baseline_checks(candidate: dict, baselines: dict | None, s: RetrainSettings,
+                     differences: dict[str, dict]) -> list[Check]:
+    """The served list against each baseline's (compare.baselines): not below it by more than
+    ``baseline_tolerance``, champion or not."""
+    out = []
+    for name, measured in (baselines or {}).items():
+        check = _check(f"served_hr_vs_{name}", measured["served_hr"], candidate["served_hr"],
+                       measured["served_hr"] - s.baseline_tolerance, True)
+        paired = differences.get(f"served_hr_vs_{name}")
+        out.append(replace(check, **paired) if paired else check)
+    return out
+
+
 def decide(candidate: dict, champion: dict | None, s: RetrainSettings,
-           differences: dict[str, dict] | None = None) -> tuple[bool, list[Check]]:
-    """(promote?, the checks). Without a champion the candidate must only reach ``min_gauc``.
-    ``differences``: compare.paired_differences, attached to the checks they belong to."""
+           differences: dict[str, dict] | None = None, baselines: dict | None = None) -> tuple[bool, list[Check]]:
+    """(promote?, the checks). Without a champion the candidate must reach ``min_gauc``; with or
+    without one, its served list must hold against ``baselines`` (popularity, item-CF). ``differences``:
+    compare.paired_differences, attached to the checks they belong to."""
+    paired = differences or {}
+    against = _baseline_checks(candidate, baselines, s, paired)
     if champion is None:
-        checks = [_check("gauc", None, candidate["gauc"], s.min_gauc, True)]
+        checks = [_check("gauc", None, candidate["gauc"], s.min_gauc, True), *against]
         return all(c.passed for c in checks), checks
     checks = [
         _check("gauc", champion["gauc"], candidate["gauc"], champion["gauc"] - s.gauc_tolerance, True),
@@ -80,9 +96,11 @@ def decide(candidate: dict, champion: dict | None, s: RetrainSettings,
         _check("recall_tail_hr", champion["recall_tail_hr"], candidate["recall_tail_hr"],
                champion["recall_tail_hr"] - s.tail_tolerance, True),
     ]
-    paired = differences or {}
+    if "served_hr" in champion:  # champions measured before the served list was: nothing to compare
+        checks.append(_check("served_hr", champion["served_hr"], candidate["served_hr"],
+                             champion["served_hr"] - s.served_tolerance, True))
     checks = [replace(c, **paired[c.metric]) if c.metric in paired else c for c in checks]
-    return all(c.passed for c in checks), checks
+    return all(c.passed for c in checks + against), checks + against
 
 
 def _calibration(candidate: dict, champion: dict, s: RetrainSettings) -> Check:

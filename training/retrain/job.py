@@ -33,7 +33,7 @@ import numpy as np
 from feature_store.storage import LocalStorage
 from training.bundle import Bundle, code_version, load_bundle
 from training.registry import RegistryError, open_registry
-from training.retrain.compare import holdout_rows, measure, paired_differences
+from training.retrain.compare import baselines, holdout_rows, measure, paired_differences
 from training.retrain.drills import DRILLS, degrade_model, degrade_samples
 from training.retrain.events import read_window
 from training.retrain.gate import checks_json, decide
@@ -136,8 +136,14 @@ class RetrainJob:
         report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k, units=cand_units)
         if champion is not None:
             report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k, units=champ_units)
+        report["baselines"], baseline_hits = baselines(samples, rows)
+        differences = paired_differences(cand_units, champ_units)
+        for name, hits in baseline_hits.items():  # candidate − baseline, paired over the same behaviours
+            differences.update({f"served_hr_vs_{name}": d for d in
+                                paired_differences({"served_hr": cand_units["served_hr"]},
+                                                   {"served_hr": (hits, None)}).values()})
         promote, checks = decide(report["candidate"]["holdout"], report["champion"].get("holdout"), self.s,
-                                 paired_differences(cand_units, champ_units))
+                                 differences, report["baselines"])
         report["checks"] = checks_json(checks)
         failures = "; ".join(c.why() for c in checks if not c.passed)
         if self.drill:  # a drill candidate never ships, whatever the gate says
@@ -148,7 +154,9 @@ class RetrainJob:
             return self._finish(report, "refused", EXIT_REFUSED, t0)
         self._publish(candidate)
         if not promote:
-            report["reason"] = f"the candidate is worse than the champion: {failures}"
+            worse_than = sorted({"the baselines" if c.metric.startswith("served_hr_vs_") else "the champion"
+                                 for c in checks if not c.passed})
+            report["reason"] = f"the candidate is worse than {' and '.join(worse_than)}: {failures}"
             return self._finish(report, "refused", EXIT_REFUSED, t0)
         report["rolled_out"] = self._roll_out(candidate.model_version)
         report["reason"] = "passed the gate" + ("" if champion else " (first model: no champion to compare with)")

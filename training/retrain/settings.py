@@ -57,6 +57,10 @@ class RetrainSettings(BaseSettings):
         "calibration error |log(mean predicted CTR / observed CTR)|, absolute"))
     recall_tolerance: float = Field(0.02, ge=0, le=1, description="recall HR@200, absolute")
     tail_tolerance: float = Field(0.02, ge=0, le=1, description="HR@recall_k on long-tail behaviours, absolute")
+    served_tolerance: float = Field(0.02, ge=0, le=1, description="served HR@10 vs the champion's, absolute")
+    baseline_tolerance: float = Field(0.02, ge=0, le=1, description=(
+        "HR@10 of the served list vs popularity's and item-CF's on the same holdout, absolute: a candidate "
+        "(the first model too) further below either is refused"))
     min_gauc: float = Field(0.55, ge=0, le=1, description="a first model (no champion) must reach this holdout GAUC")
     recall_k: int = Field(200, ge=1, le=10_000, description="HR@k of recall")
 

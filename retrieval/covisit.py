@@ -1,0 +1,108 @@
+"""The co-visitation lane: item-to-item CF (retrieval.baselines.ItemCF) kept as each item's ``M``
+nearest neighbours, so serving can recall with it and score candidates by it in microseconds.
+
+A user's score for item j is Σ_r decay^r · sim(h_r, j) over their ``last`` newest behaviours h_r
+(r = 0 the newest) — ItemCF's own formula, with each row of the similarity matrix cut to its ``M``
+largest entries::
+
+    neighbours: (I, M) int64 item indices (0 = none), best first
+    weights:    (I, M) float32 similarities (0 where there is no neighbour)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from retrieval.baselines import ItemCF
+
+
+@dataclass(frozen=True)
+class CoVisitConfig:
+    neighbours: int = 100  # M: per item
+    last: int = 20  # the user's newest behaviours a query reads
+    decay: float = 0.9  # weight of the r-th newest: decay^r
+    window: int = 10  # co-visitation window it was fitted with (for the record)
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+class CoVisitation:
+    def __init__(self, neighbours: np.ndarray, weights: np.ndarray, cfg: CoVisitConfig) -> None:
+        if neighbours.shape != weights.shape or neighbours.ndim != 2:
+            raise ValueError(f"neighbours {neighbours.shape} and weights {weights.shape} must be one (I, M) shape")
+        self.neighbours = neighbours.astype(np.int64, copy=False)
+        self.weights = weights.astype(np.float32, copy=False)
+        self.cfg = cfg
+
+    @classmethod
+    def from_item_cf(cls, cf: ItemCF, neighbours: int = 100) -> CoVisitation:
+        sim = cf.sim.tocsr()
+        n = sim.shape[0]
+        ids = np.zeros((n, neighbours), dtype=np.int64)
+        w = np.zeros((n, neighbours), dtype=np.float32)
+        for i in range(n):
+            lo, hi = sim.indptr[i], sim.indptr[i + 1]
+            cols, vals = sim.indices[lo:hi], sim.data[lo:hi]
+            if len(cols) > neighbours:
+                top = np.argpartition(-vals, neighbours - 1)[:neighbours]
+                cols, vals = cols[top], vals[top]
+            order = np.argsort(-vals, kind="stable")
+            ids[i, :len(order)], w[i, :len(order)] = cols[order], vals[order]
+        return cls(ids, w, CoVisitConfig(neighbours=neighbours, last=cf.cfg.last, decay=cf.cfg.decay,
+                                         window=cf.cfg.window))
+
+    @property
+    def n_items(self) -> int:
+        return self.neighbours.shape[0]
+
+    def _scores(self, history: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids, scores) of every item some recent behaviour co-visits, any order."""
+        recent = np.asarray([i for i in history if 0 < i < self.n_items][-self.cfg.last:], dtype=np.int64)[::-1]
+        if len(recent) == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.float32)
+        decay = (self.cfg.decay ** np.arange(len(recent))).astype(np.float32)  # (R,)
+        ids = self.neighbours[recent].ravel()  # (R·M,)
+        w = (self.weights[recent] * decay[:, None]).ravel()  # (R·M,)
+        keep = w > 0
+        uniq, inverse = np.unique(ids[keep], return_inverse=True)
+        return uniq, np.bincount(inverse, weights=w[keep]).astype(np.float32)
+
+    def recall(self, history: Sequence[int], n: int, excluded: Collection[int] = ()) -> tuple[np.ndarray, np.ndarray]:
+        """The ``n`` best items for ``history`` (item indices, oldest first), ``excluded`` never:
+        (ids, scores), best first."""
+        ids, scores = self._scores(history)
+        if len(excluded):
+            keep = ~np.isin(ids, np.fromiter(excluded, dtype=np.int64, count=len(excluded)))
+            ids, scores = ids[keep], scores[keep]
+        top = np.argsort(-scores, kind="stable")[:n]
+        return ids[top], scores[top]
+
+    def score(self, history: Sequence[int], candidates: np.ndarray) -> np.ndarray:
+        """(N,) candidate item indices → (N,) their co-visitation scores (0 for none; ids past the
+        table — items it never saw — score 0)."""
+        ids, scores = self._scores(history)
+        out = np.zeros(len(candidates), dtype=np.float32)
+        if len(ids):
+            pos = np.searchsorted(ids, candidates)
+            pos = np.minimum(pos, len(ids) - 1)
+            hit = ids[pos] == candidates
+            out[hit] = scores[pos[hit]]
+        return out
+
+    def save(self, path: str | Path) -> None:
+        with open(path, "wb") as fh:
+            np.savez(fh, neighbours=self.neighbours, weights=self.weights,
+                     config=np.array([self.cfg.neighbours, self.cfg.last, self.cfg.window], dtype=np.int64),
+                     decay=np.array([self.cfg.decay], dtype=np.float64))
+
+    @classmethod
+    def load(cls, path: str | Path) -> CoVisitation:
+        with np.load(path, allow_pickle=False) as f:
+            m, last, window = (int(x) for x in f["config"])
+            return cls(f["neighbours"], f["weights"], CoVisitConfig(neighbours=m, last=last,
+                                                                   decay=float(f["decay"][0]), window=window))
