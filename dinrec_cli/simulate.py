@@ -73,7 +73,11 @@ def simulate(
         bad_samples = dataclasses.replace(samples, train=dataclasses.replace(
             samples.train, label=rng.permutation(samples.train.label)))
         bad = train(bad_samples, train_settings, out / "shuffled-run")
-        bad_bundle = export_with_recall(out / "shuffled-bundle", bad.model, bad_samples, bad.metrics, train_settings)
+        # Served by its DIN score alone: the ranking blend, fitted on validation, would give a model
+        # trained on shuffled labels no weight, and the lanes would carry its lists (the blend guards
+        # against exactly this); the origin story is a worse *ranker* shipped, and that is what it serves.
+        bad_bundle = export_with_recall(out / "shuffled-bundle", bad.model, bad_samples, bad.metrics,
+                                        train_settings.model_copy(update={"ranking_blend": False}))
         models["shuffled"] = {"test_auc": bad.metrics["test_auc"]}
         say(f"trained the shuffled-label model: test AUC {bad.metrics['test_auc']:.3f}")
         registry = Registry(out / "registry")

@@ -124,11 +124,12 @@ def test_bench_recall_at_scale_reports_build_size_latency_and_recall():
     assert 0 < result["query_ms"]["p50"] <= result["query_ms"]["p99"]
 
 
+@pytest.mark.timeout(900)  # five retrain jobs, each fitting the ranking blend
 @pytest.mark.slow
 def test_bench_retrain_replays_a_log_and_prints_retrain_peer_and_drills(tmp_path):
     result = bench_on_synthetic(tmp_path, SyntheticConfig(n_users=400, n_items=300, n_categories=12,
                                                           mean_events_per_user=25, seed=5),
-                                "retrain", "--epochs", "2", "--recall-epochs", "3", "--seq-len", "20")
+                                "retrain", "--epochs", "5", "--recall-epochs", "3", "--seq-len", "20")
     assert result["first_model"]["status"] == "promoted" and result["retrain"]["holdout_users"] >= 10
     for side in ("stale_champion", "warm_candidate", "peer_cold_candidate", "peer_warm_towers_candidate"):
         assert 0 < result[side]["gauc"] < 1 and result[side]["users"] == result["retrain"]["holdout_users"]

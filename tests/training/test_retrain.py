@@ -156,7 +156,11 @@ def test_two_runs_started_at_once_one_runs_and_one_says_it_is_locked(world, tmp_
 
 def test_a_killed_run_resumes_from_its_checkpoint(world, tmp_path):
     root = fresh_copy(world, tmp_path)
-    slow = {"DINREC_TRAIN_EPOCHS": "4", "DINREC_TRAIN_CHECKPOINT_EVERY": "40", "DINREC_TRAIN_BATCH_SIZE": "64"}
+    slow = {"DINREC_TRAIN_EPOCHS": "4", "DINREC_TRAIN_CHECKPOINT_EVERY": "40", "DINREC_TRAIN_BATCH_SIZE": "64",
+            # What is tested is the resume, not the model: small batches for many checkpoints overfit
+            # (logloss and calibration past the gate's tolerances on this holdout), so the gate is loosened.
+            "DINREC_RETRAIN_LOGLOSS_TOLERANCE": "1", "DINREC_RETRAIN_CALIBRATION_TOLERANCE": "10",
+            "DINREC_RETRAIN_BASELINE_TOLERANCE": "1"}
     p = retrain(root, "--until", str(END), env=slow, wait=False)
     runs = root / "work" / "runs"
     this_window = f"*_{_iso(END)}_*"  # the copied world holds the champion's (finished) run too
