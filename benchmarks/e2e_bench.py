@@ -17,8 +17,8 @@ re-ranker and its long-tail lane, the seen-item policy). Beside it, on the same 
 
 Every method excludes everything the user interacted with before the target. Per method: ``hr@10``,
 ``ndcg@10``, ``hr@50``, ``coverage`` (distinct items in the top 10s ÷ catalog items),
-``long_tail_share`` (items of the top 10s outside the head, as the serving lane defines it: the top
-20 % of items by training behaviours) and ``seen_in_list`` (top-10 slots holding an item the user
+``long_tail_share`` (items of the top 10s in the long tail, as the serving lane defines it:
+feature_store.long_tail by training behaviours) and ``seen_in_list`` (top-10 slots holding an item the user
 already took). ``vs_dinrec`` gives each baseline's per-user paired difference from dinrec (dinrec −
 baseline) with its standard error, for HR@10 and NDCG@10.
 """
@@ -270,6 +270,8 @@ def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequen
         result[name] = m
     result["dinrec"]["serving"] = serving_info
     result["dinrec"]["model_version"] = bundle.model_version
+    # What the ranking stage learned: each signal's validation HR@10 alone, the blend's, its weights.
+    result["dinrec"]["ranking_blend"] = bundle.metrics.get("ranking", {}).get("blend")
     result["item_cf"].update(cf_info)
     if seq_info is not None:
         result["sequential"].update(seq_info)

@@ -11,8 +11,8 @@ out item among the N recalled — for:
 * ``popularity`` — the most popular unseen items.
 
 ``long_tail_share`` is the share of final recommendations (DIN's top ``k`` of the FAISS stage's 200
-candidates with the service's long-tail lane at its default share) outside the top 20 % of items by
-popularity; ``final`` gives, with and without the lane, that share and HR@k (the held-out item in
+candidates with the service's long-tail lane at its default share) in the long tail
+(feature_store.long_tail); ``final`` gives, with and without the lane, that share and HR@k (the held-out item in
 the final list: what the lane costs). Each baseline's own top-``k`` share is reported beside it.
 """
 

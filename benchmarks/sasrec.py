@@ -39,6 +39,12 @@ class SASRec(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.item = nn.Embedding(n_items, cfg.dim, padding_idx=0)
+        # N(0, 1/D): scaled by √D on the way in (as the Transformer does) the inputs are unit-variance,
+        # and the output logits (state · item) start near 1 instead of √D — with nn.Embedding's N(0, 1)
+        # the softmax starts saturated and training settles on popularity (val HR@10 ≈ most-popular's).
+        nn.init.normal_(self.item.weight, std=cfg.dim ** -0.5)
+        with torch.no_grad():
+            self.item.weight[0].zero_()
         self.pos = nn.Embedding(cfg.max_len, cfg.dim)
         layer = nn.TransformerEncoderLayer(cfg.dim, cfg.heads, dim_feedforward=cfg.dim, dropout=cfg.dropout,
                                            batch_first=True, norm_first=True)

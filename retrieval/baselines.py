@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
+from feature_store.long_tail import long_tail_mask
+
 Recall = Callable[[Sequence[int], int], np.ndarray]  # (history, n) -> up to n item ids, best first
 
 
@@ -117,18 +119,8 @@ def hit_rate(recall: Recall, cases: Sequence[tuple[Sequence[int], int]], ns: Seq
     return {f"hr@{n}": round(hits[n] / max(len(cases), 1), 4) for n in ns}
 
 
-def long_tail_mask(counts: np.ndarray, head_share: float = 0.2) -> np.ndarray:
-    """(n_items,) bool by item index: True outside the top ``head_share`` of the items seen (by
-    ``counts``); padding (0) is never tail; items never seen are."""
-    seen = np.flatnonzero(counts > 0)
-    tail = np.ones(len(counts), dtype=bool)
-    tail[seen[np.argsort(-counts[seen], kind="stable")][:max(1, int(head_share * len(seen)))]] = False
-    tail[0] = False
-    return tail
-
-
-def long_tail_share(recommended: Sequence[Sequence[int]], counts: np.ndarray, head_share: float = 0.2) -> float:
-    """The share of recommended items outside the top ``head_share`` of items by popularity."""
-    tail = long_tail_mask(counts, head_share)
+def long_tail_share(recommended: Sequence[Sequence[int]], counts: np.ndarray) -> float:
+    """The share of recommended items in the long tail (feature_store.long_tail) by ``counts``."""
+    tail = long_tail_mask(counts)
     flat = [i for rec in recommended for i in rec]
     return round(sum(bool(tail[i]) for i in flat) / max(len(flat), 1), 4)

@@ -16,6 +16,7 @@ import torch
 from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex, IndexSpec
 from serving.rerank import Reranker
+from training.blend import category_share
 from training.blend import features as blend_features
 from training.bundle import Bundle
 from training.recall import RecallSpace
@@ -141,9 +142,10 @@ class Recommender:
             cand = np.concatenate([cand, extra])
         return cand, query
 
-    def _blended(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], query: np.ndarray,
-                 cold: ColdLane | None) -> torch.Tensor:
-        """DIN's logits (N,) blended with the towers', co-visitation's and popularity's signals (N,)."""
+    def _blended(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], cats: list[int],
+                 query: np.ndarray, cold: ColdLane | None, scorer: Scorer) -> torch.Tensor:
+        """DIN's logits (N,) blended with the towers', co-visitation's, recent category's and
+        popularity's signals (N,)."""
         assert self.blend is not None and self.covisit is not None
         base = len(self.bundle.vocab.items)
         known = cand < base
@@ -154,8 +156,10 @@ class Recommender:
             vectors[~known] = cold.vectors[cand[~known] - base]
         counts = np.zeros(len(cand), dtype=np.float32)
         counts[known] = self._counts[cand[known]]
-        x = blend_features(logits.numpy(), vectors @ query[0], self.covisit.score([i for i in items if i], cand),
-                           counts, self.blend.temperature)
+        known_items = [i for i in items if i]
+        share = category_share(cats, scorer.item_category[torch.from_numpy(cand)].numpy())
+        x = blend_features(logits.numpy(), vectors @ query[0], self.covisit.score(known_items, cand),
+                           self.covisit.score(known_items[-1:], cand), share, counts, self.blend.temperature)
         return torch.from_numpy(self.blend.combine(x))
 
     def _by_score(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
@@ -226,7 +230,8 @@ class Recommender:
         scorer = cold.scorer if cold is not None else self.scorer
         scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                               torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
-        logits = scored.logits if self.blend is None else self._blended(scored.logits, cand, items, query, cold)
+        logits = (scored.logits if self.blend is None
+                  else self._blended(scored.logits, cand, items, cats, query, cold, scorer))
         scores = torch.sigmoid(logits).tolist()  # (N,)
         cand_list = cand.tolist()
         candidates = [(item, cat, s) for (item, cat), s in zip(self._describe(cand_list, cold), scores, strict=True)]

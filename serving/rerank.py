@@ -5,14 +5,18 @@ score multiplied by ``shown_penalty``); then candidates are taken best first, sk
 category already has ``max_per_category`` items in the list — so the cap holds in every list, and
 the list is the best one under it (greedy on sorted scores is optimal for a per-category cap).
 
-The long-tail lane: with ``tail_share`` > 0 and the candidates' tail flags (items outside the top
-20 % by training popularity), at most ``k − round(k · tail_share)`` head items are taken while tail
-candidates remain, so the best-scoring tail items DIN recalled get the rest of the slots; the list
-stays ordered by score. Without enough tail candidates the slots go back to head items.
+The long-tail lane: with ``tail_share`` > 0 and the candidates' tail flags (feature_store.long_tail,
+by training counts), every prefix of the list — its first n items, for every n — holds at least
+``floor(n · tail_share)`` tail items while tail candidates remain: each position takes the best
+candidate left unless the share needs a tail item there, then the best tail item left. So a list of
+``k`` is the first ``k`` of a longer one (a page, a bench reading the top 10 of 50), and the tail
+slots sit where the share falls due, not all at the bottom. Without enough tail candidates the
+slots go back to head items.
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Collection, Sequence
 from dataclasses import dataclass
@@ -28,7 +32,8 @@ class Reranker:
 
     def select(self, candidates: Sequence[tuple[str, str, float]], k: int, shown: Collection[str] = (),
                tail: Sequence[bool] | None = None, tail_share: float | None = None) -> list[tuple[int, float]]:
-        """``candidates``: (item_id, category_id, score) → up to ``k`` (index, adjusted score), best first.
+        """``candidates``: (item_id, category_id, score) → up to ``k`` (index, adjusted score) in list
+        order: best first, but for the tail slots the lane fills where its share falls due.
         ``tail``: per candidate, whether it is a long-tail item (None: no lane); ``tail_share``
         overrides the reranker's (an experiment variant's)."""
         scored = []
@@ -38,31 +43,30 @@ class Reranker:
             scored.append((score * self.shown_penalty if item in shown else score, i))
         scored.sort(key=lambda t: -t[0])  # stable: ties keep the model's order
         share = self.tail_share if tail_share is None else tail_share
-        head_slots = k - round(k * share) if tail is not None else k
+        lane = tail is not None and share > 0
+        heads = [(score, i) for score, i in scored if not (lane and tail[i])]
+        tails = [(score, i) for score, i in scored if lane and tail[i]]
         chosen: list[tuple[int, float]] = []
-        deferred: list[tuple[float, int]] = []  # head items past the head slots: used if the tail runs out
         per_category: Counter[str] = Counter()
-        heads = 0
+        h = t = taken_tail = 0
 
-        def take(score: float, i: int) -> bool:
-            category = candidates[i][1]
-            if self.max_per_category is not None and per_category[category] >= self.max_per_category:
-                return False
-            per_category[category] += 1
+        def allowed(i: int) -> bool:  # the cap only tightens as the list grows: a refused item stays refused
+            return self.max_per_category is None or per_category[candidates[i][1]] < self.max_per_category
+
+        while len(chosen) < k:
+            while h < len(heads) and not allowed(heads[h][1]):
+                h += 1
+            while t < len(tails) and not allowed(tails[t][1]):
+                t += 1
+            if h == len(heads) and t == len(tails):
+                break
+            due = math.floor((len(chosen) + 1) * share + 1e-9) > taken_tail  # this position needs a tail item
+            use_tail = t < len(tails) and (due or h == len(heads) or tails[t][0] > heads[h][0])
+            score, i = tails[t] if use_tail else heads[h]
+            if use_tail:
+                t, taken_tail = t + 1, taken_tail + 1
+            else:
+                h += 1
+            per_category[candidates[i][1]] += 1
             chosen.append((i, score))
-            return True
-
-        for score, i in scored:
-            if tail is not None and not tail[i] and heads >= head_slots:
-                deferred.append((score, i))
-                continue
-            if take(score, i) and (tail is None or not tail[i]):
-                heads += 1
-            if len(chosen) == k:
-                break
-        for score, i in deferred:
-            if len(chosen) == k:
-                break
-            take(score, i)
-        chosen.sort(key=lambda t: -t[1])  # stable: ties keep the order taken
         return chosen

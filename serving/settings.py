@@ -54,9 +54,9 @@ class ServingSettings(BaseSettings):
     blocked_items: frozenset[str] = Field(frozenset(), description='never recommended (JSON list: ["i1", "i2"])')
     blocked_categories: frozenset[str] = Field(frozenset(), description="no item of these categories (JSON list)")
     shown_penalty: float = Field(0.5, ge=0, le=1, description="score factor of items the request says were shown")
-    tail_share: float = Field(0.2, ge=0, le=1, description=(
-        "the long-tail lane: share of each list kept for the best-scoring recalled items outside the top 20 % "
-        "by training popularity (0: off)"))
+    tail_share: float = Field(0.1, ge=0, le=1, description=(
+        "the long-tail lane: share of every prefix of each list kept for the best-scoring recalled long-tail "
+        "items (feature_store.long_tail, by training count; 0: off)"))
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused (413)")
     workers: int | None = Field(None, ge=1, le=64, description=(
         "uvicorn worker processes (`dinrec serve --workers`); default: one per CPU with Redis as the store, "

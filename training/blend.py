@@ -2,16 +2,18 @@
 
 DIN alone ranks the recall candidates worse than the recall towers' own order and than item-CF
 (``dinrec bench e2e``): trained on sampled negatives it learns popularity, and it has no notion of
-recency. The candidates it ranks come with three more signals, and the served score is a linear
-blend of all four, its weights fitted on the validation split as serving uses them (training.blend_fit:
-a softmax over each validation user's candidate set, the held-out item the one to find)::
+recency. The candidates it ranks come with more signals, and the served score is a linear blend of
+them all, its weights fitted on the validation split as serving uses them (training.blend_fit: a
+softmax over each validation user's candidate set, the held-out item the one to find)::
 
-    score(c) = w_din · DIN(h, c) + w_towers · cos(u(h), v(c)) / T + w_covisit · cf(h, c) / max_c' cf(h, c')
-               + w_pop · log(1 + count(c))
+    score(c) = w_din · DIN(h, c) + w_towers · cos(u(h), v(c)) / T
+               + w_covisit · cf(h, c) / max_c' cf(h, c') + w_last · cf(h_newest, c) / max_c' cf(h_newest, c')
+               + w_category · share of the last RECENT behaviours in c's category + w_pop · log(1 + count(c))
 
-``cf`` is the co-visitation lane's score (retrieval.covisit), normalised per request so its scale does
-not depend on how many behaviours the user has; ``count`` the item's training behaviours (0 for items
-the model never saw).
+``cf`` is the co-visitation lane's score (retrieval.covisit) over the recent history, ``cf(h_newest, ·)``
+the same from the newest behaviour alone (what the user is doing now, which the decayed sum blurs),
+each normalised per request so its scale does not depend on how many behaviours the user has;
+``count`` the item's training behaviours (0 for items the model never saw).
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-FEATURES = ("din", "towers", "covisit", "popularity")
+FEATURES = ("din", "towers", "covisit", "covisit_newest", "recent_category", "popularity")
+RECENT = 10  # behaviours the recent-category share reads
 
 
 @dataclass(frozen=True)
@@ -46,10 +49,25 @@ class Blend:
         return x @ np.asarray(self.weights, dtype=np.float32)
 
 
-def features(din_logits: np.ndarray, cosines: np.ndarray, covisit: np.ndarray, counts: np.ndarray,
-             temperature: float) -> np.ndarray:
-    """Per candidate: DIN logit, towers cosine / T, co-visitation score / its max over the candidates,
-    log(1 + training count) → (N, 4) float32."""
-    peak = float(covisit.max()) if len(covisit) else 0.0
-    cf = covisit / peak if peak > 0 else np.zeros_like(covisit)
-    return np.stack([din_logits, cosines / temperature, cf, np.log1p(counts)], axis=1).astype(np.float32)
+def _by_peak(x: np.ndarray) -> np.ndarray:
+    peak = float(x.max()) if len(x) else 0.0
+    return x / peak if peak > 0 else np.zeros_like(x)
+
+
+def category_share(history_categories: list[int], candidate_categories: np.ndarray) -> np.ndarray:
+    """(N,) the share of the ``RECENT`` newest behaviours (category indices, oldest first, 0 = padding)
+    in each candidate's category."""
+    recent = np.asarray([c for c in history_categories if c][-RECENT:], dtype=np.int64)
+    if len(recent) == 0:
+        return np.zeros(len(candidate_categories), dtype=np.float32)
+    per_category = np.bincount(recent, minlength=int(max(recent.max(), candidate_categories.max(initial=0))) + 1)
+    return (per_category[candidate_categories] / len(recent)).astype(np.float32)
+
+
+def features(din_logits: np.ndarray, cosines: np.ndarray, covisit: np.ndarray, covisit_newest: np.ndarray,
+             recent_category: np.ndarray, counts: np.ndarray, temperature: float) -> np.ndarray:
+    """Per candidate (each (N,)): DIN logit, towers cosine / T, co-visitation score over the recent
+    history and from the newest behaviour (each / its max over the candidates), the recent-category
+    share (:func:`category_share`), log(1 + training count) → (N, 6) float32, in FEATURES order."""
+    return np.stack([din_logits, cosines / temperature, _by_peak(covisit), _by_peak(covisit_newest),
+                     recent_category, np.log1p(counts)], axis=1).astype(np.float32)

@@ -16,7 +16,7 @@ import torch
 
 from retrieval.covisit import CoVisitation
 from retrieval.index import FaissIndex
-from training.blend import FEATURES, Blend, features
+from training.blend import FEATURES, Blend, category_share, features
 from training.data import split_histories
 from training.model import DIN
 from training.recall import RecallSpace
@@ -29,7 +29,7 @@ def candidate_features(scorer: Scorer, space: RecallSpace, index: FaissIndex, co
                        counts: np.ndarray, items: list[int], cats: list[int], n: int, n_covisit: int,
                        temperature: float) -> tuple[np.ndarray, np.ndarray]:
     """One history's candidates (item indices: the towers' ``n`` best, then the co-visitation lane's
-    ``n_covisit`` best that are new) and their (N, 4) features; history items never."""
+    ``n_covisit`` best that are new) and their (N, F) features; history items never."""
     known = [i for i in items if i]
     query = space.query(items, cats)  # (1, D)
     ids, _ = index.search(query, n, exclude=[set(known)])
@@ -41,12 +41,23 @@ def candidate_features(scorer: Scorer, space: RecallSpace, index: FaissIndex, co
         return cand, np.zeros((0, len(FEATURES)), dtype=np.float32)
     din = scorer.score(torch.as_tensor(items), torch.as_tensor(cats), torch.as_tensor(cand)).logits.numpy()
     cos = space.item_vectors[cand] @ query[0]  # (N,)
-    cf = covisit.score(known, cand) if covisit is not None else np.zeros(len(cand), dtype=np.float32)
-    return cand, features(din, cos, cf, counts[cand], temperature)
+    none = np.zeros(len(cand), dtype=np.float32)
+    cf = covisit.score(known, cand) if covisit is not None else none
+    cf_newest = covisit.score(known[-1:], cand) if covisit is not None else none
+    share = category_share(cats, scorer.item_category[torch.as_tensor(cand)].numpy())
+    return cand, features(din, cos, cf, cf_newest, share, counts[cand], temperature)
 
 
 def _hr_at(xs: list[np.ndarray], targets: list[int], scores: list[np.ndarray], k: int = 10) -> float:
-    hits = [t >= 0 and int((s > s[t]).sum()) < k for s, t in zip(scores, targets, strict=True)]
+    """Validation HR@k; a target tied with others gets the chance a random order of the ties gives it
+    (a coarse signal such as the recent-category share ties many candidates, which must not count as hits)."""
+    hits = []
+    for s, t in zip(scores, targets, strict=True):
+        if t < 0:
+            hits.append(0.0)
+            continue
+        above, tied = int((s > s[t]).sum()), int((s == s[t]).sum())  # tied counts the target itself
+        hits.append(min(max((k - above) / tied, 0.0), 1.0))
     return round(float(np.mean(hits)) if hits else 0.0, 4)
 
 
@@ -94,7 +105,7 @@ def fit_blend(model: DIN, towers: Towers, covisit: CoVisitation | None, samples:
     data = [(torch.from_numpy(xs[i]).double(), targets[i]) for i in found]
     blend = Blend(_fit_weights(data, l2), temperature)
     # The same fit without DIN: what the ranking model adds to the lanes' own signals.
-    no_din = Blend(_fit_weights(data, l2, use=[False, True, True, True]), temperature)
+    no_din = Blend(_fit_weights(data, l2, use=[name != "din" for name in FEATURES]), temperature)
     alone = {name: _hr_at(xs, targets, [x[:, j] for x in xs]) for j, name in enumerate(FEATURES)}
     info = {"val_users": len(rows), "recalled": round(len(found) / max(len(rows), 1), 4),
             "candidates": candidates, "covisit_candidates": covisit_candidates,

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 from safetensors.torch import load_file, save_file
 
+from feature_store.long_tail import long_tail_mask
 from feature_store.schema import SCHEMA_VERSION
-from retrieval.baselines import long_tail_mask
 from retrieval.covisit import CoVisitation
 from training.blend import Blend
 from training.model import DIN, DINConfig
@@ -85,9 +85,9 @@ class Bundle:
     covisit: CoVisitation | None = None  # the co-visitation lane (None: recall by the towers alone)
     blend: Blend | None = None  # the ranking blend (None: DIN's score alone)
 
-    def long_tail(self, head_share: float = 0.2) -> np.ndarray | None:
-        """(n_items,) bool by item index: outside the top ``head_share`` of items by training count."""
-        return long_tail_mask(self.item_counts, head_share) if self.item_counts is not None else None
+    def long_tail(self) -> np.ndarray | None:
+        """(n_items,) bool by item index: the long tail (feature_store.long_tail) by training count."""
+        return long_tail_mask(self.item_counts) if self.item_counts is not None else None
 
     @property
     def model_version(self) -> str:

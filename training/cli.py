@@ -104,4 +104,9 @@ def train(
                                     towers_init=towers_init)
         final = _clean(result.metrics)
         final["bundle"] = str(bundle)
+        if len(samples.test):  # the served list against the baselines, as the retrain gate compares them
+            from training.bundle import load_bundle
+            from training.retrain.compare import served_comparison
+
+            final["served"] = served_comparison(load_bundle(bundle), samples)
         typer.echo(json.dumps(final))

@@ -32,7 +32,7 @@ class VariantSums:
     impressions_sq: float
     clicks_sq: float
     cross: float
-    tail_clicks: float = 0.0  # clicks on long-tail items (outside the top 10 % by popularity at the time)
+    tail_clicks: float = 0.0  # clicks on long-tail items (feature_store.long_tail, by popularity at the time)
 
     @classmethod
     def of(cls, per_user: Sequence[tuple[float, float]]) -> VariantSums:

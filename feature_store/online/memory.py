@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from feature_store.errors import OffsetConflict
 from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem, merge_history
+from feature_store.long_tail import head_of
 from feature_store.online.base import (
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
@@ -42,17 +43,16 @@ class MemoryStore(OnlineStore):
         # (stopped | timeline, experiment) -> key (variant | time bucket) -> document
         self._ab_docs: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
-        self._head: set[str] | None = None  # the top 10 % by popularity, ranked when first needed
+        self._head: set[str] | None = None  # the head by popularity (feature_store.long_tail), when first needed
 
     def _long_tail(self, item: str) -> bool:
-        """Outside the top 10 % of items by behaviours so far (as the Redis store's script decides:
-        by count, ties by member, descending). Popularity changes only after a write's batch, so the
-        head is ranked once per write that needs it, not once per click."""
+        """Outside the head by behaviours so far (feature_store.long_tail, as the Redis store's script
+        decides). Popularity changes only after a write's batch, so the head is ranked once per write
+        that needs it, not once per click."""
         if item not in self._pop:
             return True
         if self._head is None:
-            ranked = sorted(self._pop.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-            self._head = {i for i, _ in ranked[:math.ceil(0.1 * len(ranked))]}
+            self._head = head_of(self._pop)
         return item not in self._head
 
     def _count(self, user: str, experiment: str, variant: str, clicks: int, item: str = "") -> None:

@@ -36,6 +36,7 @@ from redis.exceptions import RedisError
 from feature_store.errors import OffsetConflict, StoreUnavailable
 from feature_store.experiments.stats import VariantSums
 from feature_store.features import HistoryItem
+from feature_store.long_tail import HEAD_SHARE
 from feature_store.online.base import (
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
@@ -60,7 +61,7 @@ SEP = "\x1f"
 #   {prefix}:att:{request}           hash item -> "experiment\31variant" (expires with the dedup window)
 #   {prefix}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
 #   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users), tail_c
-#                                    (clicks on items outside the top 10 % by popularity at the time)
+#                                    (clicks on long-tail items by popularity at the time: feature_store.long_tail)
 #   {prefix}:ab:{exp}:variants       set;  {prefix}:ab:experiments  set;  {prefix}:ab:unattributed  hash
 #   {prefix}:catalog                 hash item -> category (first seen); {prefix}:catalog:order  list of items
 _WRITE_SCRIPT = r"""
@@ -91,9 +92,9 @@ local function split(s)
   end
 end
 local function long_tail(item)
-  -- Outside the top 10 % of items by behaviours so far (this batch's increments land at the end).
+  -- Outside the head by behaviours so far (feature_store.long_tail; this batch's increments land at the end).
   local rank = redis.call('ZREVRANK', KEYS[2], item)
-  return (not rank) or rank >= math.ceil(0.1 * redis.call('ZCARD', KEYS[2]))
+  return (not rank) or rank >= math.ceil(HEAD_SHARE * redis.call('ZCARD', KEYS[2]))
 end
 local function count(user, exp, var, click, item)
   local ukey = prefix .. ':ab:' .. exp .. ':u:' .. user
@@ -181,7 +182,7 @@ class RedisStore(OnlineStore):
         self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
                                        socket_connect_timeout=socket_timeout_s, decode_responses=True)
         self._url = url
-        self._script = self._r.register_script(_WRITE_SCRIPT)
+        self._script = self._r.register_script(_WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
 
     def _hist_key(self, user_id: str) -> str:
         return f"{self.prefix}:hist:{user_id}"

@@ -279,7 +279,8 @@ def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
 
 
 def test_clicks_on_long_tail_items_are_counted_per_variant(store):
-    # 20 items; "h" is the most popular, so with the top 10 % (2 items) as the head, "h" and "g" are head.
+    # 20 items; the head is the top fifth (4 items, feature_store.long_tail): "h" (10 behaviours), "g" (5),
+    # then of the 18 tied at one behaviour the last two by id, "t" and "s".
     store.write([BehaviourEvent(event_id=f"pop-{i}-{j}", user_id=f"p{j}", item_id=item, ts=1.0)
                  for i, item in enumerate([*"abcdefghijklmnopqrs", "t"]) for j in range(1 + 9 * (item == "h")
                                                                                      + 4 * (item == "g"))])
@@ -287,6 +288,22 @@ def test_clicks_on_long_tail_items_are_counted_per_variant(store):
                  click("u1", "h", "r1"), click("u1", "z", "r1"), click("u2", "g", "r2")])
     a = store.ab_sums("exp1")["A"]
     assert a.clicks == 3 and a.tail_clicks == 1  # only "z" (never seen before) is in the long tail
+
+
+def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
+    import numpy as np
+
+    from feature_store.long_tail import long_tail_mask
+
+    counts = [6, 5, 5, 3, 3, 2, 1, 1, 1, 1]  # i0..i9: the head is 2 items, i0 and (ties by id, last) i2
+    store.write([BehaviourEvent(event_id=f"pop-{j}-{n}", user_id=f"p{n}", item_id=f"i{j}", ts=1.0)
+                 for j, c in enumerate(counts) for n in range(c)])
+    clicked = ["i0", "i1", "i3"]
+    store.write([e for j, item in enumerate(clicked) for e in (imp(f"u{j}", item, f"r{j}", "A"),
+                                                               click(f"u{j}", item, f"r{j}"))])
+    tail = long_tail_mask(np.array([0, *counts]))  # by item index: 0 is padding, i0 is index 1
+    expected = sum(bool(tail[1 + int(item[1:])]) for item in clicked)
+    assert expected == 2 and store.ab_sums("exp1")["A"].tail_clicks == expected  # i1 and i3
 
 
 def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(store):

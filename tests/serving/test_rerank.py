@@ -22,16 +22,29 @@ def test_category_cap_takes_the_best_list_under_it():
     assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "b", "c", "e"]
 
 
-def test_the_long_tail_lane_keeps_its_share_of_slots_and_gives_them_back_when_it_runs_dry():
+def test_the_long_tail_lane_keeps_its_share_of_every_prefix_and_gives_slots_back_when_it_runs_dry():
     tail = [False, False, False, False, True, True]  # e and f are long-tail items
     lane = Reranker(tail_share=0.5)
     chosen = lane.select(CANDIDATES, 4, tail=tail)
-    assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "b", "e", "f"]  # 2 head slots, 2 tail, by score
+    # Half of every prefix: a tail item is due at positions 2 and 4, the best head item elsewhere.
+    assert [CANDIDATES[i][0] for i, _ in chosen] == ["a", "e", "b", "f"]
     assert [CANDIDATES[i][0] for i, _ in Reranker().select(CANDIDATES, 4, tail=tail)] == ["a", "b", "c", "d"]
     few_tail = [False, False, False, False, True, False]
-    assert [CANDIDATES[i][0] for i, _ in lane.select(CANDIDATES, 4, tail=few_tail)] == ["a", "b", "c", "e"]
+    assert [CANDIDATES[i][0] for i, _ in lane.select(CANDIDATES, 4, tail=few_tail)] == ["a", "e", "b", "c"]
     assert [CANDIDATES[i][0] for i, _ in lane.select(CANDIDATES, 4, tail=tail, tail_share=0.0)] == \
         ["a", "b", "c", "d"]  # a variant's override turns the lane off
+
+
+@pytest.mark.parametrize("share", [0.0, 0.2, 0.34, 0.5, 1.0])
+def test_a_shorter_list_is_the_first_part_of_a_longer_one(share):
+    tail = [False, True, False, True, True, False]
+    for rr in (Reranker(tail_share=share), Reranker(tail_share=share, max_per_category=1)):
+        longest = rr.select(CANDIDATES, len(CANDIDATES), tail=tail)
+        for k in range(1, len(CANDIDATES) + 1):
+            shorter = rr.select(CANDIDATES, k, tail=tail)
+            assert shorter == longest[:k]
+            if rr.max_per_category is None:  # (a cap can leave no tail item allowed)
+                assert sum(tail[i] for i, _ in shorter) >= min(int(k * share + 1e-9), sum(tail))  # its share
 
 
 def test_blocklists_remove_and_shown_items_go_down():

@@ -26,6 +26,13 @@ def test_train_on_movielens_100k_prints_auc_and_gauc(tmp_path):
     for key in ("test_auc", "test_gauc", "test_logloss", "samples_per_s", "weights_sha256"):
         assert key in m
     assert m["test_auc"] > 0.7 and m["test_gauc"] > 0.7  # far above chance (0.5) after one epoch
+    served = m["served"]  # the served list's HR@10 beside the baselines', as the retrain gate compares them
+    assert served["split"] == "test" and served["k"] == 10
+    for name in ("popularity", "item_cf"):
+        base = served["baselines"][name]
+        assert base["dinrec_minus_baseline"]["difference"] == pytest.approx(served["served_hr"] - base["served_hr"],
+                                                                            abs=1e-4)
+    assert served["served_hr"] > 1.5 * served["baselines"]["popularity"]["served_hr"]
     assert (tmp_path / "bundle" / "manifest.json").is_file() and (tmp_path / "samples" / "samples.json").is_file()
     latest = (tmp_path / "checkpoints" / "latest").read_text()
     assert (tmp_path / "checkpoints" / latest / "meta.json").is_file()

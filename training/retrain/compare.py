@@ -17,7 +17,7 @@ on:
   so they measure the model, not the sampling rates it and the holdout happen to use;
 * recall (the bundle's recall space: towers, or DIN's item embeddings): HR@k of the held-out
   behaviour, history items excluded as serving excludes them; the same HR on the behaviours whose item
-  is in the long tail (outside the top 20 % of items by behaviours in the window); and the long-tail
+  is in the long tail (feature_store.long_tail, by behaviours in the window); and the long-tail
   share of the recalled items.
 
 * the served list: ``served_hr`` — HR@10 of the top 10 the ranking stage serves from the bundle's
@@ -38,7 +38,7 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from retrieval.baselines import long_tail_mask
+from feature_store.long_tail import long_tail_mask
 from training.bundle import Bundle
 from training.data import gather_history
 from training.export import item_counts
@@ -166,6 +166,21 @@ def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K) -> tuple[
         hits[name] = hit
         out[name] = {"served_hr": round(int(hit.sum()) / max(len(hit), 1), 5), "users": len(hit)}
     return out, hits
+
+
+def served_comparison(bundle: Bundle, samples: SampleSet) -> dict:
+    """The served list's HR@10 on the whole test split beside popularity's and item-CF's, each
+    baseline's paired difference from it: what ``dinrec train`` prints at the end, the gate's
+    comparison without a champion."""
+    rows = np.arange(len(samples.test))
+    units: dict = {}
+    served = measure(bundle, samples, rows, units=units)["served_hr"]
+    found, hits = baselines(samples, rows)
+    out: dict = {"split": "test", "k": SERVED_K, "served_hr": round(served, 5), "baselines": found}
+    for name, hit in hits.items():
+        d = paired_differences({"served_hr": units["served_hr"]}, {"served_hr": (hit, None)}).get("served_hr")
+        out["baselines"][name]["dinrec_minus_baseline"] = d  # None: too few behaviours for an SE
+    return out
 
 
 def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories, item_map: torch.Tensor,
