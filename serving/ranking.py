@@ -16,8 +16,7 @@ import torch
 from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex, IndexSpec
 from serving.rerank import Reranker
-from training.blend import category_share
-from training.blend import features as blend_features
+from training.blend import candidate_signals
 from training.bundle import Bundle
 from training.recall import RecallSpace
 from training.scorer import Scorer, choose_precision
@@ -156,10 +155,8 @@ class Recommender:
             vectors[~known] = cold.vectors[cand[~known] - base]
         counts = np.zeros(len(cand), dtype=np.float32)
         counts[known] = self._counts[cand[known]]
-        known_items = [i for i in items if i]
-        share = category_share(cats, scorer.item_category[torch.from_numpy(cand)].numpy())
-        x = blend_features(logits.numpy(), vectors @ query[0], self.covisit.score(known_items, cand),
-                           self.covisit.score(known_items[-1:], cand), share, counts, self.blend.temperature)
+        x = candidate_signals(logits.numpy(), vectors @ query[0], self.covisit, items, cats, cand,
+                              scorer.item_category[torch.from_numpy(cand)].numpy(), counts, self.blend.temperature)
         return torch.from_numpy(self.blend.combine(x))
 
     def _by_score(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:

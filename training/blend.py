@@ -19,8 +19,12 @@ each normalised per request so its scale does not depend on how many behaviours 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from retrieval.covisit import CoVisitation
 
 FEATURES = ("din", "towers", "covisit", "covisit_newest", "recent_category", "popularity")
 RECENT = 10  # behaviours the recent-category share reads
@@ -71,3 +75,18 @@ def features(din_logits: np.ndarray, cosines: np.ndarray, covisit: np.ndarray, c
     share (:func:`category_share`), log(1 + training count) → (N, 6) float32, in FEATURES order."""
     return np.stack([din_logits, cosines / temperature, _by_peak(covisit), _by_peak(covisit_newest),
                      recent_category, np.log1p(counts)], axis=1).astype(np.float32)
+
+
+def candidate_signals(din_logits: np.ndarray, cosines: np.ndarray, covisit: CoVisitation | None,
+                      history_items: list[int], history_categories: list[int], candidates: np.ndarray,
+                      candidate_categories: np.ndarray, counts: np.ndarray, temperature: float) -> np.ndarray:
+    """One request's (N, F) features from what the ranking stage has at hand — DIN's logits and the
+    towers' cosines (N,), the co-visitation lane (None: its signals are 0), the history (item and
+    category indices, oldest first, 0 = padding), the (N,) candidates with their categories and
+    training counts — the one place serving and the blend's fit both build them."""
+    known = [i for i in history_items if i]
+    none = np.zeros(len(candidates), dtype=np.float32)
+    cf = covisit.score(known, candidates) if covisit is not None else none
+    cf_newest = covisit.score(known[-1:], candidates) if covisit is not None else none
+    return features(din_logits, cosines, cf, cf_newest, category_share(history_categories, candidate_categories),
+                    counts, temperature)

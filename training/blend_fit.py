@@ -16,7 +16,7 @@ import torch
 
 from retrieval.covisit import CoVisitation
 from retrieval.index import FaissIndex
-from training.blend import FEATURES, Blend, category_share, features
+from training.blend import FEATURES, Blend, candidate_signals
 from training.data import split_histories
 from training.model import DIN
 from training.recall import RecallSpace
@@ -41,11 +41,8 @@ def candidate_features(scorer: Scorer, space: RecallSpace, index: FaissIndex, co
         return cand, np.zeros((0, len(FEATURES)), dtype=np.float32)
     din = scorer.score(torch.as_tensor(items), torch.as_tensor(cats), torch.as_tensor(cand)).logits.numpy()
     cos = space.item_vectors[cand] @ query[0]  # (N,)
-    none = np.zeros(len(cand), dtype=np.float32)
-    cf = covisit.score(known, cand) if covisit is not None else none
-    cf_newest = covisit.score(known[-1:], cand) if covisit is not None else none
-    share = category_share(cats, scorer.item_category[torch.as_tensor(cand)].numpy())
-    return cand, features(din, cos, cf, cf_newest, share, counts[cand], temperature)
+    return cand, candidate_signals(din, cos, covisit, items, cats, cand,
+                                   scorer.item_category[torch.as_tensor(cand)].numpy(), counts[cand], temperature)
 
 
 def _hr_at(xs: list[np.ndarray], targets: list[int], scores: list[np.ndarray], k: int = 10) -> float:

@@ -177,9 +177,20 @@ def served_comparison(bundle: Bundle, samples: SampleSet) -> dict:
     served = measure(bundle, samples, rows, units=units)["served_hr"]
     found, hits = baselines(samples, rows)
     out: dict = {"split": "test", "k": SERVED_K, "served_hr": round(served, 5), "baselines": found}
-    for name, hit in hits.items():
-        d = paired_differences({"served_hr": units["served_hr"]}, {"served_hr": (hit, None)}).get("served_hr")
-        out["baselines"][name]["dinrec_minus_baseline"] = d  # None: too few behaviours for an SE
+    differences = baseline_differences(units["served_hr"], hits)
+    for name in hits:
+        out["baselines"][name]["dinrec_minus_baseline"] = differences.get(name)  # None: too few for an SE
+    return out
+
+
+def baseline_differences(served: tuple, baseline_hits: dict[str, np.ndarray]) -> dict[str, dict]:
+    """{baseline: {"difference", "se"}}: the served list's per-behaviour hits (``units["served_hr"]``
+    from :func:`measure`) minus each baseline's, paired over the same behaviours."""
+    out = {}
+    for name, hits in baseline_hits.items():
+        d = paired_differences({"served_hr": served}, {"served_hr": (hits, None)}).get("served_hr")
+        if d is not None:
+            out[name] = d
     return out
 
 

@@ -33,7 +33,7 @@ import numpy as np
 from feature_store.storage import LocalStorage
 from training.bundle import Bundle, code_version, load_bundle
 from training.registry import RegistryError, open_registry
-from training.retrain.compare import baselines, holdout_rows, measure, paired_differences
+from training.retrain.compare import baseline_differences, baselines, holdout_rows, measure, paired_differences
 from training.retrain.drills import DRILLS, degrade_model, degrade_samples
 from training.retrain.events import read_window
 from training.retrain.gate import checks_json, decide
@@ -138,10 +138,8 @@ class RetrainJob:
             report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k, units=champ_units)
         report["baselines"], baseline_hits = baselines(samples, rows)
         differences = paired_differences(cand_units, champ_units)
-        for name, hits in baseline_hits.items():  # candidate − baseline, paired over the same behaviours
-            differences.update({f"served_hr_vs_{name}": d for d in
-                                paired_differences({"served_hr": cand_units["served_hr"]},
-                                                   {"served_hr": (hits, None)}).values()})
+        differences.update({f"served_hr_vs_{name}": d  # candidate − baseline, paired over the same behaviours
+                            for name, d in baseline_differences(cand_units["served_hr"], baseline_hits).items()})
         promote, checks = decide(report["candidate"]["holdout"], report["champion"].get("holdout"), self.s,
                                  differences, report["baselines"])
         report["checks"] = checks_json(checks)
