@@ -36,7 +36,8 @@ import numpy as np
 
 from feature_store.datasets import load_dataset
 from feature_store.datasets.base import Interactions
-from retrieval.baselines import ItemCF, ItemCFConfig, Popularity
+from retrieval.baselines import Popularity, tune_item_cf
+from training.samples import training_sequences
 
 K = 10
 DEEP = 50
@@ -69,15 +70,6 @@ def _cases(samples, split, starts: np.ndarray) -> list[Case]:
         out.append(Case(samples.users[u], samples.seq_items[starts[u]:end], samples.seq_cats[starts[u]:end],
                         int(split.target_item[r]), float(samples.seq_ts[end])))
     return out
-
-
-def _training_sequences(samples, starts: np.ndarray, val: Sequence[Case]) -> list[np.ndarray]:
-    """Each user's behaviours before their validation target (all of them for users without one)."""
-    ends = np.r_[starts[1:], len(samples.seq_items)].copy()
-    index = {u: i for i, u in enumerate(samples.users)}
-    for c in val:
-        ends[index[c.user]] = starts[index[c.user]] + len(c.history)
-    return [samples.seq_items[a:b] for a, b in zip(starts, ends, strict=True) if b - a >= 1]
 
 
 def _ingested(data: Interactions, test: Sequence[Case]) -> Interactions:
@@ -186,21 +178,6 @@ def _paired(a: np.ndarray, b: np.ndarray) -> dict:
     return {"diff": round(float(d.mean()), 4), "se": round(se, 4)}
 
 
-def _tuned_item_cf(seqs: Sequence[np.ndarray], n_items: int, val: Sequence[Case]) -> tuple[ItemCF, dict]:
-    """Item-CF with the window and decay that find the most validation targets in the top 10."""
-    tried = {}
-    best = None
-    for window in (2, 5, 10, 20):
-        for decay in (0.7, 0.9, 1.0):
-            cf = ItemCF.fit(seqs, n_items, ItemCFConfig(window=window, decay=decay))
-            hr = float(np.mean([c.target in cf.recall(c.history.tolist(), K).tolist() for c in val])) if val else 0.0
-            tried[f"w{window}_d{decay}"] = round(hr, 4)
-            if best is None or hr > best[0]:
-                best = (hr, cf)
-    assert best is not None
-    return best[1], {"window": best[1].cfg.window, "decay": best[1].cfg.decay, "val_hr@10": tried}
-
-
 def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequential: bool = True,
               train_overrides: dict | None = None) -> dict:
     """``max_users``: serve only the first N test users (every user trains); ``train_overrides``:
@@ -242,8 +219,9 @@ def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequen
         lists: dict[str, list[list[int]]] = {"dinrec": [[index_of.get(i, 0) for i in lst] for lst in served]}
         pop = Popularity(np.bincount(samples.train.target_item[samples.train.label == 1], minlength=n_items))
         lists["popularity"] = [pop.recall(c.history.tolist(), DEEP).tolist() for c in test]
-        seqs = _training_sequences(samples, starts, val)
-        cf, cf_info = _tuned_item_cf(seqs, n_items, val)
+        seqs = training_sequences(samples)  # the co-visitation lane's own: what the baseline may learn from
+        cf, tried = tune_item_cf(seqs, n_items, [(c.history.tolist(), c.target) for c in val], k=K)
+        cf_info = {"window": cf.cfg.window, "decay": cf.cfg.decay, "val_hr@10": tried}
         lists["item_cf"] = [cf.recall(c.history.tolist(), DEEP).tolist() for c in test]
         rec = load_recommender(ServingSettings(bundle_dir=bundle_path), bundle_path)  # the recall stage alone
         seq_len = bundle.seq_len
@@ -276,7 +254,8 @@ def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequen
     if seq_info is not None:
         result["sequential"].update(seq_info)
     base = {name: result[name] for name in ("popularity", "item_cf")}
-    result["ratios"] = {f"dinrec_vs_{name}_{metric}": round(result["dinrec"][metric] / max(m[metric], 1e-9), 3)
+    result["ratios"] = {f"dinrec_vs_{name}_{metric}": (round(result["dinrec"][metric] / m[metric], 3)
+                                                       if m[metric] else None)
                         for name, m in base.items() for metric in ("hr@10", "ndcg@10")}
     result["seconds"] = {"train": round(t_train - t0, 1), "serve": round(t_serve - t_train, 1),
                          "total": round(t_end - t0, 1)}

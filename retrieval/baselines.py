@@ -89,18 +89,19 @@ class ItemCF:
 
 
 def tune_item_cf(sequences: Sequence[np.ndarray], n_items: int, cases: Sequence[tuple[Sequence[int], int]],
-                 windows: Sequence[int] = (5, 10, 20), decays: Sequence[float] = (0.7, 0.9), k: int = 10,
+                 windows: Sequence[int] = (2, 5, 10, 20), decays: Sequence[float] = (0.7, 0.9, 1.0), k: int = 10,
                  last: int = 20) -> tuple[ItemCF, dict[str, float]]:
     """The ItemCF whose window and decay find the most of ``cases`` (history, held-out item) in the
-    top ``k``, and the HR@k of each tried (``w{window}_d{decay}``)."""
+    top ``k``, and the HR@k of each tried (``w{window}_d{decay}``, rounded; the choice is made unrounded)."""
     tried: dict[str, float] = {}
     best: tuple[float, ItemCF] | None = None
     for window in windows:
         fitted = ItemCF.fit(sequences, n_items, ItemCFConfig(window=window, last=last))
         for decay in decays:
             cf = ItemCF(fitted.sim, ItemCFConfig(window=window, decay=decay, last=last))
-            hr = hit_rate(cf.recall, cases, [k])[f"hr@{k}"]
-            tried[f"w{window}_d{decay}"] = hr
+            hits = [bool(np.any(cf.recall(history, k) == target)) for history, target in cases]
+            hr = float(np.mean(hits)) if hits else 0.0
+            tried[f"w{window}_d{decay}"] = round(hr, 4)
             if best is None or hr > best[0]:
                 best = (hr, cf)
     assert best is not None, "give at least one window and one decay"

@@ -100,11 +100,30 @@ class SampleSet:
 
 
 def training_sequences(samples: SampleSet) -> list[np.ndarray]:
-    """Each user's training targets in time order (validation and test targets left out): the
-    sequences item-to-item co-visitation is fitted on."""
-    rows = np.flatnonzero(samples.train.label == 1)
-    users = samples.train.user[rows]
-    return np.split(samples.train.target_item[rows], np.flatnonzero(np.diff(users)) + 1)
+    """Each user's behaviours strictly before their validation target (all of them for users without
+    one), oldest first: the sequences item-to-item co-visitation is fitted on.
+
+    A user's first behaviours (those at the first timestamp) are no training *target* — they have no
+    history — but are behaviours like any other for co-visitation: sequences of training targets alone
+    would drop every session's first click, the pair short-session logs (DIGINETICA) learn most from.
+    A user's behaviours start where their first training target's history does (exact unless more than
+    ``seq_len`` behaviours share the user's first timestamp) and, without a holdout, end after the first
+    timestamp's behaviours and every training target."""
+    train, val = samples.train, samples.val
+    rows, vrows = np.flatnonzero(train.label == 1), np.flatnonzero(val.label == 1)
+    # A user's validation target (users may have one and no training target) bounds where they start, too.
+    user = np.r_[train.user[rows], val.user[vrows]]
+    if len(user) == 0:
+        return []
+    end, length = np.r_[train.hist_end[rows], val.hist_end[vrows]], np.r_[train.hist_len[rows], val.hist_len[vrows]]
+    order = np.argsort(user, kind="stable")
+    user, end, length = user[order], end[order], length[order]
+    firsts = np.flatnonzero(np.r_[True, user[1:] != user[:-1]])
+    starts = np.minimum.reduceat(end - length, firsts)
+    stops = np.minimum.reduceat(end, firsts) + np.diff(np.r_[firsts, len(user)])  # users without a holdout
+    val_end = dict(zip(val.user[vrows].tolist(), val.hist_end[vrows].tolist(), strict=True))
+    stops = [val_end.get(u, s) for u, s in zip(user[firsts].tolist(), stops.tolist(), strict=True)]
+    return [samples.seq_items[a:b] for a, b in zip(starts.tolist(), stops, strict=True) if b > a]
 
 
 def is_sample_dir(path: str | Path) -> bool:

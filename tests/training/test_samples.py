@@ -11,7 +11,7 @@ import torch
 from feature_store.datasets.base import Interactions
 from feature_store.datasets.synthetic import SyntheticConfig, generate
 from training.data import SplitTensors
-from training.samples import SampleSet, build_samples
+from training.samples import SampleSet, build_samples, training_sequences
 
 
 def _histories(s: SampleSet, split: str) -> list[list[str]]:
@@ -132,3 +132,29 @@ def test_held_out_targets_are_items_new_to_the_user_and_training_stops_before_th
     item = lambda split: [s.vocab.items[i] for i in s.split(split).target_item[s.split(split).label == 1]]  # noqa: E731
     assert item("test") == ["e"] and item("val") == ["d"]
     assert sorted(item("train")) == ["b", "c", "y"]  # u before d; v (too few targets) trains only
+
+
+def test_co_visitation_sequences_hold_each_users_behaviours_before_validation_first_ones_included():
+    data = Interactions.from_columns(["a"] * 5 + ["b"] * 3, ["i1", "i2", "i3", "i4", "i5", "x", "y", "z"],
+                                     ["c"] * 8, [1, 2, 2, 3, 4, 10, 11, 11])
+    s = build_samples(data, seq_len=3, negatives=1, seed=0)
+    seqs = [[s.vocab.items[i] for i in seq] for seq in training_sequences(s)]
+    # a: validation target i4 (ts 3), so i1..i3 (i1 is no target, but a behaviour); b: no holdout, all of it.
+    assert seqs == [["i1", "i2", "i3"], ["x", "y", "z"]]
+
+
+def test_co_visitation_sequences_match_the_obvious_reference_with_many_ties():
+    d = generate(SyntheticConfig(n_users=60, n_items=80, n_categories=6, mean_events_per_user=15, seed=5))
+    d = Interactions.from_columns(d.user_id, d.item_id, d.category_id, np.floor(d.ts / 86_400) * 86_400)  # days
+    s = build_samples(d, seq_len=50, negatives=1, seed=1)
+    val_ts = {s.users[u]: s.seq_ts[e] for u, e in zip(s.val.user, s.val.hist_end, strict=True)}
+    by_user = defaultdict(list)
+    for u, i, t in zip(d.user_id, d.item_id, d.ts, strict=True):
+        by_user[u].append((t, i))
+    expected = []
+    for u in sorted(by_user):
+        events = sorted(by_user[u], key=lambda e: e[0])
+        if len({t for t, _ in events}) < 2:
+            continue  # no training target at all
+        expected.append([i for t, i in events if t < val_ts.get(u, np.inf)])
+    assert [[s.vocab.items[i] for i in seq] for seq in training_sequences(s)] == expected
