@@ -34,6 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.machine import machine
 from feature_store.datasets import load_dataset
 from feature_store.datasets.base import Interactions
 from retrieval.baselines import Popularity, tune_item_cf
@@ -259,4 +260,5 @@ def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequen
                         for name, m in base.items() for metric in ("hr@10", "ndcg@10")}
     result["seconds"] = {"train": round(t_train - t0, 1), "serve": round(t_serve - t_train, 1),
                          "total": round(t_end - t0, 1)}
+    result["machine"] = machine()  # the seconds are this machine's; the list metrics are not timing
     return result

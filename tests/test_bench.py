@@ -170,3 +170,4 @@ def test_bench_e2e_serves_through_http_and_measures_every_method(tmp_path):
     assert serving["strategies"] == {"din": result["users"]} and serving["degraded"] == 0
     assert serving["http_matches_in_process"] == 1.0  # the same lists through HTTP as in-process
     assert result["dinrec"]["hr@10"] > result["popularity"]["hr@10"]  # the synthetic world has tastes to find
+    assert result["machine"]["cores"] >= 1 and result["machine"]["cpu"]  # the seconds name their machine

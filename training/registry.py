@@ -3,6 +3,8 @@
     {root}/bundles/{version}/      a bundle (training.bundle), never changed or removed once written
     {root}/aliases/{alias}         one line: the version the alias points at (champion, challenger, …)
     {root}/alias-history/{alias}/{ns}.json   one immutable record per move: version, previous, at, reason
+    {root}/evaluations/{version}/{run}.json  what a retrain gate measured of the version on its holdout:
+                                   its served HR@10 beside the champion's and the baselines', the decision
 
 Both backends are the one storage layer (feature_store.storage), whose writes are atomic per key.
 Publishing writes a version's files with its ``manifest.json`` last: the manifest is what makes the
@@ -92,6 +94,20 @@ class _StoredRegistry:
     def _require(self, version: str) -> None:
         if not self._exists(version):
             raise RegistryError(f"no version {version} in {self.uri}")
+
+    # ------------------------------------------------------------------ evaluations
+    def record_evaluation(self, version: str, run: str, record: dict) -> None:
+        """Keep what a gate run measured of ``version`` (which must exist) beside it, not in the
+        bundle (whose files are checksummed and immutable). One key per run: a resumed run rewrites
+        its own record."""
+        self._require(version)
+        self._call("record evaluation", self.storage.put_bytes,
+                   f"evaluations/{version}/{_name('run', run)}.json", json.dumps(record).encode())
+
+    def evaluations(self, version: str) -> list[dict]:
+        """Every gate run's record of ``version``, in run order (run ids sort by time)."""
+        keys = self._call("list evaluations", self.storage.keys, f"evaluations/{_name('version', version)}/")
+        return [json.loads(self._get(k) or b"{}") for k in sorted(keys) if k.endswith(".json")]
 
     # ------------------------------------------------------------------ aliases
     def resolve(self, alias: str) -> str:

@@ -76,14 +76,16 @@ def models_list(registry: Root) -> None:
 
 @models_app.command("describe")
 def models_describe(version: str, registry: Root) -> None:
-    """One version: its manifest, metrics and the aliases pointing at it."""
+    """One version: its manifest, metrics, the aliases pointing at it, and every retrain gate's
+    evaluation of it (its served HR@10 beside the champion's and the baselines')."""
     from training.registry import open_registry
 
     reg = open_registry(registry)
     metrics_path = Path(reg.bundle_dir(version)) / "metrics.json"
     typer.echo(json.dumps({**_summary(reg, version), "manifest": reg.manifest(version),
                            "metrics": json.loads(metrics_path.read_text()) if metrics_path.is_file() else {},
-                           "aliases": sorted(a for a, v in reg.aliases().items() if v == version)}))
+                           "aliases": sorted(a for a, v in reg.aliases().items() if v == version),
+                           "evaluations": reg.evaluations(version)}))
 
 
 @models_app.command("promote")

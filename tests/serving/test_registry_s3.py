@@ -57,6 +57,17 @@ def test_publish_alias_resolve_and_a_verified_local_copy(s3_registry, tiny_run, 
     assert [(h["version"], h["previous"]) for h in s3_registry.history("champion")] == [
         ("v1", None), ("v2", "v1"), ("v1", "v2")]
     assert s3_registry.aliases() == {"champion": "v1"}  # history is not an alias
+    # A gate's evaluation lies beside the version, one record per run (a rerun rewrites its own).
+    assert s3_registry.evaluations("v2") == []
+    s3_registry.record_evaluation("v2", "r2", {"run": "r2", "served_hr": 0.2})
+    s3_registry.record_evaluation("v2", "r1", {"run": "r1", "served_hr": 0.0})
+    s3_registry.record_evaluation("v2", "r1", {"run": "r1", "served_hr": 0.1})
+    assert s3_registry.evaluations("v2") == [{"run": "r1", "served_hr": 0.1}, {"run": "r2", "served_hr": 0.2}]
+    with pytest.raises(RegistryError, match="no version v9"):
+        s3_registry.record_evaluation("v9", "r1", {})
+    with pytest.raises(RegistryError, match="use letters"):
+        s3_registry.record_evaluation("v2", "../r", {})
+    assert s3_registry.versions() == ["v1", "v2"]  # evaluations are not versions
 
     local = s3_registry.bundle_dir("v1")
     assert local.parent == tmp_path / "cache"

@@ -45,6 +45,13 @@ def fresh_copy(world, tmp_path):
     return tmp_path / "w"
 
 
+def describe(registry, version: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "describe", version, "--registry",
+                          str(registry)], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
 def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_lineage(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     reg = Registry(root / "registry")
@@ -69,6 +76,13 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
                              str(root / "registry")], cwd=REPO, capture_output=True, text=True, timeout=120)
     row = next(v for v in json.loads(listed.stdout)["versions"] if v["version"] == new)
     assert (row["parent"], row["data_window_end"], row["trained_by"]) == (first, END, "dinrec retrain")
+    # `models describe` shows what the gate measured: the served list beside the champion and the baselines.
+    [evaluation] = describe(root / "registry", new)["evaluations"]
+    assert evaluation["run"] == report["run"] and evaluation["decision"] == "promoted"
+    assert evaluation["champion"] == {"version": first, "served_hr": champ["served_hr"]}
+    assert evaluation["served_hr"] == cand["served_hr"] and evaluation["failed_checks"] == []
+    assert evaluation["baselines"] == {n: b["served_hr"] for n, b in report["baselines"].items()}
+    assert set(evaluation["candidate_minus"]) == {"champion", "popularity", "item_cf"}
 
     # The same window again: decided already — the report replays, nothing is trained or moved.
     versions = reg.versions()
@@ -96,6 +110,12 @@ def test_a_first_model_that_serves_worse_than_item_cf_is_refused_and_the_blend_i
     assert cf["se"] > 0 and cf["difference"] == pytest.approx(cf["candidate"] - cf["champion"], abs=1e-3)
     assert "worse than the baselines" in report["reason"] and "served_hr_vs_item_cf" in report["reason"]
     assert Registry(tmp_path / "a" / "registry").aliases().get("champion") is None  # nothing serves it
+    [evaluation] = describe(tmp_path / "a" / "registry", report["candidate"]["version"])["evaluations"]
+    assert evaluation["decision"] == "refused" and "served_hr_vs_item_cf" in evaluation["failed_checks"]
+    assert evaluation["baselines"]["item_cf"] == cf["champion"] and evaluation["served_hr"] == cf["candidate"]
+    assert evaluation["candidate_minus"]["item_cf"] == {"difference": cf["difference"], "se": cf["se"]}
+    assert evaluation["champion"] == {"version": None, "served_hr": None} and "champion" not in \
+        evaluation["candidate_minus"]
     code, report = retrain(tmp_path / "b", "--until", str(END))
     assert (code, report["status"]) == (0, "promoted"), report["reason"]
     assert report["candidate"]["holdout"]["served_hr"] >= report["baselines"]["item_cf"]["served_hr"] - 0.02

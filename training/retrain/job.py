@@ -151,6 +151,7 @@ class RetrainJob:
             report["reason"] = f"drill {self.drill}: refused as it should be: {failures}"
             return self._finish(report, "refused", EXIT_REFUSED, t0)
         self._publish(candidate)
+        self._record_evaluation(candidate.model_version, report, differences, promote)
         if not promote:
             worse_than = sorted({"the baselines" if c.metric.startswith("served_hr_vs_") else "the champion"
                                  for c in checks if not c.passed})
@@ -243,6 +244,22 @@ class RetrainJob:
     def _publish(self, candidate: Bundle) -> None:
         if candidate.model_version not in self.registry.versions():  # a resumed run may have published it
             self.registry.publish(candidate.path)
+
+    def _record_evaluation(self, version: str, report: dict, differences: dict, promote: bool) -> None:
+        """Beside the version in the registry, what this gate measured of it: ``dinrec models describe``
+        shows the served list against champion and baselines without the run's work folder."""
+        champion = report["champion"]
+        versus = {"champion": differences.get("served_hr")} if champion.get("holdout") else {}
+        versus.update({name: differences.get(f"served_hr_vs_{name}") for name in report["baselines"]})
+        self.registry.record_evaluation(version, self.run_id, {
+            "run": self.run_id, "window": report["window"], "holdout": report["data"].get("holdout"),
+            "holdout_users": report["data"].get("holdout_users"), "decision": "promoted" if promote else "refused",
+            "served_hr": report["candidate"]["holdout"].get("served_hr"),
+            "champion": {"version": champion.get("version"),
+                         "served_hr": (champion.get("holdout") or {}).get("served_hr")},
+            "baselines": {name: b.get("served_hr") for name, b in report["baselines"].items()},
+            "candidate_minus": versus,  # {"difference", "se"} per comparison, paired over the same behaviours
+            "failed_checks": [c["metric"] for c in report["checks"] if not c["passed"]]})
 
     def _roll_out(self, version: str) -> dict:
         reason = f"retrain {self.run_id}: passed the gate"
