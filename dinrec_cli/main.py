@@ -6,6 +6,7 @@ This is the composition root: it is the one place allowed to import every layer.
 from __future__ import annotations
 
 import atexit
+import os
 import sys
 
 import typer
@@ -38,13 +39,24 @@ app.command("simulate")(simulate)
 app.add_typer(bench_app, name="bench")
 
 
+@app.command("config")
+def config() -> None:
+    """Print the configuration reference: every DINREC_* variable, its type, default and meaning."""
+    from dinrec_cli.config import reference
+
+    typer.echo(reference(), nl=False)
+
+
 def main() -> None:
+    from dinrec_cli.config import unknown_warnings
     from feature_store.errors import FeatureStoreError
     from retrieval.errors import RetrievalError
     from training.bundle import BundleError
     from training.spot.aws import CloudError
 
     atexit.register(quiet_triton_teardown)
+    for line in unknown_warnings(os.environ):  # a mistyped variable would otherwise be dropped silently
+        typer.echo(line, err=True)
     try:
         app()
     # expected failures: a message, not a traceback

@@ -13,13 +13,17 @@ from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED
 
 
 class FeatureStoreSettings(BaseSettings):
-    # extra="ignore": other packages' DINREC_* variables share this environment.
-    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="ignore", validate_default=True)
+    # extra="forbid": a mistyped keyword raises; other packages' DINREC_* variables are not read as
+    # fields (dinrec_cli.config reports the ones no settings class knows).
+    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True)
 
-    store: Literal["memory", "redis"] = "memory"
-    redis_url: str = Field("redis://127.0.0.1:6379/0", pattern=r"^rediss?://")
+    store: Literal["memory", "redis"] = Field("memory", description=(
+        "the online store: memory (embedded, one process) or redis"))
+    redis_url: str = Field("redis://127.0.0.1:6379/0", pattern=r"^rediss?://", description=(
+        "the Redis server (redis:// or rediss:// for TLS)"))
     redis_timeout_ms: int = Field(250, ge=1, le=60_000, description="per Redis call (connect, read, write)")
-    redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$", description=(
+        "prefix of every Redis key dinrec writes (several deployments can share one Redis)"))
     history_len: int = Field(DEFAULT_HISTORY_LEN, ge=1, le=10_000,
                              description="behaviours kept per user in the online store")
     interacted_cap: int = Field(DEFAULT_INTERACTED_CAP, ge=1, le=100_000, description=(
@@ -29,15 +33,18 @@ class FeatureStoreSettings(BaseSettings):
         DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
         description="an event id is applied once per user within this many seconds of its first application "
                     "(the store keeps one id per event for this long)")
-    stream: Literal["inprocess", "kafka"] = "inprocess"
-    kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3)
+    stream: Literal["inprocess", "kafka"] = Field("inprocess", description=(
+        "the event stream: inprocess (embedded) or kafka"))
+    kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3, description=(
+        "Kafka bootstrap servers (host:port[,host:port…])"))
     topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$",
                        description="Kafka topic (its dead letters go to <topic>.dlq)")
     topic_partitions: int = Field(8, ge=1, le=10_000,
                                   description="partitions of the topic when dinrec creates it: the most consumers "
                                               "that can share ingestion")
     topic_replication: int = Field(1, ge=1, le=16, description="replication factor of topics dinrec creates")
-    consumer_group: str = Field("dinrec-ingest", min_length=1)
+    consumer_group: str = Field("dinrec-ingest", min_length=1, description=(
+        "the Kafka consumer group ingesters share (one partition is read by one of them)"))
     consumer_instance_id: str | None = Field(
         None, min_length=1, description="Kafka static membership (e.g. the pod name): a restarted consumer takes its "
                                         "partitions back at once instead of waiting out the session timeout")

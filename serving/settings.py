@@ -10,18 +10,19 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ServingSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True)
 
     bundle_dir: Path = Field(Path("runs/latest/bundle"), description="the model bundle to serve (no registry)")
     registry: str | None = Field(None, description=(
         "serve the version an alias points at in this registry: a folder or s3://bucket/prefix"))
     registry_cache: Path | None = Field(None, description=(
         "where versions from an S3 registry are downloaded (default ~/.cache/dinrec/registry/…)"))
-    model_alias: str = Field("champion", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+    model_alias: str = Field("champion", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description=(
+        "the registry alias this service serves and follows (hot reload)"))
     reload_poll_s: float = Field(2.0, gt=0, le=3600, description="how often the alias is checked for a new model")
     admin_token: SecretStr | None = Field(None, description="enables /admin/* with `Authorization: Bearer <token>`")
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=0, le=65535)
+    host: str = Field("127.0.0.1", description="address the HTTP server binds")
+    port: int = Field(8000, ge=0, le=65535, description="port the HTTP server binds (0: any free port)")
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
     catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
         "how often the store's item catalog is read for items the model does not know (recalled by category); "
@@ -62,9 +63,9 @@ class ServingSettings(BaseSettings):
         "uvicorn worker processes (`dinrec serve --workers`); default: one per CPU with Redis as the store, "
         "1 with the embedded store (it lives inside one process)"))
     torch_threads: int | None = Field(None, ge=1, le=256, description="per worker; default: CPUs / workers")
-    log_format: Literal["json", "text"] = "json"
-    max_k: int = Field(100, ge=1, le=1000)
-    default_k: int = Field(10, ge=1, le=1000)
+    log_format: Literal["json", "text"] = Field("json", description="one JSON object per log line, or plain text")
+    max_k: int = Field(100, ge=1, le=1000, description="the largest list GET /recommend may ask for (k above it: 422)")
+    default_k: int = Field(10, ge=1, le=1000, description="the list length when a request names no k")
     events_sink: Literal["store", "stream"] = Field(
         "stream", description="POST /events writes to the online store directly, or publishes to the stream")
     shutdown_drain_s: float = Field(5.0, ge=0, le=600,

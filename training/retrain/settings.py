@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class RetrainSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DINREC_RETRAIN_", extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="DINREC_RETRAIN_", extra="forbid", validate_default=True)
 
     archive_dir: str = Field("runs/archive", description=(
         "the event archive (`dinrec ingest archive --out`): a folder or s3://bucket/prefix"))

@@ -9,9 +9,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class SpotSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DINREC_SPOT_", extra="ignore", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="DINREC_SPOT_", extra="forbid", validate_default=True)
 
-    region: str = "us-east-1"
+    region: str = Field("us-east-1", description="AWS region of the instances, prices and state bucket")
     endpoint_url: str | None = Field(None, description="one endpoint for every AWS service (a local moto server)")
     live_prices: bool = Field(True, description="ask EC2 for current spot prices; fall back to the catalog")
     state_uri: str = Field("~/.cache/dinrec/spot/state",
@@ -19,13 +19,15 @@ class SpotSettings(BaseSettings):
     backend: Literal["local", "ec2", "sagemaker"] = Field("local", description="local: attempts run on this machine")
     image_id: str | None = Field(None, description="AMI with the NVIDIA driver (EC2 backend)")
     subnet_ids: list[str] = Field(default_factory=list, description="one per availability zone to spread over")
-    security_group_ids: list[str] = Field(default_factory=list)
+    security_group_ids: list[str] = Field(default_factory=list, description=(
+        "security groups of the instances (EC2 backend; JSON list)"))
     instance_profile_arn: str | None = Field(None, description="lets the instance read/write the job's S3 prefix")
-    key_name: str | None = None
+    key_name: str | None = Field(None, description="EC2 key pair for SSH to the instances (none: no SSH)")
     install: str = Field("pip install 'dinrec[gpu]'", description="shell line that installs dinrec on the instance")
-    sagemaker_role_arn: str | None = None
+    sagemaker_role_arn: str | None = Field(None, description=(
+        "IAM role SageMaker training jobs run as (SageMaker backend)"))
     sagemaker_image_uri: str | None = Field(None, description="training image with dinrec installed")
-    max_relaunches: int = Field(20, ge=0)
+    max_relaunches: int = Field(20, ge=0, description="give up after this many interrupted attempts")
     budget_usd: float | None = Field(None, gt=0, description="stop relaunching once this much is spent")
     poll_s: float = Field(15.0, gt=0, description="supervisor poll interval")
     imds_url: str = Field("http://169.254.169.254", description="instance metadata (IMDSv2); 'none' = do not watch")

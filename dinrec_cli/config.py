@@ -1,0 +1,134 @@
+"""Every ``DINREC_*`` variable dinrec reads, in one reference.
+
+The settings classes are the source: each field of each class is one variable (its env prefix + the
+field's name), with the field's type, default and description. A few variables are read outside
+them (by the kernel cache, the spot job's shell script, the local services and the tests); they are
+listed in :data:`OTHER_VARIABLES`. ``dinrec config`` prints the reference (``docs/configuration.md``
+is that output, checked by a test), and every command warns about a ``DINREC_*`` variable that none
+of them knows, naming the closest known one: the settings classes forbid unknown keywords, but an
+environment variable no field reads would otherwise be dropped without a word.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import typing
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import SecretStr
+from pydantic_settings import BaseSettings
+
+from feature_store.settings import FeatureStoreSettings
+from serving.settings import ServingSettings
+from training.retrain.settings import RetrainSettings
+from training.settings import TrainSettings
+from training.spot.settings import SpotSettings
+
+PREFIX = "DINREC_"
+
+# (title, the settings class, the commands that read it)
+COMPONENTS: tuple[tuple[str, type[BaseSettings], str], ...] = (
+    ("Feature store and stream", FeatureStoreSettings, "serve, ingest, demo, retrain, bench"),
+    ("Serving", ServingSettings, "serve, demo, simulate, bench"),
+    ("Training", TrainSettings, "train, retrain, spot run, demo"),
+    ("Retraining", RetrainSettings, "retrain"),
+    ("Spot jobs", SpotSettings, "spot, retrain --spot, plan"),
+)
+
+# Read outside the settings classes: name → (where, default, what).
+OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
+    "DINREC_KERNEL_CACHE": ("training/kernels.py", "~/.cache/dinrec/kernels",
+                            "where the fused C++ kernels are built and cached (keyed on source, torch and CPU)"),
+    "DINREC_SPOT_SHUTDOWN_CMD": ("the spot job's shell script", "shutdown -h now",
+                                 "run on the instance when training ends other than by an interruption"),
+    "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
+    "DINREC_REQUIRE_SERVICES": ("tests", "unset", "1: a test whose service (Redis, Kafka, AEMM) is missing fails "
+                                                  "instead of skipping"),
+    "DINREC_AEMM": ("tests, deploy/local/services.sh", "built by services.sh",
+                    "the amazon-ec2-metadata-mock binary"),
+    "DINREC_SERVICES_DIR": ("deploy/local/services.sh", "~/.cache/dinrec/services",
+                            "where the local services are installed"),
+    "DINREC_SERVICES_RUN": ("deploy/local/services.sh", "$DINREC_SERVICES_DIR/run", "their data and logs"),
+    "DINREC_LOCAL_REDIS_PORT": ("deploy/local/services.sh", "16379", "the local Redis port"),
+    "DINREC_LOCAL_KAFKA_PORT": ("deploy/local/services.sh", "19092", "the local Kafka broker port"),
+    "DINREC_LOCAL_KAFKA_CONTROLLER_PORT": ("deploy/local/services.sh", "19093", "the local KRaft controller port"),
+    "DINREC_CI_VENV": (".ci/run", "~/.cache/dinrec/ci-venv-<hash of the dependency files>",
+                       "CI's virtual environment, outside the clone"),
+}
+
+
+def variable(settings: type[BaseSettings], field: str) -> str:
+    return (settings.model_config.get("env_prefix", "") + field).upper()
+
+
+def known_variables() -> set[str]:
+    names = {variable(cls, f) for _, cls, _ in COMPONENTS for f in cls.model_fields}
+    return names | set(OTHER_VARIABLES)
+
+
+def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
+    """[(name, the closest known name or None)] for each ``DINREC_*`` variable nothing reads."""
+    known = sorted(known_variables())
+    return [(name, next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None))
+            for name in sorted(environ) if name.startswith(PREFIX) and name not in known]
+
+
+def unknown_warnings(environ: Mapping[str, str]) -> list[str]:
+    return [f"warning: {name} is not a dinrec setting" + (f" (did you mean {close}?)" if close else "")
+            for name, close in unknown_variables(environ)]
+
+
+def _type(annotation) -> str:
+    if typing.get_origin(annotation) is typing.Literal:
+        return " \\| ".join(str(a) for a in typing.get_args(annotation))
+    if isinstance(annotation, type):
+        if issubclass(annotation, enum.Enum):
+            return " \\| ".join(str(m.value) for m in annotation)
+        return {SecretStr: "secret", Path: "path"}.get(annotation, annotation.__name__)
+    text = str(annotation).replace("typing.", "").replace("pathlib.", "").replace("pydantic.types.", "")
+    return text.replace("NoneType", "None").replace("SecretStr", "secret").replace("|", "\\|").replace("Path", "path")
+
+
+def _default(field) -> str:
+    value = field.get_default(call_default_factory=True)
+    if value is None:
+        return "—"
+    if isinstance(value, (set, frozenset, list, tuple)) and not value:
+        return "[]"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, enum.Enum):
+        value = value.value
+    if isinstance(value, (tuple, list)):
+        return "[" + ", ".join(str(v) for v in value) + "]"
+    return str(value)
+
+
+def _cell(text: str) -> str:
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def reference() -> str:
+    """The configuration reference in Markdown: what ``dinrec config`` prints."""
+    lines = ["# Configuration", "",
+             "Generated by `dinrec config` from the settings classes (`docs/configuration.md` is tested to equal",
+             "it). Every setting is an environment variable; the commands also take some as options. Settings",
+             "are validated when a component starts: a value out of range or of the wrong type is an error, a",
+             "mistyped keyword raises, and a `DINREC_*` variable that nothing reads is reported by every command",
+             "with the closest known name.", ""]
+    for title, cls, commands in COMPONENTS:
+        doc = (cls.__doc__ or "").strip().split("\n\n")[0]
+        lines += [f"## {title}", "", f"`{cls.__module__}.{cls.__name__}`; read by `dinrec {commands}`."
+                  + (f" {_cell(doc)}" if doc and not doc.startswith("Usage docs") else ""), "",
+                  "| variable | type | default | description |", "|---|---|---|---|"]
+        for name, field in cls.model_fields.items():
+            lines.append(f"| `{variable(cls, name)}` | {_type(field.annotation)} | {_cell(_default(field))} | "
+                         f"{_cell(field.description or '')} |")
+        lines.append("")
+    lines += ["## Read outside the settings classes", "", "| variable | read by | default | description |",
+              "|---|---|---|---|"]
+    lines += [f"| `{name}` | {where} | {_cell(default)} | {_cell(what)} |"
+              for name, (where, default, what) in sorted(OTHER_VARIABLES.items())]
+    return "\n".join(lines) + "\n"

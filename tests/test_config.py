@@ -1,0 +1,56 @@
+"""Settings: a mistyped keyword raises, a mistyped variable is reported, the reference is generated."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from dinrec_cli.config import COMPONENTS, known_variables, unknown_variables
+from serving.settings import ServingSettings
+from tests.conftest import REPO
+
+
+def test_a_mistyped_keyword_raises_in_every_settings_class():
+    with pytest.raises(ValidationError, match="guardrail_interval"):
+        ServingSettings(guardrail_interval=1)  # the field is guardrail_interval_s
+    for _, cls, _ in COMPONENTS:
+        with pytest.raises(ValidationError, match="extra"):
+            cls(no_such_setting=1)
+
+
+def test_a_mistyped_variable_is_reported_with_the_closest_known_name(tmp_path):
+    env = {**os.environ, "DINREC_GUARDRAIL_INTERVL_S": "1", "DINREC_NOTHING_LIKE_IT": "x"}
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(tmp_path / "none")],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0  # no bundle there: the warning comes before the failure
+    assert ("warning: DINREC_GUARDRAIL_INTERVL_S is not a dinrec setting (did you mean "
+            "DINREC_GUARDRAIL_INTERVAL_S?)") in out.stderr
+    assert "warning: DINREC_NOTHING_LIKE_IT is not a dinrec setting\n" in out.stderr
+    assert unknown_variables({"DINREC_STORE": "redis", "DINREC_TOPC": "t", "HOME": "/"}) == [
+        ("DINREC_TOPC", "DINREC_TOPIC")]
+
+
+def test_the_checked_in_reference_is_what_dinrec_config_prints():
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "config"], cwd=REPO, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == (REPO / "docs" / "configuration.md").read_text(), \
+        "docs/configuration.md is stale: regenerate it with `dinrec config > docs/configuration.md`"
+    for _, cls, _ in COMPONENTS:  # every setting is documented
+        for name, field in cls.model_fields.items():
+            assert field.description, f"{cls.__name__}.{name} has no description"
+
+
+def test_every_dinrec_variable_the_code_names_is_in_the_reference():
+    files = [p for pattern in ("*.py", "*.sh", "*.yaml", "Makefile", "run") for p in REPO.rglob(pattern)
+             if ".venv" not in p.parts and "node_modules" not in p.parts and p.name != "test_config.py"]
+    named = {m for p in files for m in re.findall(r"\bDINREC_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(errors="ignore"))}
+    # Prefixes spelled in the code (DINREC_TRAIN_ + a field) are not variables.
+    named -= {"DINREC_TRAIN", "DINREC_RETRAIN", "DINREC_SPOT"}
+    assert named, "the scan found nothing"
+    assert sorted(named - known_variables()) == []
