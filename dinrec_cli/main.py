@@ -19,7 +19,7 @@ from feature_store.cli import data_app
 from feature_store.ingest_cli import ingest_app
 from serving.cli import serve
 from training.cli import train
-from training.registry_cli import models_app, registry_app
+from training.registry_cli import models_app
 from training.retrain.cli import retrain
 from training.spot.cli import plan, spot_app
 
@@ -29,7 +29,6 @@ app.add_typer(data_app, name="data")
 app.add_typer(ingest_app, name="ingest")
 app.command("train")(train)
 app.command("plan")(plan)
-app.add_typer(registry_app, name="registry")
 app.add_typer(models_app, name="models")
 app.command("retrain")(retrain)
 app.add_typer(spot_app, name="spot")

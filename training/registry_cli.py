@@ -1,4 +1,5 @@
-"""`dinrec registry …`: publish bundles as immutable versions and move aliases (what serving watches)."""
+"""`dinrec models …`: the model registry — publish bundles as immutable versions, list and describe them,
+move the aliases serving watches, roll back, read the history."""
 
 from __future__ import annotations
 
@@ -8,12 +9,14 @@ from typing import Annotated
 
 import typer
 
-registry_app = typer.Typer(help="The model registry: immutable versions, movable aliases.", no_args_is_help=True)
+models_app = typer.Typer(help="The model registry: publish, list, describe, promote, roll back, history "
+                              "(JSON out).", no_args_is_help=True)
+Alias = Annotated[str, typer.Option("--alias", help="the alias to move (what serving follows)")]
 Root = Annotated[str, typer.Option("--registry", envvar="DINREC_REGISTRY",
                                    help="the registry: a folder or s3://bucket/prefix")]
 
 
-@registry_app.command("publish")
+@models_app.command("publish")
 def publish(bundle: Path, registry: Root, version: Annotated[str | None, typer.Option(
         help="version name (default: the bundle's model version)")] = None,
             alias: Annotated[str | None, typer.Option(help="then point this alias at it")] = None) -> None:
@@ -25,30 +28,6 @@ def publish(bundle: Path, registry: Root, version: Annotated[str | None, typer.O
     if alias:
         reg.set_alias(alias, name)
     typer.echo(json.dumps({"version": name, "alias": alias, "registry": reg.uri}))
-
-
-@registry_app.command("alias")
-def alias(name: str, version: str, registry: Root) -> None:
-    """Point an alias (champion, challenger, …) at a version; services watching it reload."""
-    from training.registry import open_registry
-
-    open_registry(registry).set_alias(name, version)
-    typer.echo(json.dumps({"alias": name, "version": version}))
-
-
-@registry_app.command("list")
-def list_(registry: Root) -> None:
-    """Versions (with their model versions) and aliases, as JSON."""
-    from training.registry import open_registry
-
-    reg = open_registry(registry)
-    typer.echo(json.dumps({"versions": {v: reg.manifest(v)["model_version"] for v in reg.versions()},
-                           "aliases": reg.aliases()}))
-
-
-models_app = typer.Typer(help="Models in the registry: list, describe, promote, roll back (JSON out).",
-                         no_args_is_help=True)
-Alias = Annotated[str, typer.Option("--alias", help="the alias to move (what serving follows)")]
 
 
 def _summary(reg, version: str) -> dict:

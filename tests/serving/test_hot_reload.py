@@ -110,16 +110,17 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     env = {**os.environ, "DINREC_REGISTRY": str(tmp_path / "reg")}
 
     def dinrec(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dinrec_cli.main", "registry", *args], cwd=REPO, env=env,
+        return subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
 
     out = dinrec("publish", str(tiny_run[2]), "--version", "a", "--alias", "champion")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["version"] == "a"
     assert dinrec("publish", str(tiny_run[2]), "--version", "b").returncode == 0
-    assert dinrec("alias", "challenger", "b").returncode == 0
+    assert dinrec("promote", "b", "--alias", "challenger").returncode == 0
     listed = json.loads(dinrec("list").stdout)
-    assert listed["aliases"] == {"champion": "a", "challenger": "b"} and set(listed["versions"]) == {"a", "b"}
+    assert listed["aliases"] == {"champion": "a", "challenger": "b"}
+    assert {v["version"] for v in listed["versions"]} == {"a", "b"}
     again = dinrec("publish", str(tiny_run[2]), "--version", "a")
     assert again.returncode == 2 and "immutable" in again.stderr
 
