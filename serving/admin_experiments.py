@@ -21,6 +21,7 @@ from feature_store.experiments.assign import Experiment, ExperimentFile
 from serving.admin import _authorize
 from serving.deps import ServiceState, State
 from serving.experiments import Experiments
+from serving.loops import every
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -89,23 +90,20 @@ def watch_file(state: ServiceState, stop: threading.Event) -> threading.Thread |
         return None
     failed_mtime: list[int | None] = [None]
 
-    def loop() -> None:
-        while not stop.wait(state.settings.reload_poll_s):
-            mtime = None
-            try:
-                if not path.exists():  # not written yet (the admin API creates it)
-                    continue
-                mtime = path.stat().st_mtime_ns
-                if mtime in (state.experiments.mtime_ns, failed_mtime[0]):
-                    continue
-                with _write_lock:
-                    apply(state, Experiments.load(path))
-                log.info("experiments file %s: now serving version %d", path, state.experiments.version)
-            except Exception as exc:  # noqa: BLE001 - a bad file must not end the watcher; the old set serves
-                failed_mtime[0] = mtime
-                log.error("experiments file %s not applied; keeping version %d: %s", path,
-                          state.experiments.version, exc)
+    def poll() -> None:
+        mtime = None
+        try:
+            if not path.exists():  # not written yet (the admin API creates it)
+                return
+            mtime = path.stat().st_mtime_ns
+            if mtime in (state.experiments.mtime_ns, failed_mtime[0]):
+                return
+            with _write_lock:
+                apply(state, Experiments.load(path))
+            log.info("experiments file %s: now serving version %d", path, state.experiments.version)
+        except Exception as exc:  # noqa: BLE001 - a bad file: the old set serves until the file changes
+            failed_mtime[0] = mtime
+            log.error("experiments file %s not applied; keeping version %d: %s", path,
+                      state.experiments.version, exc)
 
-    thread = threading.Thread(target=loop, name="dinrec-experiments-watch", daemon=True)
-    thread.start()
-    return thread
+    return every(state.settings.reload_poll_s, stop, poll, name="dinrec-experiments-watch")

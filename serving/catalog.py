@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable
 
 from feature_store.online import OnlineStore
+from serving.loops import every
 
 log = logging.getLogger(__name__)
 
@@ -40,15 +41,5 @@ class Catalog:
         return len(new)
 
     def run(self, store: OnlineStore, stop: threading.Event, interval_s: float) -> threading.Thread:
-        def loop() -> None:
-            while True:
-                try:
-                    self.poll(store)
-                except Exception as exc:  # noqa: BLE001 - a store outage must not end the poller
-                    log.warning("catalog poll failed; will retry: %s", exc)
-                if stop.wait(interval_s):
-                    return
-
-        thread = threading.Thread(target=loop, name="dinrec-catalog", daemon=True)
-        thread.start()
-        return thread
+        """Poll at once, then every ``interval_s`` until ``stop``."""
+        return every(interval_s, stop, lambda: self.poll(store), name="dinrec-catalog", first_now=True)

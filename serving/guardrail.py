@@ -31,6 +31,7 @@ from feature_store.experiments.assign import Experiment, Variant
 from feature_store.experiments.stats import VariantSums, compare
 from feature_store.online import OnlineStore
 from serving.experiments import Experiments
+from serving.loops import every
 
 log = logging.getLogger(__name__)
 _EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
@@ -149,13 +150,5 @@ class Guardrail:
         return steps[at]
 
     def run(self, stop: threading.Event) -> threading.Thread:
-        def loop() -> None:
-            while not stop.wait(self.interval_s):
-                try:
-                    self.check()
-                except Exception as exc:  # noqa: BLE001 - a store outage must not end the guardrail
-                    log.warning("guardrail check failed; will retry: %s", exc)
-
-        thread = threading.Thread(target=loop, name="dinrec-guardrail", daemon=True)
-        thread.start()
-        return thread
+        """Check every ``interval_s`` until ``stop`` (a store outage is logged; the next round retries)."""
+        return every(self.interval_s, stop, self.check, name="dinrec-guardrail")

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from feature_store.features import HistoryItem
 from retrieval.index import FaissIndex, IndexSpec, set_search_threads
+from serving.loops import every
 from serving.ranking import Recommender
 from serving.settings import ServingSettings
 from training.bundle import load_bundle
@@ -176,21 +177,17 @@ class ModelManager:
         if self.registry is None:
             return None
 
-        def loop() -> None:
-            while not stop.wait(self.settings.reload_poll_s):
+        def poll() -> None:
+            try:
+                if self._target_version() not in (self.version, self._hold):
+                    self.reload()
+            except Exception as exc:  # noqa: BLE001 - a bad alias or bundle: the current model keeps serving
+                log.error("model reload failed; still serving %s: %s", self.current.model_version, exc)
+            for name, (version, _) in list(self.variants.items()):
                 try:
-                    target = self._target_version()
-                    if target not in (self.version, self._hold):
-                        self.reload()
-                except Exception as exc:  # noqa: BLE001 - a bad alias or bundle must not end the watcher
-                    log.error("model reload failed; still serving %s: %s", self.current.model_version, exc)
-                for name, (version, _) in list(self.variants.items()):
-                    try:
-                        if self._variant_version(name) != version:
-                            self._load_variant(name)
-                    except Exception as exc:  # noqa: BLE001 - the variant keeps its current model
-                        log.error("variant model %s reload failed; keeping version %s: %s", name, version, exc)
+                    if self._variant_version(name) != version:
+                        self._load_variant(name)
+                except Exception as exc:  # noqa: BLE001 - the variant keeps its current model
+                    log.error("variant model %s reload failed; keeping version %s: %s", name, version, exc)
 
-        thread = threading.Thread(target=loop, name="dinrec-model-watch", daemon=True)
-        thread.start()
-        return thread
+        return every(self.settings.reload_poll_s, stop, poll, name="dinrec-model-watch")

@@ -1,0 +1,38 @@
+"""The service's background pollers: one loop, written once.
+
+Each poller (model alias, guardrail, catalog, experiments file) is "on a daemon thread, call this every
+so often until the service stops; an error is logged and the next round tries again" — a poller that
+died on one bad read would leave the service silently stale.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+log = logging.getLogger("dinrec.serving")
+
+
+def every(interval_s: float, stop: threading.Event, fn: Callable[[], None], *, name: str,
+          on_error: Callable[[Exception], None] | None = None, first_now: bool = False) -> threading.Thread:
+    """Start a daemon thread ``name`` that calls ``fn`` every ``interval_s`` seconds (first at once with
+    ``first_now``, else after one interval) until ``stop`` is set. An exception from ``fn`` goes to
+    ``on_error`` (default: a warning naming the thread) and the loop goes on."""
+
+    def report(exc: Exception) -> None:
+        log.warning("%s failed; will retry: %s", name, exc)
+
+    def loop() -> None:
+        if first_now or not stop.wait(interval_s):
+            while True:
+                try:
+                    fn()
+                except Exception as exc:  # noqa: BLE001 - one bad round must not end the poller
+                    (on_error or report)(exc)
+                if stop.wait(interval_s):
+                    return
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
