@@ -52,3 +52,17 @@ class RecallSpace:
             return None
         with torch.inference_mode():
             return self.towers.items(torch.zeros_like(categories), categories).float().numpy()
+
+
+def top_unseen(scores: torch.Tensor, history: torch.Tensor, k: int) -> torch.Tensor:
+    """(B, k) the best-scoring items of each row of ``scores`` (B, I), never padding (item 0) nor an
+    item in that row's ``history`` (B, L): the exact recall HR@k is measured on. Overwrites ``scores``."""
+    scores[:, 0] = -torch.inf
+    scores.scatter_(1, history, -torch.inf)
+    return scores.topk(min(k, scores.shape[1] - 1), dim=1).indices
+
+
+def hits(top: torch.Tensor, target: torch.Tensor) -> np.ndarray:
+    """(B,) bool: whether each row's ``target`` (B,) is among its ``top`` (B, k); a target of 0 (an
+    item the model cannot recall) never is."""
+    return ((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).numpy()

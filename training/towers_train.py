@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from training.data import split_histories
+from training.recall import hits, top_unseen
 from training.samples import SampleSet, Split
 from training.settings import TrainSettings
 from training.towers import Towers, TowersConfig
@@ -64,16 +65,13 @@ def hit_rate_at(model: Towers, samples: SampleSet, split: Split, n: int, item_ca
     model.eval()
     table = model.item_table(item_category)  # (I, D)
     rows = _positives(split)
-    hits = 0
+    found = 0
     for s in range(0, len(rows), batch):
         r = rows[s:s + batch]
         hist, cats = split_histories(samples, split, r)
-        scores = model.users(hist, cats) @ table.T  # (B, I)
-        scores[:, 0] = -torch.inf
-        scores.scatter_(1, hist, -torch.inf)  # seen items (and padding 0) never recalled
-        top = scores.topk(min(n, scores.shape[1] - 1), dim=1).indices  # (B, n)
-        hits += int((top == torch.from_numpy(split.target_item[r]).unsqueeze(1)).any(dim=1).sum())
-    return hits / max(len(rows), 1)
+        top = top_unseen(model.users(hist, cats) @ table.T, hist, n)  # (B, I) scores → (B, n)
+        found += int(hits(top, torch.from_numpy(split.target_item[r])).sum())
+    return found / max(len(rows), 1)
 
 
 def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings(),

@@ -43,7 +43,8 @@ from training.bundle import Bundle
 from training.data import gather_history
 from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
-from training.recall import RecallSpace
+from training.recall import RecallSpace, top_unseen
+from training.recall import hits as recalled_hits
 from training.samples import SampleSet
 
 SERVED_K = 10
@@ -208,12 +209,9 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
     for s in range(0, len(positives), batch):
         r = positives[s:s + batch]
         hist, cats = histories(r)
-        scores = torch.from_numpy(space.queries(hist, cats)) @ table.T  # (B, I)
-        scores[:, 0] = -torch.inf
-        scores.scatter_(1, hist, -torch.inf)  # seen items (and padding) are never recalled
-        top = scores.topk(k, dim=1).indices  # (B, k)
+        top = top_unseen(torch.from_numpy(space.queries(hist, cats)) @ table.T, hist, k)  # (B, I) → (B, k)
         target = item_map[torch.from_numpy(samples.test.target_item[r])]  # 0: the bundle cannot recall it
-        hits.append(((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).numpy())  # (B,)
+        hits.append(recalled_hits(top, target))  # (B,)
         tails.append(window_tail[samples.test.target_item[r]])  # (B,) a long-tail behaviour
         recalled_tail += int(tail[top].sum())
         recalled += top.numel()
