@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from feature_store.storage import CloudError, LocalStorage, S3Storage, Storage
+from feature_store.storage import CloudError, Storage, open_storage
 
 CHECKPOINT_FORMAT = "dinrec-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1
@@ -92,28 +92,7 @@ class CheckpointStore:
             self._call("delete", self.storage.delete, f"{name}/{fname}")
 
 
-class LocalCheckpointStore(CheckpointStore):
-    def __init__(self, root: str | Path, keep: int = 3) -> None:
-        super().__init__(LocalStorage(root, durable=True), keep)
-        self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
-
-
-class S3CheckpointStore(CheckpointStore):
-    """Checkpoints under ``s3://bucket/prefix/``. Endpoint and credentials come from boto3's usual
-    environment (AWS_ENDPOINT_URL_S3 points it at a local server in tests)."""
-
-    def __init__(self, uri: str, keep: int = 3) -> None:
-        try:
-            storage = S3Storage(uri)
-        except ValueError as exc:
-            raise ValueError(f"not an s3:// checkpoint location: {uri}") from exc
-        super().__init__(storage, keep)
-
-
 def open_checkpoint_store(location: str | Path, keep: int = 3) -> CheckpointStore:
-    """A local folder, or an ``s3://bucket/prefix`` URI."""
-    loc = str(location)
-    if loc.startswith("s3://"):
-        return S3CheckpointStore(loc, keep=keep)
-    return LocalCheckpointStore(loc, keep=keep)
+    """A local folder (written durably: fsynced), or ``s3://bucket/prefix`` (endpoint and credentials
+    as boto3 reads them; AWS_ENDPOINT_URL points it at a local server in tests)."""
+    return CheckpointStore(open_storage(location, durable=True), keep)

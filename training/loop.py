@@ -390,9 +390,9 @@ def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, chec
           checkpoint_now: threading.Event | None = None, init: Callable[[DIN], dict] | None = None) -> TrainResult:
     """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``."""
     if checkpoints is None and out is not None:
-        from training.checkpoint import LocalCheckpointStore
+        from training.checkpoint import open_checkpoint_store
 
-        checkpoints = LocalCheckpointStore(out / "checkpoints", keep=s.keep_checkpoints)
+        checkpoints = open_checkpoint_store(out / "checkpoints", keep=s.keep_checkpoints)
     trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init)
     if resume and resume != "none":
         trainer.resume(resume)

@@ -31,7 +31,7 @@ import shutil
 import time
 from pathlib import Path
 
-from feature_store.storage import CloudError, LocalStorage, S3Storage, Storage
+from feature_store.storage import CloudError, LocalStorage, S3Storage, Storage, open_storage
 from training.bundle import BundleError, read_manifest, verify_bundle
 
 MANIFEST = "manifest.json"  # a bundle's index of files and checksums (training.bundle)
@@ -170,10 +170,12 @@ class Registry(_StoredRegistry):
 class S3Registry(_StoredRegistry):
     """The same registry on S3: ``bundle_dir(version)`` is a verified local copy in ``cache_dir``."""
 
-    def __init__(self, uri: str, cache_dir: str | Path, aws=None) -> None:  # aws: training.spot.aws.Aws
-        if not uri.startswith("s3://") or not uri.removeprefix("s3://").partition("/")[0]:
-            raise RegistryError(f"not an S3 registry: {uri!r} (expected s3://bucket/prefix)")
-        super().__init__(S3Storage(uri, aws.client("s3") if aws is not None else None))
+    def __init__(self, uri: str | S3Storage, cache_dir: str | Path, aws=None) -> None:  # aws: training.spot.aws.Aws
+        try:
+            storage = uri if isinstance(uri, S3Storage) else S3Storage(uri, aws.client("s3") if aws else None)
+        except ValueError as exc:  # the storage layer's one s3:// parser said no
+            raise RegistryError(f"not an S3 registry: {exc}") from exc
+        super().__init__(storage)
         self.cache = Path(cache_dir)
 
     def bundle_dir(self, version: str) -> Path:
@@ -210,11 +212,12 @@ class S3Registry(_StoredRegistry):
 def open_registry(location: str | Path, cache_dir: str | Path | None = None) -> Registry | S3Registry:
     """A folder, or ``s3://bucket/prefix`` (versions cached under ``cache_dir``, by default
     ``~/.cache/dinrec/registry/<bucket>/<prefix>``)."""
-    text = str(location)
-    if text.startswith("s3://"):
+    try:
+        storage = open_storage(location)
+    except ValueError as exc:
+        raise RegistryError(f"unsupported registry: {exc}") from exc
+    if isinstance(storage, S3Storage):
         cache = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "dinrec" / "registry" / \
-            text.removeprefix("s3://").strip("/")
-        return S3Registry(text, cache)
-    if "://" in text:
-        raise RegistryError(f"unsupported registry {text!r}: use a folder or s3://bucket/prefix")
-    return Registry(text)
+            storage.bucket / storage.prefix
+        return S3Registry(storage, cache)
+    return Registry(location)

@@ -15,7 +15,7 @@ import torch
 
 from feature_store.datasets.synthetic import SyntheticConfig, generate
 from tests.conftest import REPO, synthetic_dataset_dir
-from training.checkpoint import CheckpointError, LocalCheckpointStore
+from training.checkpoint import CheckpointError, open_checkpoint_store
 from training.loop import Trainer, TrainingInterrupted, train
 from training.samples import build_samples
 from training.settings import TrainSettings
@@ -45,11 +45,11 @@ def settings(**kw) -> TrainSettings:
 
 
 def test_interrupted_and_resumed_equals_uninterrupted_bitwise(samples, tmp_path):
-    full = train(samples, settings(), checkpoints=LocalCheckpointStore(tmp_path / "a"))
+    full = train(samples, settings(), checkpoints=open_checkpoint_store(tmp_path / "a"))
     n_steps = full.metrics["global_step"]
     rng = random.Random(7)
     for stop_at in sorted({rng.randrange(1, n_steps), rng.randrange(1, n_steps)}):
-        store = LocalCheckpointStore(tmp_path / f"b{stop_at}", keep=2)
+        store = open_checkpoint_store(tmp_path / f"b{stop_at}", keep=2)
         with pytest.raises(TrainingInterrupted) as info:
             train(samples, settings(), checkpoints=store, stop=StopAfter(stop_at))
         assert info.value.checkpoint == store.latest() == f"step-{stop_at + 1:09d}"  # it finishes the step
@@ -60,7 +60,7 @@ def test_interrupted_and_resumed_equals_uninterrupted_bitwise(samples, tmp_path)
 
 
 def test_resume_refuses_other_data_or_settings(samples, tmp_path):
-    store = LocalCheckpointStore(tmp_path)
+    store = open_checkpoint_store(tmp_path)
     train(samples, settings(epochs=1), checkpoints=store)
     with pytest.raises(CheckpointError, match="lr: 0.001 -> 0.01"):
         Trainer(samples, settings(lr=0.01), checkpoints=store).resume("auto")
@@ -73,7 +73,7 @@ def test_resume_refuses_other_data_or_settings(samples, tmp_path):
 
 
 def test_incomplete_and_foreign_checkpoints_are_never_used(samples, tmp_path):
-    store = LocalCheckpointStore(tmp_path)
+    store = open_checkpoint_store(tmp_path)
     train(samples, settings(epochs=1), checkpoints=store)
     good = store.latest()
     (tmp_path / "step-999999999").mkdir()  # a crash mid-write leaves a folder without meta.json
@@ -140,7 +140,7 @@ def test_sparse_embeddings_train_and_resume_exactly(samples, tmp_path):
     kw = dict(sparse_embeddings=True, epochs=2)
     full = train(samples, settings(**kw))
     assert full.model.item_emb.sparse and full.metrics["test_auc"] > 0.5
-    store = LocalCheckpointStore(tmp_path)
+    store = open_checkpoint_store(tmp_path)
     with pytest.raises(TrainingInterrupted):
         train(samples, settings(**kw), checkpoints=store, stop=StopAfter(30))
     resumed = train(samples, settings(**kw), checkpoints=store, resume="auto")

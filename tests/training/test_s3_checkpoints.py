@@ -6,8 +6,9 @@ import boto3
 import pytest
 
 from feature_store.datasets.synthetic import SyntheticConfig, generate
+from feature_store.storage import S3Storage
 from tests.training.test_resume import StopAfter, settings
-from training.checkpoint import CheckpointError, S3CheckpointStore, open_checkpoint_store
+from training.checkpoint import CheckpointError, open_checkpoint_store
 from training.loop import TrainingInterrupted, train
 from training.samples import build_samples
 
@@ -22,7 +23,7 @@ def test_spot_style_interrupt_checkpoints_to_s3_and_resumes_exactly(bucket):
     samples = build_samples(generate(SyntheticConfig(n_users=100, n_items=80, n_categories=6, seed=4)), seq_len=10)
     full = train(samples, settings(epochs=2))
     store = open_checkpoint_store(f"s3://{bucket}/jobs/j1", keep=2)
-    assert isinstance(store, S3CheckpointStore)
+    assert isinstance(store.storage, S3Storage)
     with pytest.raises(TrainingInterrupted):
         train(samples, settings(epochs=2), checkpoints=store, stop=StopAfter(9))
     assert store.latest() == "step-000000010"
@@ -36,7 +37,7 @@ def test_spot_style_interrupt_checkpoints_to_s3_and_resumes_exactly(bucket):
 
 def test_incomplete_s3_checkpoints_are_ignored_and_errors_are_ours(bucket):
     s3 = boto3.client("s3")
-    store = S3CheckpointStore(f"s3://{bucket}/p")
+    store = open_checkpoint_store(f"s3://{bucket}/p")
     assert store.latest() is None
     store.save("step-000000001", {"x": 1}, {"note": "ok"})
     s3.put_object(Bucket=bucket, Key="p/step-000000002/state.pt", Body=b"half written")  # no meta.json
@@ -46,4 +47,4 @@ def test_incomplete_s3_checkpoints_are_ignored_and_errors_are_ours(bucket):
     with pytest.raises(CheckpointError, match="missing or incomplete"):
         store.load("step-000000002")
     with pytest.raises(CheckpointError):
-        S3CheckpointStore("s3://no-such-bucket-here/p").names()
+        open_checkpoint_store("s3://no-such-bucket-here/p").names()

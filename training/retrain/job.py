@@ -205,7 +205,7 @@ class RetrainJob:
                    data_stats: dict) -> Bundle | None:
         """Train DIN (resuming from this run's checkpoints) and the recall towers, warm-started from
         the champion, and export them as one bundle; None when stopped first."""
-        from training.checkpoint import LocalCheckpointStore
+        from training.checkpoint import open_checkpoint_store
         from training.export import export_with_recall
         from training.loop import TrainingInterrupted, train
         from training.warm_start import initializers
@@ -225,7 +225,7 @@ class RetrainJob:
             self.files.put_json("spot-report.json", cost)
             return bundle
         din_init, towers_init = initializers(use, samples.vocab, towers=self.s.warm_start_towers)
-        store = LocalCheckpointStore(self.run_dir / "checkpoints", keep=self.train_settings.keep_checkpoints)
+        store = open_checkpoint_store(self.run_dir / "checkpoints", keep=self.train_settings.keep_checkpoints)
         resumed_from = store.latest()
         samples = degrade_samples(samples, self.drill, self.train_settings.seed)
         try:
