@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 from feature_store.errors import FeatureStoreError, StreamUnavailable
 from feature_store.ingest import Backoff
+from feature_store.storage import write_atomically
 from feature_store.streams.base import EventStream, OutgoingRecord
 
 if TYPE_CHECKING:
@@ -174,9 +175,7 @@ class Outbox:
         return records, (seg, ends[-1]), ends[-1] - off
 
     def _advance(self, cursor: tuple[int, int], size: int) -> None:
-        tmp = self.dir / "cursor.tmp"
-        tmp.write_text(f"{cursor[0]} {cursor[1]}")
-        os.replace(tmp, self.dir / "cursor")
+        write_atomically(self.dir / "cursor", f"{cursor[0]} {cursor[1]}".encode())
         with self._lock:
             self._cursor = cursor
             self._pending -= size

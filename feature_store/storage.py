@@ -47,16 +47,29 @@ def call(what: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
         raise CloudError(f"{what}: {exc}") from exc
 
 
-def s3_client(region: str | None = None, endpoint_url: str | None = None) -> Any:
-    """A boto3 S3 client with bounded retries and timeouts (region and endpoint: boto3's environment
-    unless given — AWS_ENDPOINT_URL points it at moto in tests)."""
+def reraise_as(error: type[Exception], where: str, what: str, fn: Callable, *args: Any) -> Any:
+    """``fn(*args)``, its :class:`CloudError` raised again as ``error`` ("where: what: why"): how a
+    package maps the storage layer's one error type to its own."""
+    try:
+        return fn(*args)
+    except CloudError as exc:
+        raise error(f"{where}: {what}: {exc}") from exc
+
+
+def aws_client(service: str, region: str | None = None, endpoint_url: str | None = None) -> Any:
+    """A boto3 client with bounded retries and timeouts, the one way dinrec makes them (region and
+    endpoint: boto3's environment unless given — AWS_ENDPOINT_URL points it at moto in tests)."""
     import boto3
     from botocore.config import Config
 
     region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
-    return boto3.client("s3", region_name=region, endpoint_url=endpoint_url,
+    return boto3.client(service, region_name=region, endpoint_url=endpoint_url,
                         config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5,
                                       read_timeout=30))
+
+
+def s3_client(region: str | None = None, endpoint_url: str | None = None) -> Any:
+    return aws_client("s3", region, endpoint_url)
 
 
 class Storage(ABC):
@@ -111,6 +124,22 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_atomically(path: Path, data: bytes, durable: bool = False) -> None:
+    """Replace ``path`` with ``data`` so that a reader sees the old file or the new one, never half of
+    one (a temp file beside it, then a rename). ``durable``: fsync the file and its folder as well, so
+    the write survives a machine crash, not only a process crash. The one write-then-rename of files."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    with tmp.open("wb") as fh:
+        fh.write(data)
+        if durable:
+            fh.flush()
+            os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    if durable:
+        _fsync_dir(path.parent)
+
+
 class LocalStorage(Storage):
     """A folder. ``durable``: fsync each file and its folder before and after the rename, so a written
     key survives a machine crash, not only a process crash (checkpoints ask for it)."""
@@ -120,17 +149,7 @@ class LocalStorage(Storage):
         self.uri = str(self.root)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        path = self.root / key
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        with tmp.open("wb") as fh:
-            fh.write(data)
-            if self.durable:
-                fh.flush()
-                os.fsync(fh.fileno())
-        os.replace(tmp, path)
-        if self.durable:
-            _fsync_dir(path.parent)
+        write_atomically(self.root / key, data, self.durable)
 
     def get_bytes(self, key: str) -> bytes | None:
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from feature_store.storage import CloudError, Storage, open_storage
+from feature_store.storage import Storage, open_storage, reraise_as
 
 CHECKPOINT_FORMAT = "dinrec-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1
@@ -43,10 +43,7 @@ class CheckpointStore:
         self.storage, self.keep = storage, keep
 
     def _call(self, what: str, fn, *args):
-        try:
-            return fn(*args)
-        except CloudError as exc:  # the storage layer's one error type for S3, mapped to ours
-            raise CheckpointError(f"checkpoints {self.storage.uri}: {what}: {exc}") from exc
+        return reraise_as(CheckpointError, f"checkpoints {self.storage.uri}", what, fn, *args)
 
     def save(self, name: str, state: dict, meta: dict) -> None:
         buf = io.BytesIO()

@@ -31,7 +31,7 @@ import shutil
 import time
 from pathlib import Path
 
-from feature_store.storage import CloudError, LocalStorage, S3Storage, Storage, open_storage
+from feature_store.storage import LocalStorage, S3Storage, Storage, open_storage, reraise_as
 from training.bundle import BundleError, read_manifest, verify_bundle
 
 MANIFEST = "manifest.json"  # a bundle's index of files and checksums (training.bundle)
@@ -55,10 +55,7 @@ class _StoredRegistry:
         self.storage, self.uri = storage, storage.uri
 
     def _call(self, what: str, fn, *args):
-        try:
-            return fn(*args)
-        except CloudError as exc:  # the storage layer's one error type for S3, mapped to ours
-            raise RegistryError(f"registry {self.uri}: {what}: {exc}") from exc
+        return reraise_as(RegistryError, f"registry {self.uri}", what, fn, *args)
 
     def _get(self, key: str) -> bytes | None:
         return self._call(f"get {key}", self.storage.get_bytes, key)

@@ -18,7 +18,6 @@ when it wins under the sequential test: how a retrained challenger becomes champ
 from __future__ import annotations
 
 import json
-import os
 from datetime import datetime
 from pathlib import Path
 from typing import Annotated, Literal
@@ -26,6 +25,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from feature_store.schema import ExternalId
+from feature_store.storage import write_atomically
 
 _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
 
@@ -151,10 +151,7 @@ class ExperimentFile(BaseModel):
     def save(self, path: str | Path) -> ExperimentFile:
         """Write the next version atomically (temp file, then rename): a reader never sees half a file."""
         nxt = self.model_copy(update={"version": self.version + 1})
-        path = Path(path)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(nxt.model_dump_json(indent=1))
-        os.replace(tmp, path)
+        write_atomically(Path(path), nxt.model_dump_json(indent=1).encode())
         return nxt
 
     @classmethod

@@ -11,7 +11,7 @@ import datetime as dt
 import statistics
 from typing import Any
 
-from feature_store.storage import CloudError, call  # the one mapping of AWS errors (re-exported here)
+from feature_store.storage import CloudError, aws_client, call  # the one mapping of AWS errors (re-exported here)
 
 __all__ = ["Aws", "CloudError", "call", "live_spot_prices"]
 
@@ -25,12 +25,7 @@ class Aws:
 
     def client(self, service: str) -> Any:
         if service not in self._clients:
-            import boto3
-            from botocore.config import Config
-
-            self._clients[service] = boto3.client(
-                service, region_name=self.region, endpoint_url=self.endpoint_url,
-                config=Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=5, read_timeout=30))
+            self._clients[service] = aws_client(service, self.region, self.endpoint_url)
         return self._clients[service]
 
 
