@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -138,6 +141,29 @@ def write_atomically(path: Path, data: bytes, durable: bool = False) -> None:
     os.replace(tmp, path)
     if durable:
         _fsync_dir(path.parent)
+
+
+@contextmanager
+def folder_written_atomically(target: Path, replace: bool = True) -> Iterator[Path]:
+    """An empty temp folder beside ``target`` to fill; when the block ends without an error it is
+    renamed into place, so ``target`` is whole or absent, never half written. ``replace``: an existing
+    ``target`` is removed first; otherwise one another writer renamed there first is kept (theirs is
+    the same immutable thing). On an error the temp folder is removed. The one write-then-rename of
+    folders (bundles, samples, cached and fetched versions)."""
+    target = Path(target)
+    tmp = target.parent / f".tmp-{target.name}-{os.getpid()}-{time.time_ns()}"
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if replace and target.exists():
+            shutil.rmtree(target)
+        try:
+            tmp.rename(target)
+        except OSError:
+            if replace or not target.is_dir():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class LocalStorage(Storage):

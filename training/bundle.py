@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from safetensors.torch import load_file, save_file
 
 from feature_store.long_tail import long_tail_mask
 from feature_store.schema import SCHEMA_VERSION
+from feature_store.storage import folder_written_atomically
 from retrieval.covisit import CoVisitation
 from training.blend import Blend
 from training.model import DIN, DINConfig
@@ -116,9 +116,7 @@ def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popul
     """Write a bundle atomically: everything goes to a temp dir that is renamed into place. ``lineage``
     (the manifest's): where the model came from — data window, parent version, the run that made it."""
     out = Path(out)
-    tmp = out.parent / f".tmp-{out.name}-{time.time_ns()}"
-    tmp.mkdir(parents=True)
-    try:
+    with folder_written_atomically(out) as tmp:
         state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
         save_file(state, str(tmp / "model.safetensors"))
         (tmp / "model_config.json").write_text(json.dumps(model.cfg.to_json(), indent=1))
@@ -142,12 +140,6 @@ def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popul
         if lineage:
             manifest["lineage"] = lineage
         (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        if out.exists():
-            shutil.rmtree(out)
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

@@ -25,13 +25,11 @@ alias back at the version it held before its current one (a rollback is itself a
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import time
 from pathlib import Path
 
-from feature_store.storage import LocalStorage, S3Storage, Storage, open_storage, reraise_as
+from feature_store.storage import LocalStorage, S3Storage, Storage, folder_written_atomically, open_storage, reraise_as
 from training.bundle import BundleError, read_manifest, verify_bundle
 
 MANIFEST = "manifest.json"  # a bundle's index of files and checksums (training.bundle)
@@ -183,8 +181,8 @@ class S3Registry(_StoredRegistry):
         keys = self._call(f"list bundles/{version}/", self.storage.keys, f"bundles/{version}/")
         if f"bundles/{version}/{MANIFEST}" not in keys:
             raise RegistryError(f"no version {version} in {self.uri}")
-        tmp = self.cache / f".tmp-{version}-{os.getpid()}-{time.time_ns()}"
-        try:
+        # replace=False: another process that cached it first cached the same immutable version
+        with folder_written_atomically(target, replace=False) as tmp:
             for key in keys:
                 path = tmp / key.removeprefix(f"bundles/{version}/")
                 path.parent.mkdir(parents=True, exist_ok=True)
@@ -196,13 +194,6 @@ class S3Registry(_StoredRegistry):
                 verify_bundle(tmp)
             except BundleError as exc:
                 raise RegistryError(f"version {version} in {self.uri} does not verify: {exc}") from exc
-            try:
-                tmp.rename(target)
-            except OSError:  # another process cached it first: theirs is the same immutable version
-                if not target.is_dir():
-                    raise
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
         return target
 
 

@@ -64,3 +64,27 @@ def test_s3_errors_are_mapped_once_at_the_boundary(aws_env):
         S3Storage("s3://")
     with pytest.raises(ValueError, match="unsupported storage"):
         open_storage("gs://bucket/x")
+
+
+def test_a_folder_is_written_whole_or_not_at_all(tmp_path):
+    from feature_store.storage import folder_written_atomically, write_atomically
+
+    target = tmp_path / "bundle"
+    with folder_written_atomically(target) as tmp:
+        (tmp / "a").write_text("1")
+        assert not target.exists()  # nothing visible until the block ends
+    assert (target / "a").read_text() == "1"
+    with pytest.raises(RuntimeError), folder_written_atomically(target) as tmp:
+        (tmp / "a").write_text("half")
+        raise RuntimeError("died while writing")
+    assert (target / "a").read_text() == "1"  # the old one stands
+    with folder_written_atomically(target) as tmp:  # replace: the new one wins whole
+        (tmp / "b").write_text("2")
+    assert sorted(p.name for p in target.iterdir()) == ["b"]
+    with folder_written_atomically(target, replace=False) as tmp:  # another writer got there first: keep theirs
+        (tmp / "c").write_text("3")
+    assert sorted(p.name for p in target.iterdir()) == ["b"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bundle"]  # no temp folder left behind
+    write_atomically(tmp_path / "f" / "x.json", b"{}", durable=True)
+    assert (tmp_path / "f" / "x.json").read_bytes() == b"{}" and sorted(p.name for p in (tmp_path / "f").iterdir()) == [
+        "x.json"]

@@ -21,8 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
 import threading
 import time
 from dataclasses import dataclass
@@ -30,7 +28,7 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from feature_store.storage import LocalStorage
+from feature_store.storage import LocalStorage, folder_written_atomically
 from training.bundle import Bundle, code_version, load_bundle
 from training.registry import RegistryError, open_registry
 from training.retrain.compare import baseline_differences, baselines, holdout_rows, measure, paired_differences
@@ -189,11 +187,8 @@ class RetrainJob:
         stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
                  "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}
         self.files.put_json("attributed.json", {"attributed": window.attributed})
-        tmp = self.run_dir / f".samples-{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        samples.save(tmp)
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+        with folder_written_atomically(folder) as tmp:
+            samples.save(tmp)
         self.files.put_json("data.json", stats)
         return samples, stats
 

@@ -10,11 +10,10 @@ checksummed files) and becomes the run's candidate.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
-from feature_store.storage import LocalStorage
+from feature_store.storage import LocalStorage, folder_written_atomically
 from training.bundle import Bundle, load_bundle, verify_bundle
 from training.settings import TrainSettings
 
@@ -57,10 +56,8 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
         files.delete("spot-job.json")
         raise SpotFailed(report)
     out = run_dir / "candidate"
-    tmp = run_dir / f".candidate-spot-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    fetch_data(store, "results/", tmp)
-    manifest = verify_bundle(tmp)
-    (tmp / "manifest.json").write_text(json.dumps({**manifest, "lineage": lineage}, indent=1))
-    tmp.rename(out)
+    with folder_written_atomically(out) as tmp:
+        fetch_data(store, "results/", tmp)
+        manifest = verify_bundle(tmp)
+        (tmp / "manifest.json").write_text(json.dumps({**manifest, "lineage": lineage}, indent=1))
     return load_bundle(out), report
