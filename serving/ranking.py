@@ -255,23 +255,25 @@ class Recommender:
             return ranking
         taken = {x.item_id for x in ranking.items}
         more = self.rank_by_popularity([], k - len(ranking.items), popular, rerank=rerank, shown=shown,
-                                       seen=taken | set(seen)).items
+                                       seen=taken | set(seen), listed=[x.category_id for x in ranking.items]).items
         floor = min((x.score for x in ranking.items), default=1.0)
         tail = [Scored(x.item_id, x.category_id, floor * x.score) for x in more]
         return Ranking(ranking.items + tail, ranking.strategy, ranking.known_history, ranking.seconds)
 
     def rank_by_popularity(self, history: list[HistoryItem], k: int,
                            popular: Callable[[int], list[tuple[str, float]]], *, rerank: Reranker | None = None,
-                           shown: Collection[str] = (), seen: Collection[str] | None = None) -> Ranking:
+                           shown: Collection[str] = (), seen: Collection[str] | None = None,
+                           listed: Collection[str] = ()) -> Ranking:
         """The ``k`` most popular items not in ``seen`` (default: the history's items), after the
-        business rules; score relative to the top item."""
+        business rules (``listed``: categories already in the list this fills, counted by the category
+        cap); score relative to the top item."""
         rerank = rerank or Reranker()
         seen = {h.item_id for h in history} if seen is None else seen
         ranked = popular(5 * k + len(seen))  # headroom for blocklists and category caps
         peak = max((s for _, s in ranked), default=1.0) or 1.0
         candidates = [(i, self.category_of(i), s / peak) for i, s in ranked if i not in seen]
-        return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in rerank.select(candidates, k, shown)],
-                       "popular", 0)
+        chosen = rerank.select(candidates, k, shown, listed=listed)
+        return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in chosen], "popular", 0)
 
     def recall_items(self, history: list[HistoryItem], n: int, seen: Collection[str] | None = None) -> list[str]:
         """The ids of the n candidates recall finds for ``history`` (before DIN), ``seen`` (default: the

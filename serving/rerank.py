@@ -31,11 +31,13 @@ class Reranker:
     tail_share: float = 0.0
 
     def select(self, candidates: Sequence[tuple[str, str, float]], k: int, shown: Collection[str] = (),
-               tail: Sequence[bool] | None = None, tail_share: float | None = None) -> list[tuple[int, float]]:
+               tail: Sequence[bool] | None = None, tail_share: float | None = None,
+               listed: Collection[str] = ()) -> list[tuple[int, float]]:
         """``candidates``: (item_id, category_id, score) → up to ``k`` (index, adjusted score) in list
         order: best first, but for the tail slots the lane fills where its share falls due.
         ``tail``: per candidate, whether it is a long-tail item (None: no lane); ``tail_share``
-        overrides the reranker's (an experiment variant's)."""
+        overrides the reranker's (an experiment variant's). ``listed``: the categories of items already
+        in the list these continue (a fill after the model's items), which count against the cap."""
         scored = []
         for i, (item, category, score) in enumerate(candidates):
             if item in self.blocked_items or category in self.blocked_categories:
@@ -47,7 +49,7 @@ class Reranker:
         heads = [(score, i) for score, i in scored if not (lane and tail[i])]
         tails = [(score, i) for score, i in scored if lane and tail[i]]
         chosen: list[tuple[int, float]] = []
-        per_category: Counter[str] = Counter()
+        per_category: Counter[str] = Counter(listed)
         h = t = taken_tail = 0
 
         def allowed(i: int) -> bool:  # the cap only tightens as the list grows: a refused item stays refused

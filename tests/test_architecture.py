@@ -1,5 +1,6 @@
 """Imports flow one way: feature_store -> retrieval -> training -> serving (import-linter)."""
 
+import re
 import shutil
 import subprocess
 import sys
@@ -12,7 +13,7 @@ def test_layers_are_respected():
     exe = shutil.which("lint-imports") or str(Path(sys.executable).parent / "lint-imports")
     out = subprocess.run([exe], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "Contracts: 2 kept, 0 broken" in out.stdout
+    assert re.search(r"Contracts: [1-9]\d* kept, 0 broken", out.stdout), out.stdout  # any number of contracts
 
 
 def test_nothing_heavy_at_import_time():

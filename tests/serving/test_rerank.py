@@ -86,7 +86,28 @@ def test_a_shown_item_is_pushed_down(served):
     again = c.post("/recommend", json={"user_id": user, "k": 10, "shown": [top]}).json()["items"]
     assert again[0]["item_id"] != top
     moved = [x for x in again if x["item_id"] == top]
+    # Through HTTP the item may leave the list (the category cap); the penalty itself is held exactly below.
     assert not moved or moved[0]["score"] == pytest.approx(first[0]["score"] * 0.5, rel=1e-4)
+
+
+def test_the_shown_penalty_multiplies_the_score_and_reorders():
+    from serving.rerank import Reranker
+
+    candidates = [("a", "x", 0.9), ("b", "y", 0.8), ("c", "z", 0.3)]
+    assert Reranker(shown_penalty=0.5).select(candidates, 3, shown={"a"}) == [(1, 0.8), (0, 0.45), (2, 0.3)]
+    assert Reranker().select(candidates, 3) == [(0, 0.9), (1, 0.8), (2, 0.3)]
+
+
+def test_the_category_cap_holds_across_the_popularity_fill(served):
+    """A long list runs out of capped candidates and is filled from popularity: the fill counts the
+    categories already listed (it used to start its own count, and a k=50 list held 4 of one)."""
+    c, data, _, _, _ = served
+    for user in sorted(set(data.user_id.tolist()))[:20]:
+        cats = [x["category_id"] for x in c.get("/recommend", params={"user_id": user, "k": 50}).json()["items"]]
+        assert cats and max(cats.count(x) for x in cats) <= 2, (user, cats)
+    from serving.rerank import Reranker
+
+    assert Reranker(max_per_category=2).select([("a", "x", 0.9), ("b", "y", 0.8)], 2, listed=["x", "x"]) == [(1, 0.8)]
 
 
 def test_explanations_are_the_models_attention_weights(served, tiny_run):
