@@ -99,8 +99,7 @@ def tune_item_cf(sequences: Sequence[np.ndarray], n_items: int, cases: Sequence[
         fitted = ItemCF.fit(sequences, n_items, ItemCFConfig(window=window, last=last))
         for decay in decays:
             cf = ItemCF(fitted.sim, ItemCFConfig(window=window, decay=decay, last=last))
-            hits = [bool(np.any(cf.recall(history, k) == target)) for history, target in cases]
-            hr = float(np.mean(hits)) if hits else 0.0
+            hr = hit_rate(cf.recall, cases, [k], ndigits=None)[f"hr@{k}"]
             tried[f"w{window}_d{decay}"] = round(hr, 4)
             if best is None or hr > best[0]:
                 best = (hr, cf)
@@ -108,8 +107,10 @@ def tune_item_cf(sequences: Sequence[np.ndarray], n_items: int, cases: Sequence[
     return best[1], tried
 
 
-def hit_rate(recall: Recall, cases: Sequence[tuple[Sequence[int], int]], ns: Sequence[int]) -> dict[str, float]:
-    """HR@N for each N: ``cases`` are (history, held-out item); the history is excluded from recall."""
+def hit_rate(recall: Recall, cases: Sequence[tuple[Sequence[int], int]], ns: Sequence[int],
+             ndigits: int | None = 4) -> dict[str, float]:
+    """HR@N for each N: ``cases`` are (history, held-out item); the history is excluded from recall.
+    Rounded to ``ndigits`` (None: not rounded, to compare close configurations)."""
     hits = dict.fromkeys(ns, 0)
     top = max(ns)
     for history, target in cases:
@@ -117,7 +118,8 @@ def hit_rate(recall: Recall, cases: Sequence[tuple[Sequence[int], int]], ns: Seq
         where = np.flatnonzero(got == target)
         for n in ns:
             hits[n] += bool(len(where) and where[0] < n)
-    return {f"hr@{n}": round(hits[n] / max(len(cases), 1), 4) for n in ns}
+    rates = {f"hr@{n}": hits[n] / max(len(cases), 1) for n in ns}
+    return rates if ndigits is None else {name: round(v, ndigits) for name, v in rates.items()}
 
 
 def long_tail_share(recommended: Sequence[Sequence[int]], counts: np.ndarray) -> float:

@@ -15,13 +15,11 @@ log = logging.getLogger("dinrec.serving")
 
 
 def every(interval_s: float, stop: threading.Event, fn: Callable[[], None], *, name: str,
-          on_error: Callable[[Exception], None] | None = None, first_now: bool = False) -> threading.Thread:
+          first_now: bool = False) -> threading.Thread:
     """Start a daemon thread ``name`` that calls ``fn`` every ``interval_s`` seconds (first at once with
-    ``first_now``, else after one interval) until ``stop`` is set. An exception from ``fn`` goes to
-    ``on_error`` (default: a warning naming the thread) and the loop goes on."""
-
-    def report(exc: Exception) -> None:
-        log.warning("%s failed; will retry: %s", name, exc)
+    ``first_now``, else after one interval) until ``stop`` is set. An exception from ``fn`` is logged as
+    a warning naming the thread (``fn`` logs its own, more specific errors where it has them) and the
+    loop goes on."""
 
     def loop() -> None:
         if first_now or not stop.wait(interval_s):
@@ -29,7 +27,7 @@ def every(interval_s: float, stop: threading.Event, fn: Callable[[], None], *, n
                 try:
                     fn()
                 except Exception as exc:  # noqa: BLE001 - one bad round must not end the poller
-                    (on_error or report)(exc)
+                    log.warning("%s failed; will retry: %s", name, exc)
                 if stop.wait(interval_s):
                     return
 

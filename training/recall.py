@@ -62,7 +62,7 @@ def top_unseen(scores: torch.Tensor, history: torch.Tensor, k: int) -> torch.Ten
     return scores.topk(min(k, scores.shape[1] - 1), dim=1).indices
 
 
-def hits(top: torch.Tensor, target: torch.Tensor) -> np.ndarray:
+def target_found(top: torch.Tensor, target: torch.Tensor) -> np.ndarray:
     """(B,) bool: whether each row's ``target`` (B,) is among its ``top`` (B, k); a target of 0 (an
     item the model cannot recall) never is."""
     return ((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).numpy()

@@ -165,11 +165,7 @@ class Registry(_StoredRegistry):
 class S3Registry(_StoredRegistry):
     """The same registry on S3: ``bundle_dir(version)`` is a verified local copy in ``cache_dir``."""
 
-    def __init__(self, uri: str | S3Storage, cache_dir: str | Path, aws=None) -> None:  # aws: training.spot.aws.Aws
-        try:
-            storage = uri if isinstance(uri, S3Storage) else S3Storage(uri, aws.client("s3") if aws else None)
-        except ValueError as exc:  # the storage layer's one s3:// parser said no
-            raise RegistryError(f"not an S3 registry: {exc}") from exc
+    def __init__(self, storage: S3Storage, cache_dir: str | Path) -> None:  # made by open_registry
         super().__init__(storage)
         self.cache = Path(cache_dir)
 

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from training.data import split_histories
-from training.recall import hits, top_unseen
+from training.recall import target_found, top_unseen
 from training.samples import SampleSet, Split
 from training.settings import TrainSettings
 from training.towers import Towers, TowersConfig
@@ -70,7 +70,7 @@ def hit_rate_at(model: Towers, samples: SampleSet, split: Split, n: int, item_ca
         r = rows[s:s + batch]
         hist, cats = split_histories(samples, split, r)
         top = top_unseen(model.users(hist, cats) @ table.T, hist, n)  # (B, I) scores → (B, n)
-        found += int(hits(top, torch.from_numpy(split.target_item[r])).sum())
+        found += int(target_found(top, torch.from_numpy(split.target_item[r])).sum())
     return found / max(len(rows), 1)
 
 

@@ -43,8 +43,7 @@ from training.bundle import Bundle
 from training.data import gather_history
 from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
-from training.recall import RecallSpace, top_unseen
-from training.recall import hits as recalled_hits
+from training.recall import RecallSpace, target_found, top_unseen
 from training.samples import SampleSet
 
 SERVED_K = 10
@@ -205,17 +204,17 @@ def _recall(bundle: Bundle, samples: SampleSet, positives: np.ndarray, histories
     tail = torch.tensor([False] + [bool(by_id.get(x, True)) for x in bundle.vocab.items[1:]])
     k = min(k, len(table) - 1)
     recalled_tail = recalled = 0
-    hits, tails = [np.zeros(0, dtype=bool)], [np.zeros(0, dtype=bool)]  # per positive: recalled? a tail item?
+    found, tails = [np.zeros(0, dtype=bool)], [np.zeros(0, dtype=bool)]  # per positive: recalled? a tail item?
     for s in range(0, len(positives), batch):
         r = positives[s:s + batch]
         hist, cats = histories(r)
         top = top_unseen(torch.from_numpy(space.queries(hist, cats)) @ table.T, hist, k)  # (B, I) → (B, k)
         target = item_map[torch.from_numpy(samples.test.target_item[r])]  # 0: the bundle cannot recall it
-        hits.append(recalled_hits(top, target))  # (B,)
+        found.append(target_found(top, target))  # (B,)
         tails.append(window_tail[samples.test.target_item[r]])  # (B,) a long-tail behaviour
         recalled_tail += int(tail[top].sum())
         recalled += top.numel()
-    hit, is_tail = np.concatenate(hits), np.concatenate(tails)
+    hit, is_tail = np.concatenate(found), np.concatenate(tails)
     if units is not None:
         units["recall_hr"], units["recall_tail_hr"] = (hit, None), (hit[is_tail], None)
     return {"recall_hr": int(hit.sum()) / max(len(hit), 1), "recall_tail_share": recalled_tail / max(recalled, 1),
