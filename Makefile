@@ -1,13 +1,14 @@
 # Two set-up commands on a fresh machine:
 #   make demo   — venv, install, then the whole loop on embedded defaults (no servers)
 #   make test   — venv, install, start Redis + Kafka on loopback, run the test suite
+# (make test-fast: the tier without services, datasets or slow tests, for the edit-test loop)
 #
 # VENV can live outside the clone (CI keys it on the dependency files, see .ci/run).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dinrec-installed
 
-.PHONY: install demo test lint services-start services-stop bench clean
+.PHONY: install demo test test-fast lint services-start services-stop bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -28,6 +29,12 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	eval "$$(deploy/local/services.sh start)" && \
 	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The fast tier: no services, no datasets, nothing marked slow (CONTRIBUTING.md: test tiers).
+test-fast: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+	$(PY) -m pytest -q -m "not redis and not kafka and not data and not slow" $(PYTEST_ARGS)
 
 services-start:
 	deploy/local/services.sh start

@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from feature_store.experiments.stats import VariantSums, compare
+from experiments.stats import VariantSums, compare
 
 
 def _arm(rng: np.random.Generator, users: int, looks: int, impressions: float, ctr: float, concentration: float,

@@ -183,11 +183,10 @@ def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequen
               train_overrides: dict | None = None) -> dict:
     """``max_users``: serve only the first N test users (every user trains); ``train_overrides``:
     TrainSettings fields to change (default: none — the defaults are what is measured)."""
+    from models.bundle import load_bundle
     from serving.models import load_recommender
     from serving.settings import ServingSettings
-    from training.bundle import load_bundle
-    from training.loop import train
-    from training.pipeline import export_trained, samples_for
+    from training.pipeline import samples_for, train_bundle
     from training.settings import TrainSettings
 
     t0 = time.perf_counter()
@@ -206,8 +205,7 @@ def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequen
                     "k": K, "train_settings": {k: v for k, v in settings.model_dump().items()
                                                if k in (train_overrides or {})}}
     with tempfile.TemporaryDirectory(prefix="dinrec-bench-e2e-") as tmp:
-        trained = train(samples, settings, Path(tmp))
-        bundle_path = export_trained(Path(tmp) / "bundle", trained, samples, settings)
+        bundle_path = train_bundle(samples, settings, Path(tmp) / "bundle", run_dir=Path(tmp)).bundle
         t_train = time.perf_counter()
         bundle = load_bundle(bundle_path)
         events = _ingested(interactions, test)

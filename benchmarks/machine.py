@@ -8,7 +8,7 @@ import platform
 
 import torch
 
-from training.kernels import cpu_has
+from models.kernels import cpu_has
 
 # The vector units that change which code path runs (the fused kernels need avx512_bf16).
 ISA_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")

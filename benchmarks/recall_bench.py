@@ -26,15 +26,15 @@ import numpy as np
 import torch
 
 from feature_store.datasets import load_dataset
+from models.recall import RecallSpace
+from models.scorer import Scorer
 from retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_mask, long_tail_share
 from retrieval.index import FaissIndex
 from serving.rerank import Reranker
 from serving.settings import ServingSettings
 from training.export import build_item_index, item_counts
 from training.loop import train
-from training.recall import RecallSpace
 from training.samples import SampleSet, Split, build_samples, training_sequences
-from training.scorer import Scorer
 from training.settings import TrainSettings
 from training.towers_train import towers_settings, train_towers
 

@@ -25,7 +25,7 @@ import numpy as np
 
 from feature_store.archive import archive_events
 from feature_store.datasets import load_dataset
-from training.registry import Registry
+from registry.store import Registry
 from training.retrain.job import RetrainJob
 from training.retrain.settings import RetrainSettings
 from training.settings import TrainSettings

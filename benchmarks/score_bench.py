@@ -1,7 +1,7 @@
 """`dinrec bench score`: the latency of scoring one request — one user's history of L behaviours
 against N recalled candidates — on one thread, three ways, in one run:
 
-* ``dinrec``: training.scorer.Scorer as serving uses it (precision chosen as serving chooses it:
+* ``dinrec``: models.scorer.Scorer as serving uses it (precision chosen as serving chooses it:
   bf16 products where the CPU multiplies bf16 natively and the scores stay within 1e-3 of fp32),
   plus ``dinrec_fp32`` and ``dinrec_bf16`` forced;
 * ``torch``: the training model's forward on the request expanded to (N, L) — what serving did before;
@@ -22,8 +22,8 @@ import time
 import numpy as np
 import torch
 
-from training.model import DIN, DINConfig
-from training.scorer import Scorer, choose_precision
+from models.din import DIN, DINConfig
+from models.scorer import Scorer, choose_score_precision
 
 
 def _timed(fn, requests: list, warmup: int = 20) -> dict:
@@ -62,7 +62,7 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
                  "config": {"item_dim": item_dim, "cat_dim": cat_dim, "attention_hidden": list(attention_hidden),
                             "mlp_hidden": list(mlp_hidden), "attention_activation": attention_activation,
                             "mlp_activation": mlp_activation}}
-    precision, error = choose_precision(model, item_cat, "auto", reqs[:8])
+    precision, error = choose_score_precision(model, item_cat, "auto", reqs[:8])
     for name, prec in (("dinrec", precision), ("dinrec_fp32", "fp32"), ("dinrec_bf16", "bf16")):
         scorer = Scorer(model, item_cat, prec)
         out[name] = {**_timed(lambda h, c, n, s=scorer: s.score(h, c, n), reqs), "precision": prec}

@@ -27,14 +27,14 @@ from benchmarks import loadgen
 from benchmarks.loadgen import request_bytes
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
+from models.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
+from models.din import DIN, DINConfig
+from models.recall import RecallSpace
+from models.towers import Towers, TowersConfig
+from models.vocab import Vocab
 from retrieval.index import IndexSpec
 from serving.server import free_port
-from training.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
 from training.export import build_item_index
-from training.model import DIN, DINConfig
-from training.recall import RecallSpace
-from training.towers import Towers, TowersConfig
-from training.vocab import Vocab
 
 
 def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0,

@@ -22,6 +22,7 @@ from pydantic_settings import BaseSettings
 
 from feature_store.settings import FeatureStoreSettings
 from serving.settings import ServingSettings
+from storage.settings import SharedSettings
 from training.retrain.settings import RetrainSettings
 from training.settings import TrainSettings
 from training.spot.settings import SpotSettings
@@ -30,6 +31,7 @@ PREFIX = "DINREC_"
 
 # (title, the settings class, the commands that read it)
 COMPONENTS: tuple[tuple[str, type[BaseSettings], str], ...] = (
+    ("Shared by every process", SharedSettings, "serve, ingest, demo, retrain, models"),
     ("Feature store and stream", FeatureStoreSettings, "serve, ingest, demo, retrain, bench"),
     ("Serving", ServingSettings, "serve, demo, simulate, bench"),
     ("Training", TrainSettings, "train, retrain, spot run, demo"),
@@ -39,7 +41,7 @@ COMPONENTS: tuple[tuple[str, type[BaseSettings], str], ...] = (
 
 # Read outside the settings classes: name → (where, default, what).
 OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
-    "DINREC_KERNEL_CACHE": ("training/kernels.py", "~/.cache/dinrec/kernels",
+    "DINREC_KERNEL_CACHE": ("models/kernels.py", "~/.cache/dinrec/kernels",
                             "where the fused C++ kernels are built and cached (keyed on source, torch and CPU)"),
     "DINREC_SPOT_SHUTDOWN_CMD": ("the spot job's shell script", "shutdown -h now",
                                  "run on the instance when training ends other than by an interruption"),
@@ -59,8 +61,25 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
 }
 
 
+# Variables that became one shared variable (storage.settings): the warning names the new one.
+RENAMED: dict[str, str] = {
+    "DINREC_RETRAIN_REGISTRY": "DINREC_REGISTRY", "DINREC_RETRAIN_REGISTRY_CACHE": "DINREC_REGISTRY_CACHE",
+    "DINREC_RETRAIN_EXPERIMENTS_FILE": "DINREC_EXPERIMENTS_FILE", "DINREC_RETRAIN_TOPIC": "DINREC_TOPIC",
+}
+
+
 def variable(settings: type[BaseSettings], field: str) -> str:
+    alias = settings.model_fields[field].validation_alias  # a shared fact: one variable, whatever the prefix
+    if isinstance(alias, str):
+        return alias.upper()
     return (settings.model_config.get("env_prefix", "") + field).upper()
+
+
+def own_fields(settings: type[BaseSettings]) -> list[str]:
+    """The fields ``settings`` adds (the shared ones are listed once, under SharedSettings)."""
+    if settings is SharedSettings:
+        return list(settings.model_fields)
+    return [f for f in settings.model_fields if f not in SharedSettings.model_fields]
 
 
 def known_variables() -> set[str]:
@@ -71,7 +90,7 @@ def known_variables() -> set[str]:
 def unknown_variables(environ: Mapping[str, str]) -> list[tuple[str, str | None]]:
     """[(name, the closest known name or None)] for each ``DINREC_*`` variable nothing reads."""
     known = sorted(known_variables())
-    return [(name, next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None))
+    return [(name, RENAMED.get(name) or next(iter(difflib.get_close_matches(name, known, n=1, cutoff=0.75)), None))
             for name in sorted(environ) if name.startswith(PREFIX) and name not in known]
 
 
@@ -123,7 +142,8 @@ def reference() -> str:
         lines += [f"## {title}", "", f"`{cls.__module__}.{cls.__name__}`; read by `dinrec {commands}`."
                   + (f" {_cell(doc)}" if doc and not doc.startswith("Usage docs") else ""), "",
                   "| variable | type | default | description |", "|---|---|---|---|"]
-        for name, field in cls.model_fields.items():
+        for name in own_fields(cls):
+            field = cls.model_fields[name]
             lines.append(f"| `{variable(cls, name)}` | {_type(field.annotation)} | {_cell(_default(field))} | "
                          f"{_cell(field.description or '')} |")
         lines.append("")

@@ -29,17 +29,17 @@ def demo(
     """Run the whole loop on a laptop: data → DIN → bundle + FAISS → HTTP, and show requests."""
     import httpx
 
+    from experiments import open_state
     from feature_store.datasets.synthetic import SyntheticConfig, generate_world
     from feature_store.online.memory import MemoryStore
     from feature_store.settings import FeatureStoreSettings
     from feature_store.streams.inprocess import InProcessStream
+    from registry.store import Registry
     from serving.app import create_app
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
     from serving.simulate import simulate, wait_until_logged
-    from training.export import export_with_recall
-    from training.loop import train
-    from training.registry import Registry
+    from training.pipeline import train_bundle
     from training.samples import build_samples
     from training.settings import TrainSettings
 
@@ -58,15 +58,14 @@ def demo(
     samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20, negative_power=1.0)
     say(f"2/7 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
     settings = TrainSettings(epochs=3, progress=not smoke)
-    result = train(samples, settings, out)
-    m = result.metrics
-    say(f"3/7 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
-        f"{m['samples_per_s']:.0f} samples/s")
     # The data window goes into the bundle's lineage: what a retrain compares against (its holdout is
     # the behaviours after it).
     window = {"start": float(data.ts.min()), "end": cut, "source": data.source}
-    bundle = export_with_recall(out / "bundle", result.model, samples, m, settings,
-                                lineage={"trained_by": "dinrec demo", "data_window": window})
+    trained = train_bundle(samples, settings, out / "bundle", run_dir=out,
+                           lineage={"trained_by": "dinrec demo", "data_window": window})
+    bundle, m = trained.bundle, trained.result.metrics
+    say(f"3/7 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
+        f"{m['samples_per_s']:.0f} samples/s")
     registry = Registry(out / "registry")
     registry.set_alias("champion", registry.publish(bundle), reason="demo: first model")
     say(f"4/7 exported bundle + FAISS index to {bundle}, published as champion in {registry.root}")
@@ -120,7 +119,7 @@ def demo(
                 "variants": [{"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]})
             users = 300 if smoke else 1000
             served = simulate(httpx.Client(base_url=base, timeout=30), world, users=users, rounds=2, k=10)
-            wait_until_logged(store, "din-vs-popular", served)
+            wait_until_logged(open_state(store), "din-vs-popular", served)
             results = client.get(base + "/experiments/din-vs-popular/results").json()
             ctrs = ", ".join(f"{v} CTR {100 * s['ctr']:.2f}%" for v, s in results["results"]["variants"].items())
             lifts = "".join(f"; {c['variant']} lift {100 * c['lift']:+.1f}% (p = {c['p_value']:.2g}, "

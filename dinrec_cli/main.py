@@ -17,9 +17,9 @@ from dinrec_cli.simulate import simulate
 from dinrec_cli.teardown import quiet_triton_teardown
 from feature_store.cli import data_app
 from feature_store.ingest_cli import ingest_app
+from registry.cli import models_app
 from serving.cli import serve
 from training.cli import train
-from training.registry_cli import models_app
 from training.retrain.cli import retrain
 from training.spot.cli import plan, spot_app
 
@@ -49,9 +49,9 @@ def config() -> None:
 def main() -> None:
     from dinrec_cli.config import unknown_warnings
     from feature_store.errors import FeatureStoreError
+    from models.bundle import BundleError
     from retrieval.errors import RetrievalError
-    from training.bundle import BundleError
-    from training.spot.aws import CloudError
+    from storage import CloudError
 
     atexit.register(quiet_triton_teardown)
     for line in unknown_warnings(os.environ):  # a mistyped variable would otherwise be dropped silently

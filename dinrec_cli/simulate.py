@@ -38,18 +38,18 @@ def simulate(
     import httpx
     import numpy as np
 
+    from experiments import open_state
     from feature_store.datasets.synthetic import SyntheticConfig, generate_world
     from feature_store.online.memory import MemoryStore
     from feature_store.settings import FeatureStoreSettings
     from feature_store.streams.inprocess import InProcessStream
+    from registry.store import Registry
     from serving.app import create_app
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
     from serving.simulate import simulate as run
     from serving.simulate import wait_until_logged
-    from training.export import export_with_recall
-    from training.loop import train
-    from training.registry import Registry
+    from training.pipeline import train_bundle
     from training.samples import build_samples
     from training.settings import TrainSettings
 
@@ -63,8 +63,8 @@ def simulate(
     # users click by interest (README: offline AUC drops, what users are shown gets 7x closer to them).
     samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20, negative_power=1.0)
     train_settings = TrainSettings(epochs=3, progress=False)
-    result = train(samples, train_settings, out)
-    bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, train_settings)
+    trained = train_bundle(samples, train_settings, out / "bundle", run_dir=out)
+    result, bundle = trained.result, trained.bundle
     say(f"trained DIN on {len(data)} synthetic behaviours: test AUC {result.metrics['test_auc']:.3f}")
     models = {"champion": {"test_auc": result.metrics["test_auc"]}}
     serving_model: dict = {"bundle_dir": bundle}
@@ -72,12 +72,12 @@ def simulate(
         rng = np.random.default_rng(seed)
         bad_samples = dataclasses.replace(samples, train=dataclasses.replace(
             samples.train, label=rng.permutation(samples.train.label)))
-        bad = train(bad_samples, train_settings, out / "shuffled-run")
+        bad_settings = train_settings.model_copy(update={"ranking_blend": False})
         # Served by its DIN score alone: the ranking blend, fitted on validation, would give a model
         # trained on shuffled labels no weight, and the lanes would carry its lists (the blend guards
         # against exactly this); the origin story is a worse *ranker* shipped, and that is what it serves.
-        bad_bundle = export_with_recall(out / "shuffled-bundle", bad.model, bad_samples, bad.metrics,
-                                        train_settings.model_copy(update={"ranking_blend": False}))
+        shuffled = train_bundle(bad_samples, bad_settings, out / "shuffled-bundle", run_dir=out / "shuffled-run")
+        bad, bad_bundle = shuffled.result, shuffled.bundle
         models["shuffled"] = {"test_auc": bad.metrics["test_auc"]}
         say(f"trained the shuffled-label model: test AUC {bad.metrics['test_auc']:.3f}")
         registry = Registry(out / "registry")
@@ -99,7 +99,7 @@ def simulate(
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         t0 = time.perf_counter()
         served = run(client, world, users=users, rounds=rounds, k=k, seed=seed)
-        wait_until_logged(store, experiment, served)
+        wait_until_logged(open_state(store), experiment, served)
         report = client.get(f"/experiments/{experiment}/results").json()
         say(f"simulated {sum(v['requests'] for v in served.values())} requests in {time.perf_counter() - t0:.0f}s")
     report["served"] = served

@@ -7,7 +7,7 @@ record as it was published) and writes what it reads, per partition, to files::
     {root}/{topic}/date=YYYY-MM-DD/hour=HH/p{partition}-{first:012d}-{last:012d}.jsonl
 
 (the date and hour of the file's first record, by its produce time; one record's bytes per line).
-``root`` is a folder or ``s3://bucket/prefix`` (feature_store.storage): a file is one atomic write —
+``root`` is a folder or ``s3://bucket/prefix`` (storage): a file is one atomic write —
 a temp file fsynced and renamed into place, or one PUT — so it is whole or absent. **The files
 are the archive's offsets**: on assignment a partition is read from one past the highest offset any
 file covers, and a redelivered record at or below it is dropped — so a crash between writing a file
@@ -26,8 +26,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from feature_store.schema import BehaviourEvent
-from feature_store.storage import Storage, open_storage
 from feature_store.streams.base import EventStream, MembershipChanges, Record
+from storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
 _FILE = re.compile(r"^p(\d+)-(\d{12})-(\d{12})\.jsonl$")

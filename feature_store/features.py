@@ -17,6 +17,8 @@ import numpy as np
 
 POSITIVE_RATING = 4.0
 DEFAULT_HISTORY_LEN = 50
+DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0  # an event id applied once per user within this window
+DEFAULT_INTERACTED_CAP = 1000  # items per user the seen-item policy remembers, beyond the history
 BEHAVIOUR_TYPES = frozenset({"view", "click", "cart", "fav", "buy"})
 
 

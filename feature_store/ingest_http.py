@@ -6,15 +6,14 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from feature_store.ingest_stats import IngestStats, PrometheusCollector
+from feature_store.ingest_stats import IngestStats
 
 
 def serve_stats(stats: IngestStats, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:
     """Serve ``stats`` on ``host:port`` (0: a free port, see ``server.server_address``) in a thread."""
-    from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-    registry = CollectorRegistry()
-    registry.register(PrometheusCollector(stats))
+    registry = stats.registry
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 - the http.server API

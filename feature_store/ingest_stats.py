@@ -1,38 +1,27 @@
 """What ingestion counts, in one object: read by `dinrec ingest status --json` and exported as
-Prometheus metrics (a collector over this object, so there is one source of truth)."""
+Prometheus metrics. The latency histograms are prometheus_client's (as serving's are); the counters
+and the lag are exported by a collector over this object, so there is one source of truth."""
 
 from __future__ import annotations
 
-import bisect
 import threading
 import time
 from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, Histogram
 
 # Seconds: 0.5 ms .. 60 s, roughly x2.5 apart.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-@dataclass
-class Histogram:
-    counts: list[int] = field(default_factory=lambda: [0] * (len(BUCKETS) + 1))
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, seconds: float, times: int = 1) -> None:
-        self.counts[bisect.bisect_left(BUCKETS, seconds)] += times
-        self.total += seconds * times
-        self.n += times
-
-    def quantile(self, q: float) -> float | None:
-        """Upper bound of the bucket holding the q-quantile (None before any observation)."""
-        if self.n == 0:
-            return None
-        rank, seen = q * self.n, 0
-        for i, c in enumerate(self.counts):
-            seen += c
-            if seen >= rank and c:
-                return BUCKETS[i] if i < len(BUCKETS) else float("inf")
-        return float("inf")  # pragma: no cover - the loop always reaches rank
+def bucket_quantile(histogram: Histogram, q: float) -> float | None:
+    """Upper bound of the bucket holding the ``q``-quantile (None before any observation)."""
+    buckets = [(float(s.labels["le"]), s.value) for m in histogram.collect() for s in m.samples
+               if s.name.endswith("_bucket")]
+    total = buckets[-1][1] if buckets else 0
+    if total == 0:
+        return None
+    return next(bound for bound, cumulative in buckets if cumulative >= q * total)
 
 
 @dataclass
@@ -45,11 +34,19 @@ class IngestStats:
     #                          new owner got ahead)
     retries: int = 0         # failed store / stream calls, retried with backoff
     batches: int = 0
-    apply_s: Histogram = field(default_factory=Histogram)   # store write per batch
-    age_s: Histogram = field(default_factory=Histogram)     # produced -> applied, per record
     lag: dict[int, int] = field(default_factory=dict)       # records behind, per assigned partition
     started: float = field(default_factory=time.time)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry, repr=False)  # what /metrics serves
+    apply_s: Histogram = field(init=False, repr=False)  # store write per batch
+    age_s: Histogram = field(init=False, repr=False)    # produced -> applied, per record
+
+    def __post_init__(self) -> None:
+        self.apply_s = Histogram("dinrec_ingest_apply_seconds", "store write time per batch", buckets=BUCKETS,
+                                 registry=self.registry)
+        self.age_s = Histogram("dinrec_ingest_event_age_seconds", "time from produce to applied, per record",
+                               buckets=BUCKETS, registry=self.registry)
+        self.registry.register(_Counters(self))
 
     def snapshot(self) -> dict:
         with self.lock:
@@ -58,8 +55,10 @@ class IngestStats:
                 "consumed": self.consumed, "applied": self.applied, "dead_lettered": self.dead_lettered,
                 "skipped": self.skipped, "rewinds": self.rewinds, "retries": self.retries, "batches": self.batches,
                 "events_per_s": round(self.consumed / up, 1), "uptime_s": round(up, 1),
-                "apply_p50_ms": _ms(self.apply_s.quantile(0.5)), "apply_p99_ms": _ms(self.apply_s.quantile(0.99)),
-                "age_p50_ms": _ms(self.age_s.quantile(0.5)), "age_p99_ms": _ms(self.age_s.quantile(0.99)),
+                "apply_p50_ms": _ms(bucket_quantile(self.apply_s, 0.5)),
+                "apply_p99_ms": _ms(bucket_quantile(self.apply_s, 0.99)),
+                "age_p50_ms": _ms(bucket_quantile(self.age_s, 0.5)),
+                "age_p99_ms": _ms(bucket_quantile(self.age_s, 0.99)),
                 "lag": {str(p): n for p, n in sorted(self.lag.items())},
             }
 
@@ -68,14 +67,14 @@ def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1000, 3)
 
 
-class PrometheusCollector:
-    """Exposes an IngestStats to prometheus_client (`registry.register(PrometheusCollector(stats))`)."""
+class _Counters:
+    """The counters and the lag of an IngestStats, as prometheus_client collects them."""
 
     def __init__(self, stats: IngestStats) -> None:
         self._s = stats
 
     def collect(self):
-        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         s = self._s
         with s.lock:
@@ -88,13 +87,6 @@ class PrometheusCollector:
                 ("retries", s.retries, "failed store or stream calls retried with backoff"),
             ]:
                 yield CounterMetricFamily(f"dinrec_ingest_{name}", doc, value=value)
-            for name, h, doc in [("apply_seconds", s.apply_s, "store write time per batch"),
-                                 ("event_age_seconds", s.age_s, "time from produce to applied, per record")]:
-                cumulative, buckets = 0, []
-                for bound, c in zip([*map(str, BUCKETS), "+Inf"], h.counts, strict=True):
-                    cumulative += c
-                    buckets.append((bound, cumulative))
-                yield HistogramMetricFamily(f"dinrec_ingest_{name}", doc, buckets=buckets, sum_value=h.total)
             lag = GaugeMetricFamily("dinrec_ingest_lag_records", "records behind the partition's end",
                                     labels=["partition"])
             for p, n in sorted(s.lag.items()):

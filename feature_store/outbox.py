@@ -31,8 +31,8 @@ from typing import TYPE_CHECKING
 
 from feature_store.errors import FeatureStoreError, StreamUnavailable
 from feature_store.ingest import Backoff
-from feature_store.storage import write_atomically
 from feature_store.streams.base import EventStream, OutgoingRecord
+from storage import write_atomically
 
 if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings

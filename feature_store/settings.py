@@ -6,16 +6,17 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
 
-from feature_store.features import DEFAULT_HISTORY_LEN
-from feature_store.online.base import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP
+from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_HISTORY_LEN, DEFAULT_INTERACTED_CAP
+from storage.settings import SharedSettings
 
 
-class FeatureStoreSettings(BaseSettings):
+class FeatureStoreSettings(SharedSettings):
     # extra="forbid": a mistyped keyword raises; other packages' DINREC_* variables are not read as
     # fields (dinrec_cli.config reports the ones no settings class knows).
-    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True,
+                                      populate_by_name=True)
 
     store: Literal["memory", "redis"] = Field("memory", description=(
         "the online store: memory (embedded, one process) or redis"))
@@ -37,8 +38,6 @@ class FeatureStoreSettings(BaseSettings):
         "the event stream: inprocess (embedded) or kafka"))
     kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3, description=(
         "Kafka bootstrap servers (host:port[,host:port…])"))
-    topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$",
-                       description="Kafka topic (its dead letters go to <topic>.dlq)")
     topic_partitions: int = Field(8, ge=1, le=10_000,
                                   description="partitions of the topic when dinrec creates it: the most consumers "
                                               "that can share ingestion")

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
-from feature_store.experiments.stats import VariantSums, analyse
+from experiments.stats import VariantSums, analyse
 from serving.deps import State
 
 router = APIRouter()
@@ -35,12 +35,12 @@ def experiment_results(state: State, name: str) -> dict:
     exp = state.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
-    counted = state.store.ab_sums(name)  # StoreUnavailable → 503 in the one error shape
+    counted = state.experiment_state.sums(name)  # StoreUnavailable → 503 in the one error shape
     empty = VariantSums(0, 0, 0, 0, 0, 0)  # a variant nobody has seen yet still gets its row
     sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
     return {"experiment": exp.model_dump(mode="json"),
             "results": analyse(sums, exp.control_name, exp.weights),
-            "stopped": state.store.ab_stopped(name), "unattributed": state.store.ab_unattributed(),
-            "ramp": state.store.ab_ramp_log(name) if exp.ramp else None,
-            "winner": state.store.ab_conclusion(name),
-            "timeline": state.store.ab_timeline(name)}
+            "stopped": state.experiment_state.stopped(name), "unattributed": state.experiment_state.unattributed(),
+            "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
+            "winner": state.experiment_state.conclusion(name),
+            "timeline": state.experiment_state.timeline(name)}

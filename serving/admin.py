@@ -27,6 +27,10 @@ class ModelStatus(BaseModel):
     alias: str | None
     previous: str | None = Field(description="model version kept for rollback")
     changed: bool = False
+    held: str | None = Field(None, description=(
+        "a version the alias names that does not serve (refused, or rolled back from): the watcher leaves it "
+        "until the alias moves"))
+    watch_checks: int = Field(0, description="how often the watcher has checked the alias (it is alive if this grows)")
 
 
 def _authorize(state: ServiceState, authorization: str | None) -> None:
@@ -45,7 +49,7 @@ def _status(state: ServiceState, changed: bool = False) -> ModelStatus:
     previous = models.previous[1].model_version if models.previous else None
     return ModelStatus(model_version=models.current.model_version, version=models.version,
                        alias=state.settings.model_alias if models.registry else None, previous=previous,
-                       changed=changed)
+                       changed=changed, held=models.held, watch_checks=models.watch_checks)
 
 
 Auth = Annotated[str | None, Header()]

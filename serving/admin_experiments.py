@@ -17,10 +17,10 @@ from fastapi import APIRouter, Header
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
-from feature_store.experiments.assign import Experiment, ExperimentFile
+from experiments.running import Experiments
+from experiments.spec import Experiment, ExperimentFile
 from serving.admin import _authorize
 from serving.deps import ServiceState, State
-from serving.experiments import Experiments
 from serving.loops import every
 
 log = logging.getLogger(__name__)

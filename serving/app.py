@@ -7,10 +7,12 @@ import gc
 import logging
 import threading
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import ExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
+from experiments.guardrail import Guardrail
+from experiments.running import Experiments
 from feature_store.ingest import Ingestor
 from feature_store.online import OnlineStore, open_store
 from feature_store.outbox import open_outbox
@@ -25,12 +27,11 @@ from serving.admin_experiments import watch_file as watch_experiments
 from serving.catalog import Catalog
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
-from serving.experiments import Experiments
-from serving.guardrail import Guardrail
 from serving.impressions import ImpressionLog
+from serving.loops import every
+from serving.metrics import ServiceMetrics
 from serving.middleware import RequestContext
 from serving.models import ModelManager
-from serving.ranking import Recommender
 from serving.routes import router
 from serving.settings import ServingSettings
 
@@ -45,76 +46,9 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        owned_store, owned_stream = store is None, stream is None
-
-        def swapped(rec: Recommender) -> None:  # requests read state.recommender once, when they start
-            state.recommender = rec
-            state.metrics.serving_model(rec.model_version, rec.precision)
-
-        # New items the store's catalog knows and the models do not: every model loaded gets them.
-        catalog = Catalog(known=lambda item: models.current.knows(item),
-                          apply=lambda items: [rec.set_cold_items(items) for rec in models.serving()])
-        models = ModelManager(settings, on_swap=swapped, prepare=lambda rec: rec.set_cold_items(catalog.items))
-        state = ServiceState(settings, fs_settings, models.current,
-                             store or open_store(fs_settings), stream or open_stream(fs_settings), models=models)
-        watch_stop = threading.Event()
-        models.watch(watch_stop)
-        if settings.events_sink == "stream":
-            state.outbox = open_outbox(state.stream, fs_settings)
-        state.experiments = Experiments.load(settings.experiments_file)
-        models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
-        state.guardrail = Guardrail(state.store, state.experiments, min_users=settings.guardrail_min_users,
-                                    interval_s=settings.guardrail_interval_s,
-                                    promote=models.promote if models.registry is not None else None)
-        if settings.experiments_file is not None:  # experiments may also arrive later, by the admin API
-            try:  # decisions other replicas already made apply from the first request
-                state.guardrail.check()
-            except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
-                log.warning("guardrail: first check failed: %s", exc)
-            state.guardrail.run(watch_stop)
-        watch_experiments(state, watch_stop)
-        if settings.catalog_poll_s > 0:
-            catalog.run(state.store, watch_stop, settings.catalog_poll_s)
-        sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
-                else state.store.write)
-        state.impressions = ImpressionLog(sink, on_drop=state.metrics.impressions_dropped.inc)
-        in_app = settings.ingest_in_app if settings.ingest_in_app is not None else fs_settings.stream == "inprocess"
-        if in_app:
-            ingestor = Ingestor(state.stream, state.store, fs_settings.consumer_group,
-                                batch_size=fs_settings.ingest_batch)
-
-            def _ingest() -> None:
-                try:
-                    ingestor.run(state.ingest_stop, poll_timeout_s=0.2)
-                finally:
-                    ingestor.close()
-
-            state.ingest_thread = threading.Thread(target=_ingest, name="dinrec-ingest", daemon=True)
-            state.ingest_thread.start()
-        state.metrics.serving_model(state.recommender.model_version, state.recommender.precision)
-        if state.outbox is not None:
-            state.metrics.watch_outbox(lambda: state.outbox.pending_bytes)
-        app.state.dinrec = state
-        # The bundle's vocabularies are millions of long-lived objects: out of the collector's sight,
-        # a full collection no longer walks them in the middle of a request.
-        gc.collect()
-        gc.freeze()
-        log.info("serving model %s (%s) from %s", state.recommender.model_version, state.recommender.precision,
-                 settings.bundle_dir)
-        try:
+        with ExitStack() as parts:  # each part registers its own stop; they stop in reverse start order
+            app.state.dinrec = start_service(parts, settings, fs_settings, store, stream)
             yield
-        finally:
-            watch_stop.set()
-            state.impressions.close()  # into the outbox (or store) before the outbox drains
-            if state.outbox is not None:  # what it cannot send in time stays journaled for the next start
-                state.outbox.close(drain_timeout_s=settings.shutdown_drain_s)
-            state.ingest_stop.set()
-            if state.ingest_thread is not None:
-                state.ingest_thread.join(timeout=10)
-            if owned_stream:
-                state.stream.close()
-            if owned_store:
-                state.store.close()
 
     app = FastAPI(title="dinrec", version="0.1.0", lifespan=lifespan,
                   description="DIN recommendations: FAISS recall, DIN ranking, behaviour events.")
@@ -133,3 +67,88 @@ def app_from_env() -> FastAPI:
     settings = ServingSettings()
     logs.configure(settings.log_format)
     return create_app(settings, FeatureStoreSettings())
+
+
+def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: FeatureStoreSettings,
+                  store: OnlineStore | None, stream: EventStream | None) -> ServiceState:
+    """Start the service's parts in dependency order, each registering its stop on ``parts``: the store
+    and the stream, the in-app ingest, the models, the outbox, the impression log, then the background
+    loops (models, experiments, guardrail, catalog). Stopping runs the other way: loops first, then
+    impressions into the outbox, the outbox drained into the stream, ingest, the stream, the store."""
+    if store is None:
+        store = open_store(fs_settings)
+        parts.callback(store.close)
+    if stream is None:
+        stream = open_stream(fs_settings)
+        parts.callback(stream.close)
+    metrics = ServiceMetrics()
+    catalog = Catalog()  # new items the store knows and the models do not: every model loaded gets them
+    models = ModelManager(settings, on_swap=lambda rec: metrics.serving_model(rec.model_version, rec.precision),
+                          prepare=lambda rec: rec.set_cold_items(catalog.items))
+    catalog.attach(models)
+    state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics)
+    _start_ingest(parts, state)
+    if settings.events_sink == "stream":
+        state.outbox = open_outbox(state.stream, fs_settings)
+        # What it cannot send in time stays journaled for the next start.
+        parts.callback(state.outbox.close, drain_timeout_s=settings.shutdown_drain_s)
+        metrics.watch_outbox(lambda: state.outbox.pending_bytes)
+    sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
+            else state.store.write)
+    state.impressions = ImpressionLog(sink, on_drop=metrics.impressions_dropped.inc)
+    parts.callback(state.impressions.close)  # into the outbox (or store) before the outbox drains
+    state.experiments = Experiments.load(settings.experiments_file)
+    models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
+    state.guardrail = Guardrail(state.experiment_state, state.experiments, min_users=settings.guardrail_min_users,
+                                interval_s=settings.guardrail_interval_s,
+                                promote=models.promote if models.registry is not None else None)
+    _start_loops(parts, state, catalog)
+    metrics.serving_model(state.recommender.model_version, state.recommender.precision)
+    # The bundle's vocabularies are millions of long-lived objects: out of the collector's sight,
+    # a full collection no longer walks them in the middle of a request.
+    gc.collect()
+    gc.freeze()
+    log.info("serving model %s (%s) from %s", state.recommender.model_version, state.recommender.precision,
+             settings.bundle_dir)
+    return state
+
+
+def _start_ingest(parts: ExitStack, state: ServiceState) -> None:
+    """The stream → store consumer inside the service (the embedded default: the in-process stream
+    lives in this process, so nothing else could consume it)."""
+    settings, fs = state.settings, state.fs_settings
+    if not (settings.ingest_in_app if settings.ingest_in_app is not None else fs.stream == "inprocess"):
+        return
+    ingestor = Ingestor(state.stream, state.store, fs.consumer_group, batch_size=fs.ingest_batch)
+
+    def ingest() -> None:
+        try:
+            ingestor.run(state.ingest_stop, poll_timeout_s=0.2)
+        finally:
+            ingestor.close()
+
+    state.ingest_thread = threading.Thread(target=ingest, name="dinrec-ingest", daemon=True)
+    state.ingest_thread.start()
+
+    def stop() -> None:
+        state.ingest_stop.set()
+        state.ingest_thread.join(timeout=10)
+
+    parts.callback(stop)
+
+
+def _start_loops(parts: ExitStack, state: ServiceState, catalog: Catalog) -> None:
+    """The background loops, stopped together first: the model watcher, the experiments file
+    watcher, the guardrail and the catalog poll."""
+    settings, stop = state.settings, threading.Event()
+    parts.callback(stop.set)
+    state.models.watch(stop)
+    if settings.experiments_file is not None:  # experiments may also arrive later, by the admin API
+        try:  # decisions other replicas already made apply from the first request
+            state.guardrail.check()
+        except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
+            log.warning("guardrail: first check failed: %s", exc)
+        every(settings.guardrail_interval_s, stop, state.guardrail.check, name="dinrec-guardrail")
+    watch_experiments(state, stop)
+    if settings.catalog_poll_s > 0:
+        catalog.run(state.store, stop, settings.catalog_poll_s)

@@ -10,20 +10,30 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from feature_store.online import OnlineStore
 from serving.loops import every
+
+if TYPE_CHECKING:
+    from serving.models import ModelManager
 
 log = logging.getLogger(__name__)
 
 
 class Catalog:
-    def __init__(self, known: Callable[[str], bool], apply: Callable[[list[tuple[str, str]]], None]) -> None:
+    def __init__(self, known: Callable[[str], bool] | None = None,
+                 apply: Callable[[list[tuple[str, str]]], None] | None = None) -> None:
         """``known(item)``: whether the serving model knows it; ``apply(items)``: give the models the
-        current list of (item, category) they may not know."""
-        self.known, self.apply = known, apply
+        current list of (item, category) they may not know (or :meth:`attach` a ModelManager)."""
+        self.known, self.apply = known or (lambda item: False), apply or (lambda items: None)
         self.cursor = 0
         self.items: list[tuple[str, str]] = []  # replaced whole: read by model swaps
+
+    def attach(self, models: ModelManager) -> None:
+        """Check items against the model serving now, and give the list to every model serving."""
+        self.known = lambda item: models.current.knows(item)
+        self.apply = lambda items: [rec.set_cold_items(items) for rec in models.serving()]
 
     def poll(self, store: OnlineStore) -> int:
         """Read what ``store``'s catalog gained since the last poll; returns how many new items it had."""

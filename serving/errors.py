@@ -30,6 +30,29 @@ class InvalidRequest(ValueError):
         self.field = field
 
 
+# A dependency that is down (or full): 503 with the one error shape, logged with its cause.
+# (error, message, Retry-After, what the log says)
+_UNAVAILABLE: dict[type[Exception], tuple[str, str, str | None, str]] = {
+    StoreUnavailable: ("store_unavailable", "the feature store is unavailable; retry later", None,
+                       "feature store unavailable"),
+    OutboxFull: ("events_backlog_full", "too many events are waiting for the stream; retry later", "5",
+                 "events refused"),
+    StreamUnavailable: ("stream_unavailable", "the event stream is unavailable; retry later", None,
+                        "event stream unavailable"),
+}
+
+
+def _unavailable(error: str, message: str, retry_after: str | None, logged: str):
+    async def handler(request: Request, exc: Exception) -> JSONResponse:
+        log.error("%s: %s", logged, exc)
+        response = error_response(503, error, message, request)
+        if retry_after is not None:
+            response.headers["Retry-After"] = retry_after
+        return response
+
+    return handler
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, exc: InvalidRequest) -> JSONResponse:
@@ -57,23 +80,8 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _invalid_event(request: Request, exc: InvalidEvent) -> JSONResponse:
         return error_response(422, "invalid_event", str(exc), request)
 
-    @app.exception_handler(StoreUnavailable)
-    async def _store(request: Request, exc: StoreUnavailable) -> JSONResponse:
-        log.error("feature store unavailable: %s", exc)
-        return error_response(503, "store_unavailable", "the feature store is unavailable; retry later", request)
-
-    @app.exception_handler(OutboxFull)
-    async def _outbox_full(request: Request, exc: OutboxFull) -> JSONResponse:
-        log.error("events refused: %s", exc)
-        response = error_response(503, "events_backlog_full", "too many events are waiting for the stream; retry later",
-                         request)
-        response.headers["Retry-After"] = "5"
-        return response
-
-    @app.exception_handler(StreamUnavailable)
-    async def _stream(request: Request, exc: StreamUnavailable) -> JSONResponse:
-        log.error("event stream unavailable: %s", exc)
-        return error_response(503, "stream_unavailable", "the event stream is unavailable; retry later", request)
+    for exc_type, answer in _UNAVAILABLE.items():
+        app.add_exception_handler(exc_type, _unavailable(*answer))
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:

@@ -20,12 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from feature_store.features import HistoryItem
+from models.bundle import load_bundle
+from registry.store import RegistryError, open_registry
 from retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from serving.loops import every
 from serving.ranking import Recommender
 from serving.settings import ServingSettings
-from training.bundle import load_bundle
-from training.registry import RegistryError, open_registry
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class ModelManager:
         self._lock = threading.Lock()  # one load at a time
         self.version: str | None = None  # the registry version serving (None without a registry)
         self.previous: tuple[str | None, Recommender] | None = None
+        self.watch_checks = 0  # completed polls of the watcher: tests and operators see it is alive
         # An alias target the watcher must not load: it failed, or the operator chose another version
         # (a pinned reload, a rollback). Cleared in effect when the alias moves on.
         self._hold: str | None = None
@@ -110,6 +111,11 @@ class ModelManager:
         version = self._variant_version(model)
         self.registry.set_alias(alias, version, reason="A/B winner")  # type: ignore[union-attr]
         return version
+
+    @property
+    def held(self) -> str | None:
+        """The version the alias names that is held back (refused or rolled back from), if it names one."""
+        return self._hold if self._hold is not None and self._hold != self.version else None
 
     def serving(self) -> list[Recommender]:
         """Every model serving now: the main one and the experiment variants'."""
@@ -151,6 +157,8 @@ class ModelManager:
                 raise ReloadFailed(f"cannot serve {target or self.settings.bundle_dir}: {exc}") from exc
             if version is not None and self.registry is not None:  # pinned: the watcher leaves it be
                 self._hold = self._target_version()
+            else:  # following the alias again: nothing is held back
+                self._hold = None
             self.previous = (old_version, old)
             self._swap(new)
             log.info("now serving model %s (version %s, was %s)", new.model_version, target, old_version)
@@ -189,5 +197,6 @@ class ModelManager:
                         self._load_variant(name)
                 except Exception as exc:  # noqa: BLE001 - the variant keeps its current model
                     log.error("variant model %s reload failed; keeping version %s: %s", name, version, exc)
+            self.watch_checks += 1
 
         return every(self.settings.reload_poll_s, stop, poll, name="dinrec-model-watch")

@@ -1,5 +1,5 @@
-"""The request path: history → query vector (training.recall: the recall towers' user tower) → FAISS
-recall → DIN scores (training.scorer) → top-k.
+"""The request path: history → query vector (models.recall: the recall towers' user tower) → FAISS
+recall → DIN scores (models.scorer) → top-k.
 
 Built once per bundle (the service swaps the whole Recommender when a new bundle loads).
 """
@@ -14,21 +14,13 @@ import numpy as np
 import torch
 
 from feature_store.features import HistoryItem
+from models.blend import candidate_signals
+from models.bundle import Bundle
+from models.recall import RecallSpace
+from models.scorer import Scorer, choose_score_precision
 from retrieval.index import FaissIndex, IndexSpec
 from serving.rerank import Reranker
-from training.blend import candidate_signals
-from training.bundle import Bundle
-from training.recall import RecallSpace
-from training.scorer import Scorer, choose_precision
-
-
-@dataclass(frozen=True)
-class Because:
-    """One of the user's behaviours that drew this item, with its weight in DIN's activation unit."""
-
-    item_id: str
-    category_id: str
-    weight: float
+from serving.schemas import Because  # one of the user's behaviours that drew an item, and its weight
 
 
 @dataclass(frozen=True)
@@ -81,14 +73,14 @@ class Recommender:
         if index.dim != self.recall.dim:
             raise ValueError(f"bundle {bundle.path}: its index has {index.dim}-d vectors, its {self.recall.kind} "
                              f"recall space {self.recall.dim}-d")
-        chosen, _ = choose_precision(self.model, self._item_cat, precision, self._probes())
+        chosen, _ = choose_score_precision(self.model, self._item_cat, precision, self._probes())
         self.scorer = Scorer(self.model, self._item_cat, chosen)
         self.fresh_candidates = 0  # cold items every recall includes, however they score (a freshness lane)
         self.popular_candidates = 0  # the bundle's most popular items every recall includes (a popularity lane)
         self._popular_idx = [i for i in (self._item_idx.get(item) for item, _ in bundle.popularity) if i]
         self.cold: ColdLane | None = None
         # The co-visitation lane's best unseen items join every recall (0: off), and with a blend
-        # the served score is DIN's blended with the lanes' (training.blend).
+        # the served score is DIN's blended with the lanes' (models.blend).
         self.covisit = bundle.covisit
         self.covisit_candidates = 100 if bundle.covisit is not None else 0
         self.blend = bundle.blend
@@ -242,7 +234,8 @@ class Recommender:
             if explain and scored.attention is not None:
                 weights = scored.attention[j]  # (L,)
                 top = torch.argsort(weights, descending=True, stable=True)[:self.explain_top].tolist()
-                because = [Because(behaviours[t].item_id, behaviours[t].category_id, float(weights[t])) for t in top]
+                because = [Because(item_id=behaviours[t].item_id, category_id=behaviours[t].category_id,
+                                   weight=float(weights[t])) for t in top]
             out.append(Scored(candidates[j][0], candidates[j][1], score, because))
         ranking = Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1})
         return self._filled(ranking, k, popular, rerank, shown, seen)

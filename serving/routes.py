@@ -15,12 +15,14 @@ from typing import Annotated
 import orjson
 from fastapi import APIRouter, Query, Request, Response
 
+from experiments.spec import Experiment, Overrides, Variant
 from feature_store.features import HistoryItem
 from feature_store.schema import ExternalId
 from feature_store.streams.base import event_record
 from serving.deps import State
 from serving.errors import InvalidRequest
 from serving.impressions import ServedList
+from serving.ranking import Ranking, Recommender
 from serving.schemas import (
     ContextItem,
     EventsRequest,
@@ -45,78 +47,100 @@ def _then_bundle(live: list[tuple[str, float]], bundled: list[tuple[str, float]]
 
 def _recommend(state: State, request: Request, user_id: str, k: int | None, *, explain: bool = False,
                shown: list[str] | None = None, context: list[ContextItem] | None = None) -> Response:
-    s = state.settings
-    k = k or s.default_k
-    if k > s.max_k:
-        raise InvalidRequest(f"k: must be <= {s.max_k}", field="k")
-    rec = state.recommender
+    """assign → features → rank (or fall back) → log → render; ``reasons`` collects each degradation."""
+    k = k or state.settings.default_k
+    if k > state.settings.max_k:
+        raise InvalidRequest(f"k: must be <= {state.settings.max_k}", field="k")
     reasons: list[str] = []
-    # As the guardrail's decisions stand: a stopped variant's or concluded experiment's users get the
-    # default experience, and a ramp's users are those within its current step.
-    assigned = state.guardrail.assign(user_id) if state.guardrail else state.experiments.assign(user_id)
-    experiment, variant = assigned if assigned else (None, None)
+    experiment, variant, rec = _assign(state, user_id)
     overrides = variant.overrides if variant else None
-    if variant and variant.model and state.models is not None:  # the variant serves its own model
-        rec = state.models.variant_model(variant.model)
-    t0 = time.perf_counter()
-    policy = s.seen_policy
-    if policy == "all":  # the history and every item the user took, in one read
-        read = state.features.history_and_interacted(user_id, rec.seq_len)
-        history, interacted = read if read is not None else (None, frozenset())
-    else:
-        history, interacted = state.features.history(user_id, rec.seq_len), frozenset()
-    state.metrics.stages.labels("features").observe(time.perf_counter() - t0)
-    if history is None:  # the store is down or slow: the request's own context, else popularity
-        reasons.append("feature_store")
-        history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
-    seen = set() if policy == "none" else {h.item_id for h in history} | interacted
-    if overrides and overrides.seq_len:  # the variant looks at fewer behaviours (20 vs 50, say)
-        history = history[-overrides.seq_len:]
-    started = getattr(request.state, "started", t0)
-    late = time.perf_counter() - started > s.request_deadline_ms / 1000
-
-    def popular(n: int) -> list[tuple[str, float]]:
-        # Live popularity from the store (fresh, knows new items), then the bundle's after it, so a
-        # store that has seen few items still fills the list. Asked for only when a list needs it.
-        return _then_bundle(state.features.popular(n) or [], rec.bundle.popularity)
-
-    shown_set = set(shown or ())
-    ranking = None
-    if late:  # the store answered, but too late to rank: the bundle's popularity, with no further call
-        reasons.append("deadline")
-    elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
-        ranking = rec.rank_by_popularity(history, k, popular, rerank=state.reranker, shown=shown_set, seen=seen)
-    else:
-        try:
-            ranking = rec.rank(history, k, popular, rerank=state.reranker, shown=shown_set, explain=explain,
-                               candidates=overrides.recall_candidates if overrides else None,
-                               tail_share=overrides.tail_share if overrides else None, seen=seen)
-        except Exception:  # recall or model failure: still an answer, from the bundle's popularity
-            log.exception("ranking failed for user %r; answering with popular items", user_id)
-            reasons.append("ranking")
-    if ranking is None:
-        ranking = rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
-                                         shown=shown_set, seen=seen)
-
+    started = getattr(request.state, "started", None) or time.perf_counter()  # the deadline counts from here
+    history, seen = _features(state, rec, user_id, overrides, context, reasons)
+    ranking = _rank(state, started, rec, user_id, history, seen, k, overrides, explain, set(shown or ()), reasons)
     for stage, seconds in ranking.seconds.items():
         state.metrics.stages.labels(stage).observe(seconds)
-    exp_name, variant_name = (experiment.name, variant.name) if experiment else (None, None)
+    exp_name, variant_name = (experiment.name, variant.name) if experiment and variant else (None, None)
     if state.impressions is not None and (exp_name or state.outbox is not None):  # the store keeps only A/B ones
         state.impressions.log(ServedList(request.state.request_id, user_id,
                                          [(x.item_id, x.category_id) for x in ranking.items], exp_name,
                                          variant_name, rec.model_version, time.time()))
     for reason in reasons:
         state.metrics.degraded.labels(reason).inc()
+    return _render(request, user_id, rec, ranking, len(history), reasons, exp_name, variant_name)
+
+
+def _assign(state: State, user_id: str) -> tuple[Experiment | None, Variant | None, Recommender]:
+    """The user's experiment and variant as the guardrail's decisions stand (a stopped variant's or a
+    concluded experiment's users get the default experience; a ramp takes those within its step), and
+    the model that serves them."""
+    assigned = state.guardrail.assign(user_id) if state.guardrail else state.experiments.assign(user_id)
+    experiment, variant = assigned if assigned else (None, None)
+    rec = state.recommender
+    if variant and variant.model and state.models is not None:  # the variant serves its own model
+        rec = state.models.variant_model(variant.model)
+    return experiment, variant, rec
+
+
+def _features(state: State, rec: Recommender, user_id: str, overrides: Overrides | None,
+              context: list[ContextItem] | None, reasons: list[str]) -> tuple[list[HistoryItem], set[str]]:
+    """The user's history (the store's; the request's own context when the store is down or slow) and
+    the items the seen-item policy keeps out of the list."""
+    t0 = time.perf_counter()
+    policy = state.settings.seen_policy
+    if policy == "all":  # the history and every item the user took, in one read
+        read = state.features.history_and_interacted(user_id, rec.seq_len)
+        history, interacted = read if read is not None else (None, frozenset())
+    else:
+        history, interacted = state.features.history(user_id, rec.seq_len), frozenset()
+    state.metrics.stages.labels("features").observe(time.perf_counter() - t0)
+    if history is None:
+        reasons.append("feature_store")
+        history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
+    seen = set() if policy == "none" else {h.item_id for h in history} | interacted
+    if overrides and overrides.seq_len:  # the variant looks at fewer behaviours (20 vs 50, say)
+        history = history[-overrides.seq_len:]
+    return history, seen
+
+
+def _rank(state: State, started: float, rec: Recommender, user_id: str, history: list[HistoryItem],
+          seen: set[str], k: int, overrides: Overrides | None, explain: bool, shown: set[str],
+          reasons: list[str]) -> Ranking:
+    """DIN's list (or the popularity variant's); the bundle's popularity when the request is past its
+    deadline or ranking fails — always an answer."""
+
+    def popular(n: int) -> list[tuple[str, float]]:
+        # Live popularity from the store (fresh, knows new items), then the bundle's after it, so a
+        # store that has seen few items still fills the list. Asked for only when a list needs it.
+        return _then_bundle(state.features.popular(n) or [], rec.bundle.popularity)
+
+    if time.perf_counter() - started > state.settings.request_deadline_ms / 1000:
+        reasons.append("deadline")  # the store answered, but too late to rank: no further call
+    elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
+        return rec.rank_by_popularity(history, k, popular, rerank=state.reranker, shown=shown, seen=seen)
+    else:
+        try:
+            return rec.rank(history, k, popular, rerank=state.reranker, shown=shown, explain=explain,
+                            candidates=overrides.recall_candidates if overrides else None,
+                            tail_share=overrides.tail_share if overrides else None, seen=seen)
+        except Exception:  # recall or model failure: still an answer, from the bundle's popularity
+            log.exception("ranking failed for user %r; answering with popular items", user_id)
+            reasons.append("ranking")
+    return rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
+                                  shown=shown, seen=seen)
+
+
+def _render(request: Request, user_id: str, rec: Recommender, ranking: Ranking, history_len: int,
+            reasons: list[str], experiment: str | None, variant: str | None) -> Response:
     # Built as JSON here, not through the response model: validating and encoding the model again
     # costs more than ranking's Python work; tests hold these keys to RecommendResponse's schema.
     return Response(orjson.dumps({
         "request_id": request.state.request_id, "user_id": user_id, "model_version": rec.model_version,
-        "strategy": ranking.strategy, "history_len": len(history),
+        "strategy": ranking.strategy, "history_len": history_len,
         "items": [{"item_id": x.item_id, "category_id": x.category_id, "score": x.score,
                    "because": None if x.because is None else [
                        {"item_id": b.item_id, "category_id": b.category_id, "weight": b.weight} for b in x.because]}
                   for x in ranking.items],
-        "degraded": bool(reasons), "degraded_reasons": reasons, "experiment": exp_name, "variant": variant_name}),
+        "degraded": bool(reasons), "degraded_reasons": reasons, "experiment": experiment, "variant": variant}),
         media_type="application/json")
 
 

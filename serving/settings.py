@@ -6,17 +6,16 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, SecretStr
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from storage.settings import SharedSettings
 
 
-class ServingSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True)
+class ServingSettings(SharedSettings):
+    model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True,
+                                      populate_by_name=True)
 
     bundle_dir: Path = Field(Path("runs/latest/bundle"), description="the model bundle to serve (no registry)")
-    registry: str | None = Field(None, description=(
-        "serve the version an alias points at in this registry: a folder or s3://bucket/prefix"))
-    registry_cache: Path | None = Field(None, description=(
-        "where versions from an S3 registry are downloaded (default ~/.cache/dinrec/registry/…)"))
     model_alias: str = Field("champion", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description=(
         "the registry alias this service serves and follows (hot reload)"))
     reload_poll_s: float = Field(2.0, gt=0, le=3600, description="how often the alias is checked for a new model")
@@ -37,8 +36,6 @@ class ServingSettings(BaseSettings):
                                          description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(
         "auto", description="DIN products in bf16 where the CPU has it and scores stay within 1e-3 of fp32")
-    experiments_file: Path | None = Field(None, description=(
-        "A/B experiments to run (JSON, feature_store.experiments.assign.ExperimentFile); none by default"))
     guardrail_interval_s: float = Field(30.0, gt=0, le=3600, description=(
         "how often the guardrail analyses running experiments (and stops a significantly worse variant)"))
     guardrail_min_users: int = Field(100, ge=2, description="users each arm needs before the guardrail may act")

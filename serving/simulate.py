@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from experiments.state import ExperimentState
 from feature_store.datasets.synthetic import World
 
 
@@ -59,12 +60,12 @@ def simulate(client, world: World, *, users: int, rounds: int, k: int = 10, seed
     return served
 
 
-def wait_until_logged(store, experiment: str, served: dict, timeout_s: float = 60.0) -> None:
-    """Wait until ``store`` counts, for ``experiment``, every impression :func:`simulate` reported
+def wait_until_logged(state: ExperimentState, experiment: str, served: dict, timeout_s: float = 60.0) -> None:
+    """Wait until ``state`` counts, for ``experiment``, every impression :func:`simulate` reported
     showing inside it: impressions are logged off the request path, so they trail the answers."""
     shown = sum(v["shown"] for name, v in served.items() if name != "(none)")
     deadline = time.monotonic() + timeout_s
-    while sum(s.impressions for s in store.ab_sums(experiment).values()) < shown:
+    while sum(s.impressions for s in state.sums(experiment).values()) < shown:
         if time.monotonic() > deadline:
             raise RuntimeError(f"{experiment}: impressions were not all logged within {timeout_s:.0f}s")
         time.sleep(0.05)

@@ -100,8 +100,7 @@ def synthetic_dataset_dir(folder: Path, **config) -> Path:
 def tiny_run(tmp_path_factory):
     """A small synthetic log, trained for two epochs and exported: (data, samples, bundle_dir, metrics)."""
     from feature_store.datasets.synthetic import SyntheticConfig, generate
-    from training.export import export_with_recall
-    from training.loop import train
+    from training.pipeline import train_bundle
     from training.samples import build_samples
     from training.settings import TrainSettings
 
@@ -109,9 +108,8 @@ def tiny_run(tmp_path_factory):
     samples = build_samples(data, seq_len=20)
     out = tmp_path_factory.mktemp("tiny-run")
     settings = TrainSettings(epochs=2, progress=False, item_dim=8, cat_dim=8, recall_epochs=3, recall_dim=16)
-    result = train(samples, settings, out)
-    bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, settings)
-    return data, samples, bundle, result.metrics
+    trained = train_bundle(samples, settings, out / "bundle", run_dir=out)
+    return data, samples, trained.bundle, trained.result.metrics
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""Imports flow one way: feature_store -> retrieval -> training -> serving (import-linter)."""
+"""The layering in pyproject.toml ([tool.importlinter]) holds, and nothing heavy loads at import."""
 
 import re
 import shutil

@@ -1,4 +1,6 @@
-"""The benchmark harness runs and prints the JSON the README's table is made from (no timings asserted)."""
+"""Bench-format tests: each `dinrec bench …` runs end to end and prints the JSON the docs' tables are made
+from, with its peer measured in the same run. They check the output's shape and its counts, never a timing:
+performance is what the benchmarks report (docs/benchmarks.md), not what a test asserts."""
 
 import json
 import os
@@ -40,7 +42,7 @@ def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, 
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
-    assert result["events_per_s"] == result["dinrec"]["events_per_s"] > 0
+    assert result["dinrec"]["events_per_s"] > 0
     assert result["redis_py_pipelined"]["consumed"] == result["dinrec"]["consumed"] == 6000
     assert result["ratio_vs_reference"] == pytest.approx(
         result["dinrec"]["events_per_s"] / result["redis_py_pipelined"]["events_per_s"], rel=1e-2)

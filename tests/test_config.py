@@ -10,7 +10,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from dinrec_cli.config import COMPONENTS, known_variables, unknown_variables
+from dinrec_cli.config import COMPONENTS, RENAMED, known_variables, unknown_variables
 from serving.settings import ServingSettings
 from tests.conftest import REPO
 
@@ -35,6 +35,23 @@ def test_a_mistyped_variable_is_reported_with_the_closest_known_name(tmp_path):
         ("DINREC_TOPC", "DINREC_TOPIC")]
 
 
+def test_a_shared_fact_is_one_variable_for_every_component(monkeypatch):
+    from feature_store.settings import FeatureStoreSettings
+    from training.retrain.settings import RetrainSettings
+
+    monkeypatch.setenv("DINREC_REGISTRY", "s3://models/registry")
+    monkeypatch.setenv("DINREC_TOPIC", "shop.events")
+    monkeypatch.setenv("DINREC_EXPERIMENTS_FILE", "/etc/dinrec/experiments.json")
+    serving, retrain, store = ServingSettings(), RetrainSettings(), FeatureStoreSettings()
+    assert serving.registry == retrain.registry == "s3://models/registry"
+    assert store.topic == retrain.topic == serving.topic == "shop.events"
+    assert str(serving.experiments_file) == str(retrain.experiments_file) == "/etc/dinrec/experiments.json"
+    assert RetrainSettings(registry="runs/registry").registry == "runs/registry"  # a keyword still overrides
+    # The variables they replaced are reported with the one that took their place.
+    assert unknown_variables({"DINREC_RETRAIN_REGISTRY": "x", "DINREC_RETRAIN_TOPIC": "t"}) == [
+        ("DINREC_RETRAIN_REGISTRY", "DINREC_REGISTRY"), ("DINREC_RETRAIN_TOPIC", "DINREC_TOPIC")]
+
+
 def test_the_checked_in_reference_is_what_dinrec_config_prints():
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "config"], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
@@ -52,5 +69,6 @@ def test_every_dinrec_variable_the_code_names_is_in_the_reference():
     named = {m for p in files for m in re.findall(r"\bDINREC_[A-Z0-9_]*[A-Z0-9]\b", p.read_text(errors="ignore"))}
     # Prefixes spelled in the code (DINREC_TRAIN_ + a field) are not variables.
     named -= {"DINREC_TRAIN", "DINREC_RETRAIN", "DINREC_SPOT"}
+    named -= set(RENAMED)  # the old names the warning maps to their shared variable
     assert named, "the scan found nothing"
     assert sorted(named - known_variables()) == []

@@ -29,5 +29,12 @@ def test_demo_smoke_runs_the_whole_loop(tmp_path):
     assert "vs champion" in retrain  # the candidate was measured against the champion on one holdout
     report = json.loads((tmp_path / "retrain" / "latest.json").read_text())
     assert report["data"]["attributed"] > 0 and report["data"]["holdout"] == "organic"
-    if report["status"] == "promoted":  # the service followed the alias
-        assert f"serving {report['candidate']['version']}" in out.stderr
+    # Whichever way the gate went, the decision is the checks' verdict and the service acted on it.
+    failed = [c["metric"] for c in report["checks"] if not c["passed"]]
+    assert report["status"] == ("refused" if failed else "promoted"), (report["status"], failed)
+    serving = next(line for line in out.stderr.splitlines() if line.strip().startswith("serving "))
+    if failed:  # refused: every failed check is named, and the champion keeps serving
+        assert all(m in report["reason"] for m in failed), report["reason"]
+        assert f"serving {report['champion']['version']} " in serving, serving
+    else:  # promoted: the service followed the alias to the candidate
+        assert f"serving {report['candidate']['version']}" in serving

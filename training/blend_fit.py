@@ -1,9 +1,9 @@
-"""Fit the ranking stage's blend (training.blend) on the validation split, as serving uses it.
+"""Fit the ranking stage's blend (models.blend) on the validation split, as serving uses it.
 
 For each validation user (the history before their held-out behaviour), the candidates are what
 serving recalls — the towers' best ``candidates`` and the co-visitation lane's best
 ``covisit_candidates``, everything in the history excluded — and each gets its signals
-(training.blend.FEATURES). The weights minimise the softmax cross-entropy of the held-out item among
+(models.blend.FEATURES). The weights minimise the softmax cross-entropy of the held-out item among
 its user's candidates (users whose item recall missed cannot teach the order and are left out), with
 a little L2: a handful of weights fitted on held-out behaviours of models trained without them, so
 nothing the models memorised leaks into the blend. The validation HR@10 of each signal alone and of
@@ -16,15 +16,15 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from models.blend import FEATURES, Blend, candidate_signals
+from models.din import DIN
+from models.recall import RecallSpace
+from models.scorer import Scorer
+from models.towers import Towers
 from retrieval.covisit import CoVisitation
 from retrieval.index import FaissIndex
-from training.blend import FEATURES, Blend, candidate_signals
 from training.data import split_histories
-from training.model import DIN
-from training.recall import RecallSpace
 from training.samples import SampleSet
-from training.scorer import Scorer
-from training.towers import Towers
 
 
 def candidate_features(scorer: Scorer, space: RecallSpace, index: FaissIndex, covisit: CoVisitation | None,

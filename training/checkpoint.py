@@ -3,7 +3,7 @@
 A checkpoint is ``step-000001234/`` holding ``state.pt`` (tensors and plain values only:
 model, optimiser, schedule, grad scaler, every RNG, the data position, the best metric) and
 ``meta.json`` (format version, config, code version, dataset fingerprint), on the storage layer
-(feature_store.storage: a folder, written durably — fsynced — or S3). ``state.pt`` is written first,
+(storage: a folder, written durably — fsynced — or S3). ``state.pt`` is written first,
 ``meta.json`` second, then the ``latest`` pointer; a checkpoint is *complete* once its ``meta.json``
 exists, and a reader trusts no other. Deleting goes the other way: ``meta.json`` first.
 
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from feature_store.storage import Storage, open_storage, reraise_as
+from storage import Storage, open_storage, reraise_as
 
 CHECKPOINT_FORMAT = "dinrec-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1

@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-EXIT_INTERRUPTED = 75  # EX_TEMPFAIL: "try again" — what a spot supervisor looks for
+from training.exit_codes import EXIT_INTERRUPTED
 
 
 def _clean(metrics: dict) -> dict:
@@ -52,17 +52,18 @@ def train(
                                                    "train from scratch, which kept more of the long tail in "
                                                    "dinrec bench retrain)")] = False,
     no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar")] = False,
+    settings_file: Annotated[Path | None, typer.Option("--settings", help=(
+        "every training setting as JSON (TrainSettings' fields; what `dinrec retrain --spot` ships with the job); "
+        "a relative path is looked for in --data first; the flags above override it"))] = None,
 ) -> None:
     """Train DIN and the recall towers, evaluate (AUC/GAUC/logloss; recall HR@200), export a bundle;
     print the final metrics as JSON."""
     from feature_store.datasets import load_dataset
     from training.checkpoint import open_checkpoint_store
-    from training.export import export_with_recall
     from training.loop import TrainingInterrupted
-    from training.loop import train as run_training
-    from training.samples import SampleSet, build_samples, is_sample_dir
+    from training.pipeline import samples_for, train_bundle
+    from training.samples import SampleSet, is_sample_dir
     from training.settings import TrainSettings
-    from training.warm_start import initializers
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size,
@@ -72,40 +73,42 @@ def train(
                                    "recall_epochs": recall_epochs}.items() if v is not None}
     if no_progress:
         overrides["progress"] = False
-    settings = TrainSettings(**overrides)
+    shipped: dict = {}
+    if settings_file is not None:
+        found = data / settings_file if not settings_file.is_absolute() and (data / settings_file).is_file() \
+            else settings_file
+        shipped = json.loads(found.read_text())
+    settings = TrainSettings(**{**shipped, **overrides})
     if is_sample_dir(data):
         samples = SampleSet.load(data)
     else:
-        samples = build_samples(load_dataset(data), seq_len=settings.seq_len, negatives=settings.negatives,
-                                eval_negatives=settings.eval_negatives, seed=settings.seed,
-                                negative_power=settings.negative_power)
+        samples = samples_for(load_dataset(data), settings)
         samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
     champion = None
     if init_from is not None:
-        from training.bundle import load_bundle
+        from models.bundle import load_bundle
 
         found = data / init_from if not init_from.is_absolute() and (data / init_from).is_dir() else init_from
         champion = load_bundle(found)
-    din_init, towers_init = initializers(champion, samples.vocab, towers=init_towers)
 
     stop, checkpoint_now = threading.Event(), threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):  # finish the step, checkpoint, exit 75
         signal.signal(sig, lambda *_: stop.set())
     signal.signal(signal.SIGUSR1, lambda *_: checkpoint_now.set())  # checkpoint after this step, keep training
-    try:
-        result = run_training(samples, settings, checkpoints=store, resume=resume, stop=stop,
-                              checkpoint_now=checkpoint_now, init=din_init)
+    try:  # under torchrun only rank 0 trains recall and exports
+        trained = train_bundle(samples, settings, out / "bundle", checkpoints=store, resume=resume, stop=stop,
+                               checkpoint_now=checkpoint_now, champion=champion, warm_towers=init_towers,
+                               export=int(os.environ.get("RANK", "0")) == 0)
     except TrainingInterrupted as exc:
         typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
         sys.exit(EXIT_INTERRUPTED)
-    if int(os.environ.get("RANK", "0")) == 0:  # under torchrun only rank 0 trains recall and exports
-        bundle = export_with_recall(out / "bundle", result.model, samples, result.metrics, settings,
-                                    towers_init=towers_init)
-        final = _clean(result.metrics)
+    if trained.bundle is not None:
+        bundle = trained.bundle
+        final = _clean(trained.result.metrics)
         final["bundle"] = str(bundle)
         if len(samples.test):  # the served list against the baselines, as the retrain gate compares them
-            from training.bundle import load_bundle
+            from models.bundle import load_bundle
             from training.retrain.compare import served_comparison
 
             final["served"] = served_comparison(load_bundle(bundle), samples)

@@ -1,4 +1,4 @@
-"""Export a trained model as a bundle, with the FAISS index of its recall space (training.recall:
+"""Export a trained model as a bundle, with the FAISS index of its recall space (models.recall:
 the recall towers' item vectors when they were trained, else DIN's item embeddings).
 
 The index is exact while a scan is cheaper (below 5M items × dims) and HNSW above
@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from retrieval.baselines import tune_item_cf
-from retrieval.covisit import CoVisitation
-from retrieval.index import FaissIndex, IndexSpec, tune_ef_search
-from training.bundle import (
+from models.bundle import (
     BLEND_FILE,
     COVISIT_FILE,
     ITEM_COUNTS_FILE,
@@ -27,12 +23,14 @@ from training.bundle import (
     ITEM_INDEX_INFO_FILE,
     write_bundle,
 )
+from models.din import DIN
+from models.recall import RecallSpace
+from models.towers import Towers
+from retrieval.baselines import tune_item_cf
+from retrieval.covisit import CoVisitation
+from retrieval.index import FaissIndex, IndexSpec, tune_ef_search
 from training.data import split_histories
-from training.model import DIN
-from training.recall import RecallSpace
 from training.samples import SampleSet, training_sequences
-from training.settings import TrainSettings
-from training.towers import Towers
 
 
 def item_counts(samples: SampleSet) -> np.ndarray:
@@ -96,7 +94,7 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
                   index_spec: IndexSpec | None = None, towers: Towers | None = None,
                   lineage: dict | None = None, blend: bool = True) -> Path:
     """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings).
-    With towers and ``blend``, the co-visitation lane and the ranking blend (training.blend) are fitted
+    With towers and ``blend``, the co-visitation lane and the ranking blend (models.blend) are fitted
     on the validation split and exported too (``metrics["ranking"]`` says what each gave)."""
     space = RecallSpace(model, towers, samples.vocab.item_category)
     resolved = (index_spec or IndexSpec()).resolve(samples.vocab.n_items - 1, space.dim)
@@ -121,19 +119,3 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
         extra[BLEND_FILE] = lambda p: p.write_text(json.dumps(fitted.to_json(), indent=1))
     return write_bundle(out, model, samples.vocab, metrics, popularity(samples, counts=counts), towers=towers,
                         lineage=lineage, extra_files=extra)
-
-
-def export_with_recall(out: str | Path, model: DIN, samples: SampleSet, metrics: dict, settings: TrainSettings,
-                       index_spec: IndexSpec | None = None, towers_init: Callable[[Towers], dict] | None = None,
-                       lineage: dict | None = None) -> Path:
-    """Train the recall towers on ``samples`` (unless ``settings.recall_epochs`` is 0) and export them
-    with the trained DIN as one bundle; the towers' metrics go to ``metrics["recall"]``. ``towers_init``
-    warm-starts the towers (training.warm_start)."""
-    from training.towers_train import towers_settings, train_towers
-
-    towers = None
-    if settings.recall_epochs > 0:
-        recall = train_towers(samples, towers_settings(settings), init=towers_init)
-        towers, metrics["recall"] = recall.model, recall.metrics
-    return export_bundle(out, model, samples, metrics, index_spec, towers=towers, lineage=lineage,
-                         blend=settings.ranking_blend)

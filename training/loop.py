@@ -1,6 +1,6 @@
 """The operational training loop: devices, precision, DDP, optimiser, evaluation, checkpoints.
 
-The model (training.model) knows nothing of this; :class:`DINWithLoss` adds the loss.
+The model (models.din) knows nothing of this; :class:`DINWithLoss` adds the loss.
 
 Exact resume: a checkpoint holds everything the next step depends on — weights, optimiser,
 schedule, grad scaler, every RNG (per rank), the data generator's state at the start of the
@@ -28,14 +28,14 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
+from models.bundle import code_version
+from models.din import DIN, DINConfig
 from training import dist as tdist
 from training import kernels
 from training.amp import Precision, choose_precision
-from training.bundle import code_version
 from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import SplitTensors
 from training.metrics import auc, gauc, logloss
-from training.model import DIN, DINConfig
 from training.samples import SampleSet
 from training.settings import TrainSettings
 from training.telemetry import GpuMonitor, ScalarLog, memory_stats

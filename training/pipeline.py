@@ -1,16 +1,23 @@
-"""What ``dinrec train`` does with a dataset, as functions the CLI, the benchmarks and the tests share:
-samples from the settings, then DIN, the recall towers and the bundle."""
+"""The one pipeline from a dataset to a bundle — samples → DIN → recall towers → blend → bundle — that
+``dinrec train``, ``dinrec retrain``, the demo, the simulator, the benchmarks and the tests all call."""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from feature_store.datasets.base import Interactions
-from training.loop import TrainResult
 from training.samples import SampleSet, build_samples
 from training.settings import TrainSettings
-from training.towers import Towers
+
+if TYPE_CHECKING:  # torch comes with these: imported when a model is trained, not when this is
+    from models.bundle import Bundle
+    from training.checkpoint import CheckpointStore
+    from training.loop import TrainResult
 
 
 def samples_for(data: Interactions, settings: TrainSettings) -> SampleSet:
@@ -20,10 +27,39 @@ def samples_for(data: Interactions, settings: TrainSettings) -> SampleSet:
                          negative_power=settings.negative_power)
 
 
-def export_trained(out: str | Path, trained: TrainResult, samples: SampleSet, settings: TrainSettings, *,
-                   towers_init: Callable[[Towers], dict] | None = None, lineage: dict | None = None) -> Path:
-    """The trained DIN, with the recall towers trained beside it, as one bundle."""
-    from training.export import export_with_recall
+@dataclass
+class Trained:
+    result: TrainResult  # DIN and its metrics (the towers' under metrics["recall"])
+    bundle: Path | None  # None where this process does not export (a torchrun rank other than 0)
 
-    return export_with_recall(out, trained.model, samples, trained.metrics, settings, towers_init=towers_init,
-                              lineage=lineage)
+
+def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | Path, *,
+                 run_dir: Path | None = None, checkpoints: CheckpointStore | None = None, resume: str | None = None,
+                 stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None,
+                 champion: Bundle | None = None, warm_towers: bool = True, lineage: dict | None = None,
+                 after_training: Callable[[TrainResult], bool] | None = None, export: bool = True) -> Trained:
+    """Train DIN on ``samples`` (checkpoints in ``checkpoints``, else ``run_dir/checkpoints``; warm-started
+    from ``champion``, its towers too if ``warm_towers``), then the recall towers and the blend, and
+    export them as one bundle at ``bundle_dir``. ``after_training`` sees DIN before the export (retrain's
+    drills degrade it there) and returns whether to export it; ``export`` False: never (bundle None).
+    Raises training.loop.TrainingInterrupted when ``stop`` ends it first."""
+    from training.export import export_bundle
+    from training.loop import train
+    from training.towers_train import towers_settings, train_towers
+    from training.warm_start import initializers
+
+    din_init, towers_init = initializers(champion, samples.vocab, towers=warm_towers)
+    result = train(samples, settings, run_dir, checkpoints=checkpoints, resume=resume, stop=stop,
+                   checkpoint_now=checkpoint_now, init=din_init)
+    # Every setting the model was built from, beside its metrics (a spot-trained candidate and a local
+    # one can be compared field by field).
+    result.metrics["train_settings"] = json.loads(settings.model_dump_json())
+    if not export or (after_training is not None and not after_training(result)):
+        return Trained(result, None)
+    towers = None
+    if settings.recall_epochs > 0:  # the towers' metrics go beside DIN's, under "recall"
+        recall = train_towers(samples, towers_settings(settings), init=towers_init)
+        towers, result.metrics["recall"] = recall.model, recall.metrics
+    bundle = export_bundle(bundle_dir, result.model, samples, result.metrics, towers=towers, lineage=lineage,
+                           blend=settings.ranking_blend)
+    return Trained(result, Path(bundle))

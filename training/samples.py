@@ -27,7 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from feature_store.datasets.base import Interactions
-from training.vocab import Vocab
+from models.vocab import Vocab
 
 SAMPLES_FORMAT_VERSION = 1
 

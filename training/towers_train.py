@@ -1,4 +1,4 @@
-"""Train the recall towers (training.towers) on the same samples as DIN.
+"""Train the recall towers (models.towers) on the same samples as DIN.
 
 Each training positive (a behaviour and the history before it) is a softmax over items: the
 target against every item while the catalog is small enough to score whole (``full_softmax_items``),
@@ -18,11 +18,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from models.recall import target_found, top_unseen
+from models.towers import Towers, TowersConfig
 from training.data import split_histories
-from training.recall import target_found, top_unseen
 from training.samples import SampleSet, Split
 from training.settings import TrainSettings
-from training.towers import Towers, TowersConfig
 
 log = logging.getLogger(__name__)
 

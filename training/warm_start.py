@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from training.vocab import Vocab
+from models.vocab import Vocab
 
 if TYPE_CHECKING:
-    from training.bundle import Bundle
+    from models.bundle import Bundle
 
 Init = Callable[[nn.Module], dict]
 

@@ -12,6 +12,7 @@ the category.
 from __future__ import annotations
 
 import csv
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -74,15 +75,16 @@ def load_100k(folder: Path) -> Interactions:
     return _ratings_to_interactions(rows, genre_of, "movielens-100k")
 
 
+def _first_genres(movies: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Each movie's first genre, from (movie id, "Genre|Genre|…") pairs (1M, 10M, 20M+ list several)."""
+    return {movie: genres.split("|")[0] or UNKNOWN_GENRE for movie, genres in movies}
+
+
 def load_dat(folder: Path) -> Interactions:
     """1M and 10M: '::'-separated. 1M is latin-1; 10M is UTF-8 (latin-1 reads both safely)."""
-    genre_of: dict[str, str] = {}
     movies = folder / "movies.dat"
-    if movies.exists():
-        for line in movies.read_text(encoding="latin-1").splitlines():
-            parts = line.split("::")
-            if len(parts) == 3:
-                genre_of[parts[0]] = parts[2].split("|")[0] or UNKNOWN_GENRE
+    lines = movies.read_text(encoding="latin-1").splitlines() if movies.exists() else []
+    genre_of = _first_genres((p[0], p[2]) for p in (line.split("::") for line in lines) if len(p) == 3)
     rows = _split_lines(folder / "ratings.dat", "::", 4, "latin-1")
     return _ratings_to_interactions(rows, genre_of, "movielens-dat")
 
@@ -92,8 +94,7 @@ def load_csv(folder: Path) -> Interactions:
     movies = folder / "movies.csv"
     if movies.exists():
         with movies.open(encoding="utf-8", newline="") as fh:
-            for rec in csv.DictReader(fh):
-                genre_of[rec["movieId"]] = (rec.get("genres") or UNKNOWN_GENRE).split("|")[0]
+            genre_of = _first_genres((rec["movieId"], rec.get("genres") or "") for rec in csv.DictReader(fh))
     with (folder / "ratings.csv").open(encoding="utf-8", newline="") as fh:
         reader = csv.reader(fh)
         header = next(reader, None)

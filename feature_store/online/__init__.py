@@ -1,5 +1,35 @@
-"""Online stores: a user's recent behaviours and item popularity, read on every request."""
+"""Online stores: a user's recent behaviours and item popularity, read on every request.
 
-from feature_store.online.base import OnlineStore, open_store
+The interface is feature_store.online.base; the backend is chosen here by its type string and
+imported only when chosen (``memory``: feature_store.online.memory, ``redis``: .redis_store).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from feature_store.errors import MissingDependency
+from feature_store.online.base import OnlineStore
+
+if TYPE_CHECKING:
+    from feature_store.settings import FeatureStoreSettings
 
 __all__ = ["OnlineStore", "open_store"]
+
+
+def open_store(settings: FeatureStoreSettings) -> OnlineStore:
+    """Build the configured store; backends are imported only when chosen."""
+    if settings.store == "memory":
+        from feature_store.online.memory import MemoryStore
+
+        return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s,
+                           interacted_cap=settings.interacted_cap)
+    if settings.store == "redis":
+        try:
+            from feature_store.online.redis_store import RedisStore
+        except ImportError as exc:  # pragma: no cover - redis is a core dependency today
+            raise MissingDependency("the redis store needs `pip install redis`") from exc
+        return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
+                          dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
+                          interacted_cap=settings.interacted_cap)
+    raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

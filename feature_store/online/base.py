@@ -1,4 +1,4 @@
-"""The online-store interface and the factory that picks a backend by its type string."""
+"""The online-store interface: what every behaviour store backend does (the factory: feature_store.online)."""
 
 from __future__ import annotations
 
@@ -6,21 +6,13 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from feature_store.errors import MissingDependency
-from feature_store.experiments.stats import VariantSums
-from feature_store.features import HistoryItem, is_behaviour
+from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem, is_behaviour
 from feature_store.schema import BehaviourEvent
 
-if TYPE_CHECKING:
-    from feature_store.settings import FeatureStoreSettings
 
-DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0
-DEFAULT_INTERACTED_CAP = 1000
-
-
-class Record(NamedTuple):
+class StoreRecord(NamedTuple):
     """One event as a store applies it.
 
     ``kind``: "B" a behaviour (history and popularity); "C" a click carrying a request id — a
@@ -34,7 +26,7 @@ class Record(NamedTuple):
     variant: str = ""
 
 
-def to_records(events: Sequence[BehaviourEvent]) -> list[tuple[str, Record]]:
+def to_records(events: Sequence[BehaviourEvent]) -> list[tuple[str, StoreRecord]]:
     """(user, record) for the events a store applies; the rest (impressions outside experiments,
     low ratings) have no effect on it."""
     out = []
@@ -42,9 +34,9 @@ def to_records(events: Sequence[BehaviourEvent]) -> list[tuple[str, Record]]:
         h = HistoryItem(e.ts, e.event_id, e.item_id, e.category_id)
         if e.event_type == "impression":
             if e.experiment and e.variant and e.request_id:
-                out.append((e.user_id, Record("I", h, e.request_id, e.experiment, e.variant)))
+                out.append((e.user_id, StoreRecord("I", h, e.request_id, e.experiment, e.variant)))
         elif is_behaviour(e.event_type, e.value):
-            out.append((e.user_id, Record("C" if e.event_type == "click" and e.request_id else "B", h,
+            out.append((e.user_id, StoreRecord("C" if e.event_type == "click" and e.request_id else "B", h,
                                           e.request_id or "")))
     return out
 
@@ -87,10 +79,8 @@ class OnlineStore(ABC):
     * ``interacted`` returns the items of the user's newest ``interacted_cap`` behaviours (one entry
       per item, however often taken), kept beyond the history cap and written in the same atomic
       step: what the seen-item policy keeps out of a served list.
-    * Experiments: an impression (with experiment, variant, request id) adds to its variant's
-      per-user counts; a click with a request id is attributed to the variant that request's
-      impression of the item was logged under, else counted apart — never joined silently; both
-      once per event id, in the same atomic step as everything else.
+    * Experiments: the write also keeps the A/B counters (experiments.state reads them) in the
+      same atomic step as everything else, so they are exactly once like the histories.
     """
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
@@ -115,51 +105,7 @@ class OnlineStore(ABC):
         return self._write(items, offsets, self._clock())
 
     @abstractmethod
-    def _write(self, items: list[tuple[str, Record]], offsets: StreamOffsets | None, now: float) -> int: ...
-
-    @abstractmethod
-    def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
-        """Per variant of ``experiment``: users, and sums over them of impressions, clicks, their
-        squares and products — counted once per event id, like the histories."""
-
-    @abstractmethod
-    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
-        """Record that ``variant`` is stopped, unless it already is (then the first decision stands);
-        True if this call recorded it. Every replica reads the same decisions."""
-
-    @abstractmethod
-    def ab_stopped(self, experiment: str) -> dict[str, dict]:
-        """The stopped variants of ``experiment`` and the decision that stopped each."""
-
-    @abstractmethod
-    def ab_ramp(self, experiment: str, step: int, record: dict) -> bool:
-        """Record that ``experiment``'s ramp reached ``step`` (first writer wins, like ``ab_stop``)."""
-
-    @abstractmethod
-    def ab_ramp_log(self, experiment: str) -> list[dict]:
-        """The ramp steps ``experiment`` has reached, in order."""
-
-    @abstractmethod
-    def ab_conclude(self, experiment: str, decision: dict) -> bool:
-        """Record ``experiment``'s winner (first writer wins); True if this call recorded it."""
-
-    @abstractmethod
-    def ab_conclusion(self, experiment: str) -> dict | None:
-        """The winner recorded for ``experiment``, if any."""
-
-    @abstractmethod
-    def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
-        """Keep ``snapshot`` (the experiment's counts at one time) under ``bucket`` unless one is
-        there already; the timeline the dashboard draws."""
-
-    @abstractmethod
-    def ab_timeline(self, experiment: str) -> list[dict]:
-        """The snapshots of ``experiment``, oldest first."""
-
-    @abstractmethod
-    def ab_unattributed(self) -> dict[str, int]:
-        """Clicks whose request has no logged impression of the item (``orphan_clicks``), and
-        experiment events of a user already counted under another variant (``variant_conflicts``)."""
+    def _write(self, items: list[tuple[str, StoreRecord]], offsets: StreamOffsets | None, now: float) -> int: ...
 
     @abstractmethod
     def stream_offsets(self, topic: str) -> dict[int, int]:
@@ -197,20 +143,3 @@ class OnlineStore(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
-
-def open_store(settings: FeatureStoreSettings) -> OnlineStore:
-    """Build the configured store; backends are imported only when chosen."""
-    if settings.store == "memory":
-        from feature_store.online.memory import MemoryStore
-
-        return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s,
-                           interacted_cap=settings.interacted_cap)
-    if settings.store == "redis":
-        try:
-            from feature_store.online.redis_store import RedisStore
-        except ImportError as exc:  # pragma: no cover - redis is a core dependency today
-            raise MissingDependency("the redis store needs `pip install redis`") from exc
-        return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
-                          dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
-                          interacted_cap=settings.interacted_cap)
-    raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

@@ -8,19 +8,18 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
 from feature_store.errors import OffsetConflict
-from feature_store.experiments.stats import VariantSums
-from feature_store.features import HistoryItem, merge_history
+from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem, merge_history
 from feature_store.long_tail import head_of
 from feature_store.online.base import (
-    DEFAULT_DEDUP_WINDOW_S,
-    DEFAULT_INTERACTED_CAP,
     OnlineStore,
-    Record,
+    StoreRecord,
     StreamOffsets,
 )
 
 
 class MemoryStore(OnlineStore):
+    backend = "memory"
+
     def __init__(self, history_cap: int = 50, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
         super().__init__(history_cap, dedup_window_s, clock, interacted_cap)
@@ -40,8 +39,6 @@ class MemoryStore(OnlineStore):
         self._ab_user: dict[tuple[str, str], list] = {}
         self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
-        # (stopped | timeline, experiment) -> key (variant | time bucket) -> document
-        self._ab_docs: dict[tuple[str, str], dict] = {}
         self._lock = threading.Lock()  # the ingest thread writes while requests read
         self._head: set[str] | None = None  # the head by popularity (feature_store.long_tail), when first needed
 
@@ -77,8 +74,8 @@ class MemoryStore(OnlineStore):
             sums[3] += 2 * n + 1
             sums[5] += c
 
-    def _write(self, items: list[tuple[str, Record]], offsets: StreamOffsets | None, now: float) -> int:
-        by_user: dict[str, list[Record]] = defaultdict(list)
+    def _write(self, items: list[tuple[str, StoreRecord]], offsets: StreamOffsets | None, now: float) -> int:
+        by_user: dict[str, list[StoreRecord]] = defaultdict(list)
         for user, r in items:
             by_user[user].append(r)
         added = 0
@@ -160,48 +157,12 @@ class MemoryStore(OnlineStore):
             ranked = sorted(self._pop.items(), key=lambda kv: (-kv[1], kv[0]))
         return [(item, float(n)) for item, n in ranked[:k]]
 
-    def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
+    def experiment_counts(self, experiment: str) -> dict[str, list[float]]:
+        """Per variant: [users, n, c, n², c², n·c, long-tail clicks] (experiments.state_memory reads them)."""
         with self._lock:
-            return {v: VariantSums(int(s[0]), *s[1:]) for v, s in sorted(self._ab_sums.get(experiment, {}).items())}
+            return {v: list(sums) for v, sums in self._ab_sums.get(experiment, {}).items()}
 
-    def _put_first(self, table: str, experiment: str, key, doc: dict) -> bool:
-        """Keep ``doc`` under ``key`` unless one is there (the first writer wins, as HSETNX in Redis)."""
-        with self._lock:
-            docs = self._ab_docs.setdefault((table, experiment), {})
-            if key in docs:
-                return False
-            docs[key] = dict(doc)
-            return True
-
-    def _docs(self, table: str, experiment: str) -> dict:
-        with self._lock:
-            return {k: dict(d) for k, d in self._ab_docs.get((table, experiment), {}).items()}
-
-    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
-        return self._put_first("stopped", experiment, variant, decision)
-
-    def ab_stopped(self, experiment: str) -> dict[str, dict]:
-        return self._docs("stopped", experiment)
-
-    def ab_ramp(self, experiment: str, step: int, record: dict) -> bool:
-        return self._put_first("ramp", experiment, step, record)
-
-    def ab_ramp_log(self, experiment: str) -> list[dict]:
-        return [d for _, d in sorted(self._docs("ramp", experiment).items())]
-
-    def ab_conclude(self, experiment: str, decision: dict) -> bool:
-        return self._put_first("concluded", experiment, "winner", decision)
-
-    def ab_conclusion(self, experiment: str) -> dict | None:
-        return self._docs("concluded", experiment).get("winner")
-
-    def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
-        return self._put_first("timeline", experiment, bucket, snapshot)
-
-    def ab_timeline(self, experiment: str) -> list[dict]:
-        return [d for _, d in sorted(self._docs("timeline", experiment).items())]
-
-    def ab_unattributed(self) -> dict[str, int]:
+    def unattributed_counts(self) -> dict[str, int]:
         with self._lock:
             return {"orphan_clicks": self._unattributed["orphan_clicks"],
                     "variant_conflicts": self._unattributed["variant_conflicts"]}

@@ -26,7 +26,6 @@ Reads for many users go out in one pipeline.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable, Sequence
 
@@ -34,14 +33,11 @@ import redis
 from redis.exceptions import RedisError
 
 from feature_store.errors import OffsetConflict, StoreUnavailable
-from feature_store.experiments.stats import VariantSums
-from feature_store.features import HistoryItem
+from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem
 from feature_store.long_tail import HEAD_SHARE
 from feature_store.online.base import (
-    DEFAULT_DEDUP_WINDOW_S,
-    DEFAULT_INTERACTED_CAP,
     OnlineStore,
-    Record,
+    StoreRecord,
     StreamOffsets,
 )
 
@@ -52,7 +48,7 @@ SEP = "\x1f"
 # KEYS: offsets hash, popularity, then (history, seen, items) per user.
 # ARGV: now, dedup window (s), cap, prefix, interacted cap, n_partitions, (partition, expected, last)*,
 #       then per user: user id, n_events, then one record per event, fields joined by \31:
-#       kind (B/C/I, see online.base.Record), ts, event_id, item_id, category_id, request_id,
+#       kind (B/C/I, see online.base.StoreRecord), ts, event_id, item_id, category_id, request_id,
 #       experiment, variant (one argument per event, not eight: packing arguments is most of the
 #       client's cost per event).
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
@@ -174,6 +170,8 @@ return {1, applied}
 
 
 class RedisStore(OnlineStore):
+    backend = "redis"
+
     def __init__(self, url: str, *, prefix: str = "dinrec", history_cap: int = 50,
                  dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S, socket_timeout_s: float = 2.0,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
@@ -183,6 +181,19 @@ class RedisStore(OnlineStore):
                                        socket_connect_timeout=socket_timeout_s, decode_responses=True)
         self._url = url
         self._script = self._r.register_script(_WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
+
+    @property
+    def client(self) -> redis.Redis:
+        """The connection (experiments.state_redis reads the A/B counters this store's script keeps)."""
+        return self._r
+
+    @property
+    def url(self) -> str:
+        return self._url
+
+    def experiment_key(self, experiment: str) -> str:
+        """Where ``experiment``'s keys start (the script's ``{prefix}:ab:{exp}``)."""
+        return f"{self.prefix}:ab:{experiment}"
 
     def _hist_key(self, user_id: str) -> str:
         return f"{self.prefix}:hist:{user_id}"
@@ -197,8 +208,8 @@ class RedisStore(OnlineStore):
     def _offsets_key(self, topic: str) -> str:
         return f"{self.prefix}:offsets:{topic}"
 
-    def _write(self, items: list[tuple[str, Record]], offsets: StreamOffsets | None, now: float) -> int:
-        by_user: dict[str, list[Record]] = {}
+    def _write(self, items: list[tuple[str, StoreRecord]], offsets: StreamOffsets | None, now: float) -> int:
+        by_user: dict[str, list[StoreRecord]] = {}
         for user, r in items:
             by_user.setdefault(user, []).append(r)
         keys = [self._offsets_key(offsets.topic if offsets else ""), self._pop_key]
@@ -274,66 +285,6 @@ class RedisStore(OnlineStore):
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
         # Redis breaks score ties by member descending under desc=True; re-sort to match memory.
         return sorted(((m, float(s)) for m, s in rows), key=lambda kv: (-kv[1], kv[0]))
-
-    def ab_sums(self, experiment: str) -> dict[str, VariantSums]:
-        base = f"{self.prefix}:ab:{experiment}"
-        try:
-            variants = sorted(self._r.smembers(f"{base}:variants"))
-            pipe = self._r.pipeline(transaction=False)
-            for v in variants:
-                pipe.hgetall(f"{base}:v:{v}")
-            rows = pipe.execute()
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return {v: VariantSums(int(r.get("users", 0)),
-                               *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc", "tail_c")))
-                for v, r in zip(variants, rows, strict=True)}
-
-    def _put_first(self, key: str, field: str, doc: dict) -> bool:
-        try:  # HSETNX: of several replicas writing at once, exactly one records it
-            return bool(self._r.hsetnx(key, field, json.dumps(doc)))
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
-
-    def _docs(self, key: str) -> dict[str, dict]:
-        try:
-            raw = self._r.hgetall(key)
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return {f: json.loads(d) for f, d in raw.items()}
-
-    def ab_stop(self, experiment: str, variant: str, decision: dict) -> bool:
-        return self._put_first(f"{self.prefix}:ab:{experiment}:stopped", variant, decision)
-
-    def ab_stopped(self, experiment: str) -> dict[str, dict]:
-        return self._docs(f"{self.prefix}:ab:{experiment}:stopped")
-
-    def ab_ramp(self, experiment: str, step: int, record: dict) -> bool:
-        return self._put_first(f"{self.prefix}:ab:{experiment}:ramp", str(step), record)
-
-    def ab_ramp_log(self, experiment: str) -> list[dict]:
-        docs = self._docs(f"{self.prefix}:ab:{experiment}:ramp")
-        return [d for _, d in sorted(docs.items(), key=lambda kv: int(kv[0]))]
-
-    def ab_conclude(self, experiment: str, decision: dict) -> bool:
-        return self._put_first(f"{self.prefix}:ab:{experiment}:concluded", "winner", decision)
-
-    def ab_conclusion(self, experiment: str) -> dict | None:
-        return self._docs(f"{self.prefix}:ab:{experiment}:concluded").get("winner")
-
-    def ab_snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
-        return self._put_first(f"{self.prefix}:ab:{experiment}:timeline", str(bucket), snapshot)
-
-    def ab_timeline(self, experiment: str) -> list[dict]:
-        docs = self._docs(f"{self.prefix}:ab:{experiment}:timeline")
-        return [d for _, d in sorted(docs.items(), key=lambda kv: int(kv[0]))]
-
-    def ab_unattributed(self) -> dict[str, int]:
-        try:
-            raw = self._r.hgetall(f"{self.prefix}:ab:unattributed")
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return {k: int(raw.get(k, 0)) for k in ("orphan_clicks", "variant_conflicts")}
 
     def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
         try:

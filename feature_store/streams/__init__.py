@@ -1,5 +1,32 @@
-"""Event streams: where behaviour events travel from producers (the API) to ingestion."""
+"""Event streams: where behaviour events travel from producers (the API) to ingestion.
 
-from feature_store.streams.base import Consumer, EventStream, Record, open_stream
+The interface is feature_store.streams.base; the backend is chosen here by its type string and
+imported only when chosen (``inprocess``: .inprocess, ``kafka``: .kafka_stream).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from feature_store.errors import MissingDependency
+from feature_store.streams.base import Consumer, EventStream, Record
+
+if TYPE_CHECKING:
+    from feature_store.settings import FeatureStoreSettings
 
 __all__ = ["Consumer", "EventStream", "Record", "open_stream"]
+
+
+def open_stream(settings: FeatureStoreSettings) -> EventStream:
+    """Build the configured stream; backends are imported only when chosen."""
+    if settings.stream == "inprocess":
+        from feature_store.streams.inprocess import InProcessStream
+
+        return InProcessStream(settings.topic)
+    if settings.stream == "kafka":
+        try:
+            from feature_store.streams.kafka_stream import KafkaStream
+        except ImportError as exc:  # pragma: no cover - confluent-kafka is a core dependency today
+            raise MissingDependency("the kafka stream needs `pip install confluent-kafka`") from exc
+        return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id)
+    raise ValueError(f"unknown stream type {settings.stream!r}")  # pragma: no cover - Literal guards it

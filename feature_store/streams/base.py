@@ -15,13 +15,9 @@ import queue
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-from feature_store.errors import MissingDependency
 from feature_store.schema import BehaviourEvent
-
-if TYPE_CHECKING:
-    from feature_store.settings import FeatureStoreSettings
 
 DLQ_SUFFIX = ".dlq"
 Headers = tuple[tuple[str, bytes], ...]
@@ -139,16 +135,3 @@ class EventStream(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 
-
-def open_stream(settings: FeatureStoreSettings) -> EventStream:
-    if settings.stream == "inprocess":
-        from feature_store.streams.inprocess import InProcessStream
-
-        return InProcessStream(settings.topic)
-    if settings.stream == "kafka":
-        try:
-            from feature_store.streams.kafka_stream import KafkaStream
-        except ImportError as exc:  # pragma: no cover - confluent-kafka is a core dependency today
-            raise MissingDependency("the kafka stream needs `pip install confluent-kafka`") from exc
-        return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id)
-    raise ValueError(f"unknown stream type {settings.stream!r}")  # pragma: no cover

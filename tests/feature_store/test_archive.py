@@ -75,8 +75,8 @@ def test_the_archive_command_drains_the_topic_once(kafka_bootstrap, unique, tmp_
 def test_the_archive_on_s3_writes_each_record_once_and_retraining_reads_it(aws_env, unique):
     import boto3
 
-    from feature_store.storage import open_storage
     from feature_store.streams.inprocess import InProcessStream
+    from storage import open_storage
     from training.retrain.events import read_window
 
     boto3.client("s3").create_bucket(Bucket=unique)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 import pytest
 
+from experiments import open_state
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from feature_store.streams.kafka_stream import KafkaStream
@@ -178,9 +179,9 @@ def assert_store_holds_exactly(store: RedisStore, events: list[BehaviourEvent]) 
     assert not wrong and len(got_pop) == len(want_pop), f"{len(wrong)} items' counts differ: {list(wrong.items())[:5]}"
     want_ab, orphans = expected_ab(events)
     got_ab = {v: (s.users, s.impressions, s.clicks, s.impressions_sq, s.clicks_sq, s.cross)
-              for v, s in store.ab_sums("chaos").items()}
+              for v, s in open_state(store).sums("chaos").items()}
     assert got_ab == want_ab, f"experiment sums differ: {got_ab} != {want_ab}"
-    assert store.ab_unattributed() == {"orphan_clicks": orphans, "variant_conflicts": 0}
+    assert open_state(store).unattributed() == {"orphan_clicks": orphans, "variant_conflicts": 0}
     assert orphans > 0 and all(s[2] > 100 for s in want_ab.values())  # both kinds of click were exercised
 
 

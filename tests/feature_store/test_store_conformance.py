@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from experiments import open_state
 from feature_store.errors import OffsetConflict, StoreUnavailable
 from feature_store.online.base import StreamOffsets
 from feature_store.online.redis_store import RedisStore
@@ -236,49 +237,53 @@ def click(user: str, item: str, req: str, ts: float = 2.0, eid: str | None = Non
 
 
 def test_experiment_sums_count_each_impression_and_attributed_click_once(store):
+    state = open_state(store)
     events = [imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A"), imp("u1", "c", "r2", "A"),
               imp("u2", "a", "r3", "B"), imp("u2", "b", "r3", "B"),
               click("u1", "a", "r1"), click("u1", "c", "r2"), click("u2", "b", "r3")]
     assert store.write(events) == 8
     assert store.write(events) == 0  # redelivered: nothing counts twice
     store.write(events[3:6])  # a partial redelivery too
-    sums = store.ab_sums("exp1")
+    sums = state.sums("exp1")
     a, b = sums["A"], sums["B"]
     # u1: 3 impressions, 2 clicks; u2: 2 impressions, 1 click.
     assert (a.users, a.impressions, a.clicks, a.impressions_sq, a.clicks_sq, a.cross) == (1, 3, 2, 9, 4, 6)
     assert (b.users, b.impressions, b.clicks, b.impressions_sq, b.clicks_sq, b.cross) == (1, 2, 1, 4, 1, 2)
-    assert store.ab_unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0}
+    assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0}
     assert [h.item_id for h in store.history("u1", 10)] == ["a", "c"]  # clicks are history, impressions not
-    assert store.ab_sums("no-such-experiment") == {}
+    assert state.sums("no-such-experiment") == {}
 
 
 def test_clicks_without_a_logged_impression_are_counted_apart(store):
+    state = open_state(store)
     store.write([imp("u1", "a", "r1", "A")])
     store.write([click("u1", "z", "r1"),  # shown nothing called z in r1
                  click("u1", "a", "r-unknown"),  # a request never logged
                  BehaviourEvent(event_id="plain", user_id="u1", item_id="a", ts=3.0, event_type="click")])
-    assert store.ab_unattributed()["orphan_clicks"] == 2  # the plain click (no request id) is no experiment click
-    assert store.ab_sums("exp1")["A"].clicks == 0
+    assert state.unattributed()["orphan_clicks"] == 2  # the plain click (no request id) is no experiment click
+    assert state.sums("exp1")["A"].clicks == 0
     store.write([imp("u1", "b", "r9", "B")])  # the same user under another variant: not mixed in
-    assert store.ab_unattributed()["variant_conflicts"] == 1 and "B" not in store.ab_sums("exp1")
+    assert state.unattributed()["variant_conflicts"] == 1 and "B" not in state.sums("exp1")
 
 
 def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
-    assert store.ab_stop("exp1", "B", {"at": 1.0, "lift": -0.2}) is True
-    assert store.ab_stop("exp1", "B", {"at": 2.0, "lift": -0.3}) is False  # another replica, later: ignored
-    assert store.ab_stopped("exp1") == {"B": {"at": 1.0, "lift": -0.2}} and store.ab_stopped("exp2") == {}
-    assert store.ab_snapshot("exp1", 11, {"t": 11.5}) and store.ab_snapshot("exp1", 10, {"t": 10.5})
-    assert not store.ab_snapshot("exp1", 11, {"t": 11.9})
-    assert store.ab_timeline("exp1") == [{"t": 10.5}, {"t": 11.5}]  # oldest first, first writer kept
+    state = open_state(store)
+    assert state.stop("exp1", "B", {"at": 1.0, "lift": -0.2}) is True
+    assert state.stop("exp1", "B", {"at": 2.0, "lift": -0.3}) is False  # another replica, later: ignored
+    assert state.stopped("exp1") == {"B": {"at": 1.0, "lift": -0.2}} and state.stopped("exp2") == {}
+    assert state.snapshot("exp1", 11, {"t": 11.5}) and state.snapshot("exp1", 10, {"t": 10.5})
+    assert not state.snapshot("exp1", 11, {"t": 11.9})
+    assert state.timeline("exp1") == [{"t": 10.5}, {"t": 11.5}]  # oldest first, first writer kept
     for step in (1, 0, 1, 2):  # steps 0 and 1 reached; a second replica's step 1 is ignored
-        store.ab_ramp("exp1", step, {"step": step, "at": float(10 * step + len(store.ab_ramp_log("exp1")))})
-    assert store.ab_ramp_log("exp1") == [{"step": 0, "at": 1.0}, {"step": 1, "at": 10.0}, {"step": 2, "at": 22.0}]
-    assert store.ab_conclusion("exp1") is None and store.ab_ramp_log("exp2") == []
-    assert store.ab_conclude("exp1", {"winner": "B"}) and not store.ab_conclude("exp1", {"winner": "C"})
-    assert store.ab_conclusion("exp1") == {"winner": "B"} and store.ab_conclusion("exp2") is None
+        state.ramp("exp1", step, {"step": step, "at": float(10 * step + len(state.ramp_log("exp1")))})
+    assert state.ramp_log("exp1") == [{"step": 0, "at": 1.0}, {"step": 1, "at": 10.0}, {"step": 2, "at": 22.0}]
+    assert state.conclusion("exp1") is None and state.ramp_log("exp2") == []
+    assert state.conclude("exp1", {"winner": "B"}) and not state.conclude("exp1", {"winner": "C"})
+    assert state.conclusion("exp1") == {"winner": "B"} and state.conclusion("exp2") is None
 
 
 def test_clicks_on_long_tail_items_are_counted_per_variant(store):
+    state = open_state(store)
     # 20 items; the head is the top fifth (4 items, feature_store.long_tail): "h" (10 behaviours), "g" (5),
     # then of the 18 tied at one behaviour the last two by id, "t" and "s".
     store.write([BehaviourEvent(event_id=f"pop-{i}-{j}", user_id=f"p{j}", item_id=item, ts=1.0)
@@ -286,11 +291,12 @@ def test_clicks_on_long_tail_items_are_counted_per_variant(store):
                                                                                      + 4 * (item == "g"))])
     store.write([imp("u1", "h", "r1", "A"), imp("u1", "z", "r1", "A"), imp("u2", "g", "r2", "A"),
                  click("u1", "h", "r1"), click("u1", "z", "r1"), click("u2", "g", "r2")])
-    a = store.ab_sums("exp1")["A"]
+    a = state.sums("exp1")["A"]
     assert a.clicks == 3 and a.tail_clicks == 1  # only "z" (never seen before) is in the long tail
 
 
 def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
+    state = open_state(store)
     import numpy as np
 
     from feature_store.long_tail import long_tail_mask
@@ -303,7 +309,7 @@ def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
                                                                click(f"u{j}", item, f"r{j}"))])
     tail = long_tail_mask(np.array([0, *counts]))  # by item index: 0 is padding, i0 is index 1
     expected = sum(bool(tail[1 + int(item[1:])]) for item in clicked)
-    assert expected == 2 and store.ab_sums("exp1")["A"].tail_clicks == expected  # i1 and i3
+    assert expected == 2 and state.sums("exp1")["A"].tail_clicks == expected  # i1 and i3
 
 
 def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(store):
@@ -321,9 +327,10 @@ def test_the_embedded_store_forgets_attributions_after_the_window(clock):
     from feature_store.online.memory import MemoryStore
 
     store = MemoryStore(dedup_window_s=3600, clock=clock)
+    state = open_state(store)
     store.write([imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A")])
     clock.now += 3601
     store.write([imp("u2", "c", "r2", "A")])  # a later write drops what expired, as Redis expires it
     assert set(store._att) == {("r2", "c")}  # memory stays bounded by the window's traffic
     store.write([click("u1", "a", "r1", eid="late"), click("u2", "c", "r2", eid="fresh")])
-    assert store.ab_unattributed()["orphan_clicks"] == 1 and store.ab_sums("exp1")["A"].clicks == 1
+    assert state.unattributed()["orphan_clicks"] == 1 and state.sums("exp1")["A"].clicks == 1

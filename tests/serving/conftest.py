@@ -8,11 +8,11 @@ import httpx
 import pytest
 import torch
 
+from models.bundle import load_bundle
+from registry.store import Registry
 from serving.app import create_app
 from serving.server import free_port, serve_in_thread
-from training.bundle import load_bundle
 from training.export import export_bundle
-from training.registry import Registry
 
 
 @contextlib.contextmanager

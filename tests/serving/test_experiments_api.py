@@ -7,10 +7,11 @@ import json
 
 import pytest
 
+from experiments import open_state
+from experiments.running import Experiments
 from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
-from serving.experiments import Experiments
 from serving.models import ModelManager
 from serving.settings import ServingSettings
 from tests.conftest import wait_until
@@ -39,7 +40,7 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         assert again["variant"] == answers[users[0]]["variant"]  # sticky
 
         shown = sum(len(a["items"]) for a in answers.values()) + len(again["items"])
-        wait_until(lambda: sum(s.impressions for s in store.ab_sums("baseline").values()) == shown,
+        wait_until(lambda: sum(s.impressions for s in open_state(store).sums("baseline").values()) == shown,
                    what="every shown item logged as an impression")
 
         clicks = [{"event_id": f"click-{u}", "user_id": u, "item_id": answers[u]["items"][0]["item_id"],

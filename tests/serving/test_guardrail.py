@@ -7,14 +7,16 @@ import json
 
 import pytest
 
-from feature_store.experiments.assign import Experiment
+from experiments import open_state
+from experiments.guardrail import Guardrail
+from experiments.running import Experiments
+from experiments.spec import Experiment
+from experiments.state_redis import RedisExperimentState
 from feature_store.online.memory import MemoryStore
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
-from serving.experiments import Experiments
-from serving.guardrail import Guardrail
 from serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
@@ -42,18 +44,21 @@ def traffic(variant: str, users: int, shown: int, clicked: int, prefix: str = ""
 def test_a_worse_variant_is_stopped_once_for_every_replica(redis_url, unique):
     store = RedisStore(redis_url, prefix=unique)
     experiments = Experiments([Experiment.model_validate(EXPERIMENT)])
-    one, two = Guardrail(store, experiments, min_users=100), Guardrail(store, experiments, min_users=100)
+    replica = RedisStore(redis_url, prefix=unique)  # another replica: its own connection and state
+    one = Guardrail(open_state(store), experiments, min_users=100)
+    two = Guardrail(RedisExperimentState(replica), experiments, min_users=100)
     store.write(traffic("control", 60, 10, 1) + traffic("bad", 60, 10, 0) + traffic("same", 60, 10, 1))
-    assert one.check() == [] and store.ab_stopped("risky") == {}  # 60 users an arm: too few to judge
+    assert one.check() == [] and open_state(store).stopped("risky") == {}  # 60 users an arm: too few to judge
     store.write(traffic("control", 300, 10, 1, "b") + traffic("bad", 300, 10, 0, "b")
                 + traffic("same", 300, 10, 1, "b"))
     made = one.check()
     assert [d["variant"] for d in made] == ["bad"] and made[0]["cs_high"] < 0 < made[0]["users"]["variant"]
     assert two.check() == []  # the other replica finds the decision made and adopts it
     assert one.stopped("risky") == two.stopped("risky") == {"bad"}
-    assert store.ab_stopped("risky")["bad"]["at"] == made[0]["at"]  # the first decision stands
+    assert open_state(store).stopped("risky")["bad"]["at"] == made[0]["at"]  # the first decision stands
     store.flush_prefix()
     store.close()
+    replica.close()
 
 
 def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny_run, tmp_path):
@@ -81,7 +86,7 @@ def test_a_ramp_moves_up_only_when_held_and_green_and_never_moves_a_user():
     ramp = {**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 0,
             "variants": [{"name": "control"}, {"name": "bad"}]}
     experiments = Experiments([Experiment.model_validate(ramp)])
-    guard = Guardrail(store, experiments, min_users=50)
+    guard = Guardrail(open_state(store), experiments, min_users=50)
     users = [f"user{i}" for i in range(4000)]
     assert guard.check() == []  # step 0 recorded, nothing judged yet
     first = {u: a[1].name for u in users if (a := guard.assign(u))}
@@ -92,22 +97,22 @@ def test_a_ramp_moves_up_only_when_held_and_green_and_never_moves_a_user():
     second = {u: a[1].name for u in users if (a := guard.assign(u))}
     assert 0.45 < len(second) / len(users) < 0.55
     assert all(second[u] == v for u, v in first.items())  # everyone already in keeps their variant
-    assert guard.check() == [] and len(store.ab_ramp_log("risky")) == 2  # the last step: it stays
+    assert guard.check() == [] and len(open_state(store).ramp_log("risky")) == 2  # the last step: it stays
 
 
 def test_a_ramp_holds_while_a_variant_is_stopped_or_the_step_is_young():
     store = MemoryStore()
     young = Experiment.model_validate({**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 3600})
-    guard = Guardrail(store, Experiments([young]), min_users=50)
+    guard = Guardrail(open_state(store), Experiments([young]), min_users=50)
     guard.check()
     store.write(traffic("control", 300, 10, 1) + traffic("same", 300, 10, 1) + traffic("bad", 300, 10, 1))
     assert guard.check() == []  # green, but held for less than an hour
     store2 = MemoryStore()
     held = Experiment.model_validate({**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 0})
-    guard2 = Guardrail(store2, Experiments([held]), min_users=50)
+    guard2 = Guardrail(open_state(store2), Experiments([held]), min_users=50)
     store2.write(traffic("control", 300, 10, 1) + traffic("bad", 300, 10, 0) + traffic("same", 300, 10, 1))
     assert [d["reason"] for d in guard2.check()] == ["guardrail"]  # bad stopped; the ramp does not move
-    assert [r["step"] for r in store2.ab_ramp_log("risky")] == [0]
+    assert [r["step"] for r in open_state(store2).ramp_log("risky")] == [0]
 
 
 def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registry, tiny_run, tmp_path):

@@ -4,18 +4,17 @@ failing one; a broken bundle is refused and the current model keeps serving; rol
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 
 from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
+from models.bundle import load_bundle
+from registry.store import RegistryError
 from serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
-from training.bundle import load_bundle
-from training.registry import RegistryError
 
 ADMIN = {"authorization": "Bearer s3cret"}
 
@@ -41,10 +40,11 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
 
         t = threading.Thread(target=stream)
         t.start()
-        time.sleep(1)
+        wait_until(lambda: len(seen) >= 20, timeout_s=60, what="traffic on v1")
         registry.set_alias("champion", "v2")
         wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["version"] == "v2", timeout_s=60)
-        time.sleep(1)
+        on_v2 = len(seen)
+        wait_until(lambda: len(seen) >= on_v2 + 20, timeout_s=60, what="traffic on v2")
         stop.set()
         t.join(timeout=30)
         v2 = c.get("/admin/model", headers=ADMIN).json()
@@ -54,8 +54,9 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
         registry.publish(registry.bundle_dir("v2"), "v3")
         (registry.bundle_dir("v3") / "popularity.json").write_text("[]")
         registry.set_alias("champion", "v3")
-        time.sleep(1)
-        assert c.get("/admin/model", headers=ADMIN).json()["version"] == "v2"
+        refused = wait_until(lambda: (m := c.get("/admin/model", headers=ADMIN).json())["held"] == "v3" and m,
+                             timeout_s=60, what="the watcher to refuse v3")
+        assert refused["version"] == "v2"
         r = c.post("/admin/reload", headers=ADMIN)
         assert r.status_code == 409 and "checksum mismatch" in r.json()["message"]
         assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v2["model_version"]
@@ -63,12 +64,16 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
         # Rollback to the previous model; it sticks while the alias still names what was rolled back
         # from. Admin endpoints need the token.
         registry.set_alias("champion", "v2")
-        time.sleep(0.3)
+        checks = c.get("/admin/model", headers=ADMIN).json()["watch_checks"]
+        wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["watch_checks"] >= checks + 2,
+                   what="the watcher to see the alias back on v2")
         back = c.post("/admin/rollback", headers=ADMIN).json()
         assert back["model_version"] == v1["model_version"]
         assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v1["model_version"]
-        time.sleep(0.5)
-        assert c.get("/admin/model", headers=ADMIN).json()["model_version"] == v1["model_version"]
+        checks = c.get("/admin/model", headers=ADMIN).json()["watch_checks"]
+        after = wait_until(lambda: (m := c.get("/admin/model", headers=ADMIN).json())["watch_checks"] >= checks + 2
+                           and m, what="two more checks of the alias")
+        assert after["model_version"] == v1["model_version"] and after["held"] == "v2"  # it sticks
         assert c.post("/admin/reload").status_code == 401
         assert c.post("/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
         pinned = c.post("/admin/reload", headers=ADMIN, json={"version": "v2"}).json()

@@ -111,7 +111,7 @@ def test_the_category_cap_holds_across_the_popularity_fill(served):
 
 
 def test_explanations_are_the_models_attention_weights(served, tiny_run):
-    from training.bundle import load_bundle
+    from models.bundle import load_bundle
 
     c, data, store, _, _ = served
     user = data.user_id[7]

@@ -11,11 +11,11 @@ import pytest
 from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
+from registry.store import Registry
 from serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 from tests.training.retrain_world import DAY, END, archive, drifting_world, retrain
-from training.registry import Registry
 
 ADMIN = {"authorization": "Bearer s3cret"}
 
@@ -76,7 +76,7 @@ def test_a_challenger_rollout_starts_an_experiment_the_service_runs(world, tmp_p
                                events_sink="store", score_precision="fp32", experiments_file=experiments)
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
         code, report = retrain(root, "--until", str(END), "--rollout", "challenger",
-                               env={"DINREC_RETRAIN_EXPERIMENTS_FILE": str(experiments),
+                               env={"DINREC_EXPERIMENTS_FILE": str(experiments),
                                     "DINREC_RETRAIN_RAMP": "[0.5]"})
         assert code == 0 and report["status"] == "promoted", report["reason"]
         new = report["candidate"]["version"]

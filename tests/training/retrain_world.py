@@ -80,7 +80,7 @@ def retrain(root, *args: str, env: dict | None = None, wait: bool = True):
     from tests.conftest import REPO
 
     full = {**os.environ, **FAST, "DINREC_RETRAIN_ARCHIVE_DIR": str(root / "archive"),
-            "DINREC_RETRAIN_REGISTRY": str(root / "registry"), "DINREC_RETRAIN_WORK_DIR": str(root / "work"),
+            "DINREC_REGISTRY": str(root / "registry"), "DINREC_RETRAIN_WORK_DIR": str(root / "work"),
             **(env or {})}
     cmd = [sys.executable, "-m", "dinrec_cli.main", "retrain", *args]
     if not wait:

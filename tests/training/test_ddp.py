@@ -10,8 +10,8 @@ import sys
 import pytest
 import torch
 
+from models.bundle import load_bundle
 from tests.conftest import REPO, free_port, synthetic_dataset_dir
-from training.bundle import load_bundle
 
 # No BatchNorm (Dice) here: DDP ranks normalise over their own half-batch, one process over the whole.
 ENV = {"DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATION": "relu",

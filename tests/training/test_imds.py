@@ -1,12 +1,12 @@
 """The IMDSv2 client and interruption watcher against AWS's amazon-ec2-metadata-mock."""
 
 import threading
-import time
 import urllib.error
 import urllib.request
 
 import pytest
 
+from tests.conftest import wait_until
 from training.spot.imds import Imds, ImdsError, InterruptionWatcher
 
 
@@ -19,9 +19,8 @@ def test_no_notice_until_the_mock_announces_one(metadata_mock):
     imds = Imds(url)
     assert imds.instance_id().startswith("i-")
     assert imds.interruption() is None
-    time.sleep(2.5)
-    notice = imds.interruption()
-    assert notice is not None and notice.action == "terminate" and notice.time.endswith("Z")
+    notice = wait_until(imds.interruption, timeout_s=15, interval_s=0.2, what="the mock's notice")
+    assert notice.action == "terminate" and notice.time.endswith("Z")
 
 
 def test_expired_token_is_renewed_once(metadata_mock):
@@ -38,7 +37,8 @@ def test_watcher_calls_back_once_for_rebalance_and_interruption(metadata_mock):
     watcher = InterruptionWatcher(imds, on_rebalance=lambda: rebalances.append(1),
                                   on_interruption=lambda n: (notices.append(n), done.set()), poll_s=0.2).start()
     assert done.wait(15), "no interruption notice seen"
-    time.sleep(0.6)  # more polls would happen here if the watcher kept going
+    watcher._thread.join(timeout=10)  # the watcher ends itself at the notice: no more polls, no second callback
+    assert not watcher._thread.is_alive()
     watcher.stop()
     assert len(rebalances) == 1 and len(notices) == 1 and notices[0].action == "terminate"
 
@@ -50,6 +50,6 @@ def test_unreachable_imds_is_a_clear_error_and_the_watcher_keeps_polling():
     with pytest.raises(ImdsError, match="token request"):
         imds.interruption()
     watcher = InterruptionWatcher(imds, on_interruption=lambda n: None, poll_s=0.1).start()
-    time.sleep(0.5)
+    wait_until(lambda: watcher.errors >= 3, timeout_s=30, what="three failed polls")
     assert watcher._thread.is_alive()  # errors are logged, not fatal: IMDS may come back
     watcher.stop()

@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
+from models.din import DIN, DINConfig
 from training import kernels
-from training.model import DIN, DINConfig
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="the fused kernel could not be built here (see the log)")
 

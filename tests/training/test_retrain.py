@@ -14,16 +14,16 @@ import numpy as np
 import pytest
 import torch
 
+from models.bundle import load_bundle
+from models.vocab import Vocab
+from registry.store import Registry
 from tests.conftest import REPO, wait_until
-from tests.training.retrain_world import DAY, END, archive, chain_world, drifting_world, retrain
-from training.bundle import load_bundle
+from tests.training.retrain_world import DAY, END, FAST, archive, chain_world, drifting_world, retrain
 from training.metrics import paired_difference
-from training.registry import Registry
 from training.retrain.gate import decide
 from training.retrain.job import _iso
 from training.retrain.lock import RunLock
 from training.retrain.settings import RetrainSettings
-from training.vocab import Vocab
 from training.warm_start import warm_start
 
 
@@ -239,7 +239,7 @@ def test_warm_start_carries_rows_by_external_id(tiny_run):
     items = ["<pad>", "brand-new", *reversed(v.items[2:])]
     cats = ["<pad>", "new-cat", *v.categories[1:]]
     new_vocab = Vocab(items, cats, torch.zeros(len(items), dtype=torch.long).numpy())
-    from training.model import DIN
+    from models.din import DIN
 
     new = DIN(old.config.__class__(**{**old.config.__dict__, "n_items": len(items), "n_categories": len(cats)}))
     fresh_row = new.item_emb.weight[1].clone()
@@ -283,7 +283,9 @@ def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(
             "DINREC_SPOT_WORKDIR": str(tmp_path / "spot-work"), "DINREC_SPOT_POLL_S": "0.3"}
     reg = Registry(root / "registry")
     first = reg.resolve("champion")
-    code, report = retrain(root, "--until", str(END), "--spot", env={**spot, "DINREC_RETRAIN_WARM_START_TOWERS": "1"})
+    # A setting the old --spot path did not pass on (it sent 5 of them as flags): the job must build with it.
+    local_env = {"DINREC_RETRAIN_WARM_START_TOWERS": "1", "DINREC_TRAIN_NEGATIVE_POWER": "0.5"}
+    code, report = retrain(root, "--until", str(END), "--spot", env={**spot, **local_env})
     assert code == 0 and report["status"] == "promoted", report.get("reason")
     job = report["candidate"]["spot"]
     assert job["status"] == "done" and job["attempts"] == 1 and job["by_instance"][0]["instance_type"] == "g5.xlarge"
@@ -296,6 +298,15 @@ def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(
     assert lineage["parent"] == first and lineage["trained_by"] == "dinrec retrain --spot"
     assert lineage["warm_start_towers"]
     assert report["candidate"]["holdout"]["gauc"] > report["champion"]["holdout"]["gauc"]
+    # The job was built from the same settings a local retrain uses, every field of them.
+    shipped = json.loads((data / "train-settings.json").read_text())
+    built = json.loads((reg.bundle_dir(reg.resolve("champion")) / "metrics.json").read_text())["train_settings"]
+    assert shipped == built and built["negative_power"] == 0.5
+    # What a local retrain in the same environment trains with (its CLI: TrainSettings from the environment).
+    local = subprocess.run([sys.executable, "-c", "from training.settings import TrainSettings; "
+                            "print(TrainSettings(progress=False).model_dump_json())"],
+                           env={**os.environ, **FAST, **local_env}, capture_output=True, text=True, check=True)
+    assert json.loads(local.stdout) == built
 
 
 def test_every_runs_on_a_period_until_sigterm(world, tmp_path):

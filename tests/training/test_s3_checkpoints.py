@@ -6,7 +6,7 @@ import boto3
 import pytest
 
 from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.storage import S3Storage
+from storage import S3Storage
 from tests.training.test_resume import StopAfter, settings
 from training.checkpoint import CheckpointError, open_checkpoint_store
 from training.loop import TrainingInterrupted, train

@@ -136,7 +136,7 @@ def test_sagemaker_backend_submits_managed_spot_training(aws_env, small_data):
 
 def test_no_capacity_is_retried_then_given_up(tmp_path):
     """AWS's capacity errors cannot be produced by a local endpoint, so this one backend is a stand-in."""
-    from training.spot.aws import CloudError
+    from storage import CloudError
     from training.spot.backends import Backend
     from training.spot.catalog import DEFAULT_CATALOG
     from training.spot.job import JobSpec

@@ -11,13 +11,13 @@ import torch
 
 from feature_store.datasets.synthetic import SyntheticConfig, generate
 from feature_store.long_tail import head_size
+from models.bundle import load_bundle
+from models.din import DIN, DINConfig
+from models.recall import RecallSpace
+from models.towers import Towers, TowersConfig
 from retrieval.baselines import Popularity, hit_rate
-from training.bundle import load_bundle
 from training.export import export_bundle
-from training.model import DIN, DINConfig
-from training.recall import RecallSpace
 from training.samples import build_samples
-from training.towers import Towers, TowersConfig
 from training.towers_train import TowersSettings, train_towers
 
 

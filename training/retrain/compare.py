@@ -39,11 +39,11 @@ import numpy as np
 import torch
 
 from feature_store.long_tail import long_tail_mask
-from training.bundle import Bundle
+from models.bundle import Bundle
+from models.recall import RecallSpace, target_found, top_unseen
 from training.data import gather_history
 from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
-from training.recall import RecallSpace, target_found, top_unseen
 from training.samples import SampleSet
 
 SERVED_K = 10
@@ -119,9 +119,9 @@ def _served(bundle: Bundle, positives: np.ndarray, histories, targets, units: di
             k: int = SERVED_K, batch: int = 1024) -> dict:
     """HR@k of the list the ranking stage serves (training.blend_fit.candidate_features: the towers'
     and co-visitation's candidates, blended; DIN alone without a blend)."""
+    from models.scorer import Scorer
     from retrieval.index import FaissIndex
     from training.blend_fit import candidate_features
-    from training.scorer import Scorer
 
     space = RecallSpace(bundle.model, bundle.towers, bundle.vocab.item_category)
     index = FaissIndex.load(bundle.item_index_path)

@@ -20,7 +20,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from training.model import DIN
+from models.din import DIN
 from training.samples import SampleSet
 
 Drill = Literal["shuffled-labels", "miscalibrated"]

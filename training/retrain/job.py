@@ -28,9 +28,11 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from feature_store.storage import LocalStorage, folder_written_atomically
-from training.bundle import Bundle, code_version, load_bundle
-from training.registry import RegistryError, open_registry
+from models.bundle import Bundle, code_version, load_bundle
+from registry.store import RegistryError, open_registry
+from storage import LocalStorage, folder_written_atomically
+from training.exit_codes import EXIT_INTERRUPTED
+from training.pipeline import samples_for
 from training.retrain.compare import baseline_differences, baselines, holdout_rows, measure, paired_differences
 from training.retrain.drills import DRILLS, degrade_model, degrade_samples
 from training.retrain.events import read_window
@@ -38,13 +40,13 @@ from training.retrain.gate import checks_json, decide
 from training.retrain.lock import Locked, RunLock
 from training.retrain.settings import RetrainSettings
 from training.retrain.spot import SpotFailed, train_on_spot
-from training.samples import SampleSet, build_samples, is_sample_dir
+from training.samples import SampleSet, is_sample_dir
 from training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT = 0, 1, 2, 3, 4, 5
-EXIT_INTERRUPTED = 75
+
 # What changes the model a window yields: a run under other values is another run.
 _RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negatives", "negative_power", "item_dim",
              "cat_dim", "mlp_hidden", "attention_hidden", "seed", "recall_epochs", "recall_dim")
@@ -70,6 +72,8 @@ class RetrainJob:
             raise ValueError(f"unknown drill {drill!r}: use one of {', '.join(DRILLS)}")
         if drill and spot:
             raise ValueError("gate drills run locally: drop --spot")
+        if settings.registry is None:
+            raise ValueError("retrain publishes its candidates to a registry: set DINREC_REGISTRY (or --registry)")
         self.s, self.train_settings = settings, train.model_copy(update={"progress": False})
         self.drill, self.spot = drill, spot
         self.stop = stop or threading.Event()
@@ -181,9 +185,7 @@ class RetrainJob:
             return SampleSet.load(folder), stats
         # The attributed clicks first: data.json, written last, is what marks the samples complete.
         window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end)
-        t = self.train_settings
-        samples = build_samples(window.data, seq_len=t.seq_len, negatives=t.negatives,
-                                eval_negatives=t.eval_negatives, seed=t.seed, negative_power=t.negative_power)
+        samples = samples_for(window.data, self.train_settings)
         stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
                  "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}
         self.files.put_json("attributed.json", {"attributed": window.attributed})
@@ -201,9 +203,8 @@ class RetrainJob:
         """Train DIN (resuming from this run's checkpoints) and the recall towers, warm-started from
         the champion, and export them as one bundle; None when stopped first."""
         from training.checkpoint import open_checkpoint_store
-        from training.export import export_with_recall
-        from training.loop import TrainingInterrupted, train
-        from training.warm_start import initializers
+        from training.loop import TrainingInterrupted
+        from training.pipeline import train_bundle
 
         out = self.run_dir / "candidate"
         if (out / "manifest.json").is_file():
@@ -219,22 +220,22 @@ class RetrainJob:
                                          self.s.spot_instance_types, lineage, towers=self.s.warm_start_towers)
             self.files.put_json("spot-report.json", cost)
             return bundle
-        din_init, towers_init = initializers(use, samples.vocab, towers=self.s.warm_start_towers)
         store = open_checkpoint_store(self.run_dir / "checkpoints", keep=self.train_settings.keep_checkpoints)
         resumed_from = store.latest()
         samples = degrade_samples(samples, self.drill, self.train_settings.seed)
+
+        def drilled(result) -> bool:  # the drill degrades DIN after training; a stop now exports nothing
+            degrade_model(result.model, self.drill)
+            result.metrics["resumed_from"] = resumed_from
+            return not self.stop.is_set()
+
         try:
-            result = train(samples, self.train_settings, checkpoints=store, resume="auto", stop=self.stop,
-                           init=din_init)
+            trained = train_bundle(samples, self.train_settings, out, checkpoints=store, resume="auto",
+                                   stop=self.stop, champion=use, warm_towers=self.s.warm_start_towers,
+                                   lineage=lineage, after_training=drilled)
         except TrainingInterrupted:
             return None
-        degrade_model(result.model, self.drill)
-        result.metrics["resumed_from"] = resumed_from
-        if self.stop.is_set():
-            return None
-        export_with_recall(out, result.model, samples, result.metrics, self.train_settings,
-                           towers_init=towers_init, lineage=lineage)
-        return load_bundle(out)
+        return None if trained.bundle is None else load_bundle(trained.bundle)
 
     def _publish(self, candidate: Bundle) -> None:
         if candidate.model_version not in self.registry.versions():  # a resumed run may have published it

@@ -1,6 +1,6 @@
 """Rollout through A/B: a retrained model that passed the gate serves a ramped share of users as the
 challenger against the champion (the default model), in an experiment the services' guardrail stops
-when it is significantly worse and promotes to champion when it wins (feature_store.experiments).
+when it is significantly worse and promotes to champion when it wins (experiments).
 
 The treatment names the **version**, not the ``challenger`` alias, so a later retrain that moves the
 alias never swaps the model under a running experiment; that later retrain stops this experiment and
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from feature_store.experiments.assign import Experiment, ExperimentFile, Variant
+from experiments.spec import Experiment, ExperimentFile, Variant
 from training.retrain.settings import RetrainSettings
 
 PREFIX = "retrain-"

@@ -10,17 +10,17 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import SettingsConfigDict
+
+from storage.settings import SharedSettings
 
 
-class RetrainSettings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="DINREC_RETRAIN_", extra="forbid", validate_default=True)
+class RetrainSettings(SharedSettings):
+    model_config = SettingsConfigDict(env_prefix="DINREC_RETRAIN_", extra="forbid", validate_default=True,
+                                      populate_by_name=True)
 
     archive_dir: str = Field("runs/archive", description=(
         "the event archive (`dinrec ingest archive --out`): a folder or s3://bucket/prefix"))
-    topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$", description="the archived topic")
-    registry: str = Field("runs/registry", description="model registry: a folder or s3://bucket/prefix")
-    registry_cache: Path | None = Field(None, description="where versions from an S3 registry are downloaded")
     work_dir: Path = Field(Path("runs/retrain"), description=(
         "the job's own state: the lock, and one folder per data window (samples, checkpoints, candidate, report)"))
     history_days: float = Field(30.0, gt=0, le=3650, description="the data window: this many days up to its end")
@@ -42,8 +42,6 @@ class RetrainSettings(BaseSettings):
     rollout: Literal["champion", "challenger"] = Field("champion", description=(
         "champion: a model that passes the gate becomes champion; challenger: it becomes challenger and an A/B "
         "experiment against the champion starts (promote: champion), which the guardrail can stop and a win promotes"))
-    experiments_file: Path | None = Field(None, description=(
-        "the services' experiments file (DINREC_EXPERIMENTS_FILE); needed for rollout=challenger"))
     ramp: list[Annotated[float, Field(gt=0, le=1)]] = Field([0.05, 0.25, 0.5], min_length=1, description=(
         "rollout=challenger: the experiment's coverage steps"))
     ramp_hold_s: float = Field(3600.0, ge=0, description="rollout=challenger: least time at each ramp step")
@@ -67,6 +65,5 @@ class RetrainSettings(BaseSettings):
     @model_validator(mode="after")
     def _challenger_needs_the_experiments_file(self) -> RetrainSettings:
         if self.rollout == "challenger" and self.experiments_file is None:
-            raise ValueError("rollout=challenger needs DINREC_RETRAIN_EXPERIMENTS_FILE (the services' experiments "
-                             "file)")
+            raise ValueError("rollout=challenger needs DINREC_EXPERIMENTS_FILE (the services' experiments file)")
         return self

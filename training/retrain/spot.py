@@ -13,9 +13,11 @@ import json
 import shutil
 from pathlib import Path
 
-from feature_store.storage import LocalStorage, folder_written_atomically
-from training.bundle import Bundle, load_bundle, verify_bundle
+from models.bundle import Bundle, load_bundle, verify_bundle
+from storage import LocalStorage, folder_written_atomically
 from training.settings import TrainSettings
+
+TRAIN_SETTINGS = "train-settings.json"  # in the job's data folder
 
 
 class SpotFailed(RuntimeError):
@@ -28,9 +30,9 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
                   instance_types: list[str], lineage: dict, towers: bool = False) -> tuple[Bundle, dict]:
     """(the candidate bundle, the job's cost report). ``towers``: warm-start the towers too."""
     from training.spot.agent import fetch_data
-    from training.spot.cli import create_job, job_supervisor
     from training.spot.settings import SpotSettings
     from training.spot.supervisor import cost_report
+    from training.spot.wiring import create_job, job_supervisor
 
     settings, files = SpotSettings(), LocalStorage(run_dir)
     known = files.get_json("spot-job.json")
@@ -40,8 +42,9 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
         data = run_dir / "spot-data"
         shutil.rmtree(data, ignore_errors=True)
         shutil.copytree(samples_dir, data)
-        args = ["--epochs", str(t.epochs), "--batch-size", str(t.batch_size), "--seq-len", str(t.seq_len),
-                "--recall-epochs", str(t.recall_epochs), "--seed", str(t.seed)]
+        # Every training setting travels with the data, so the job builds what a local run would.
+        (data / TRAIN_SETTINGS).write_text(t.model_dump_json(indent=1))
+        args = ["--settings", TRAIN_SETTINGS]
         if champion is not None:
             shutil.copytree(champion.path, data / "init")
             args += ["--init-from", "init", "--init-towers" if towers else "--no-init-towers"]

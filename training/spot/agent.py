@@ -14,7 +14,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from training.cli import EXIT_INTERRUPTED
+from training.exit_codes import EXIT_INTERRUPTED
 from training.spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
 from training.spot.job import now
 from training.spot.jobstore import JobStore

@@ -1,4 +1,4 @@
-"""The boto3 boundary: clients from settings, and AWS errors mapped once into `CloudError`.
+"""The EC2 boundary: clients from settings, every call through storage.aws (one mapping of AWS errors).
 
 Everything else in `training.spot` calls AWS through `call()`, so a missing credential, an
 unreachable endpoint or an API refusal reaches the user as one clear message, never a botocore
@@ -11,9 +11,9 @@ import datetime as dt
 import statistics
 from typing import Any
 
-from feature_store.storage import CloudError, aws_client, call  # the one mapping of AWS errors (re-exported here)
+from storage import aws_client, call
 
-__all__ = ["Aws", "CloudError", "call", "live_spot_prices"]
+__all__ = ["Aws", "live_spot_prices"]
 
 
 class Aws:

@@ -16,7 +16,8 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from training.spot.aws import Aws, CloudError, call
+from storage import CloudError, call
+from training.spot.aws import Aws
 from training.spot.catalog import InstanceType
 from training.spot.job import Attempt, JobSpec, boot_script
 from training.spot.settings import SpotSettings

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from training.spot.wiring import aws_for, backend_for, create_job, job_store, job_supervisor, load_spec
+
 
 def _duration(hours: float) -> str:
     if hours < 1 / 60:
@@ -52,10 +54,11 @@ def _read_workload(path: Path):
 
 def _spot_prices(settings, instance_types: list[str]) -> dict[str, float]:
     """Live spot prices, or {} (the catalog's fallbacks apply) with a warning when EC2 cannot answer."""
-    from training.spot.aws import CloudError, live_spot_prices
+    from storage import CloudError
+    from training.spot.aws import live_spot_prices
 
     try:
-        return live_spot_prices(_aws(settings), instance_types)
+        return live_spot_prices(aws_for(settings), instance_types)
     except CloudError as exc:
         typer.echo(f"warning: live spot prices unavailable ({exc}); using the catalog's", err=True)
         return {}
@@ -98,44 +101,6 @@ def plan(
 
 spot_app = typer.Typer(help="Training jobs on spot GPUs: launch, supervise, watch, cancel, cost.",
                        no_args_is_help=True)
-
-
-def _aws(settings):
-    from training.spot.aws import Aws
-
-    return Aws(settings.region, settings.endpoint_url)
-
-
-def _store(settings, job_id: str):
-    from training.spot.jobstore import open_job_store
-
-    root = settings.state_uri if settings.state_uri.startswith("s3://") else str(Path(settings.state_uri).expanduser())
-    if settings.backend != "local" and not root.startswith("s3://"):
-        raise ValueError(f"the {settings.backend} backend needs DINREC_SPOT_STATE_URI=s3://bucket/prefix "
-                         "(instances keep checkpoints and state there)")
-    return open_job_store(f"{root.rstrip('/')}/jobs/{job_id}", _aws(settings))
-
-
-def _backend(name: str, settings, imds_urls: list[str] | None):
-    from training.spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
-
-    if name == "ec2":
-        return Ec2Backend(_aws(settings), settings)
-    if name == "sagemaker":
-        return SageMakerBackend(_aws(settings), settings)
-    if name == "local":
-        return LocalBackend(Path(settings.workdir).expanduser(), imds_urls)
-    raise ValueError(f"unknown backend {name!r}: ec2, sagemaker or local")
-
-
-def _load_spec(store, job_id: str):
-    from training.spot.job import JobSpec
-    from training.spot.supervisor import SPEC
-
-    doc = store.get_json(SPEC)
-    if doc is None:
-        raise ValueError(f"no job {job_id!r} under {store.uri}")
-    return JobSpec.model_validate(doc)
 
 
 def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> list[str]:
@@ -189,40 +154,6 @@ def spot_run(
         raise typer.Exit(1)
 
 
-def create_job(settings, data: Path, instance_types: list[str], train_args: list[str], *,
-               budget_usd: float | None = None, max_relaunches: int | None = None):
-    """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
-    from training.spot.job import JobSpec, new_job_id
-    from training.spot.supervisor import SPEC
-
-    job_id = new_job_id()
-    store = _store(settings, job_id)
-    spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend, instance_types=instance_types,
-                   train_args=train_args,
-                   max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
-                   budget_usd=budget_usd or settings.budget_usd, region=settings.region,
-                   install="true" if settings.backend == "local" else settings.install)  # local: this dinrec
-    store.upload_dir(data, "data")
-    store.put_json(SPEC, spec.model_dump(mode="json"))
-    return store, spec
-
-
-def job_supervisor(settings, job_id: str, imds_url: list[str] | None = None):
-    """(store, spec, supervisor) of an existing job, ready to start or run to the end."""
-    from training.spot.aws import live_spot_prices
-    from training.spot.catalog import load_catalog
-    from training.spot.supervisor import Supervisor
-
-    store = _store(settings, job_id)
-    spec = _load_spec(store, job_id)
-    prices = {}
-    if settings.live_prices and spec.backend == "ec2":  # an EC2 job needs working AWS access anyway: errors stop it
-        prices = live_spot_prices(_aws(settings), spec.instance_types)
-    supervisor = Supervisor(store, spec, _backend(spec.backend, settings, imds_url),
-                            {t.name: t for t in load_catalog()}, prices, poll_s=settings.poll_s)
-    return store, spec, supervisor
-
-
 @spot_app.command("launch")
 def spot_launch(
     data: Annotated[Path, typer.Option(help="dataset folder (uploaded to the job)")],
@@ -243,8 +174,8 @@ def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     from training.spot.settings import SpotSettings
     from training.spot.supervisor import cost_report, load_state
 
-    store = _store(SpotSettings(), job_id)
-    spec = _load_spec(store, job_id)
+    store = job_store(SpotSettings(), job_id)
+    spec = load_spec(store, job_id)
     state = load_state(store)
     typer.echo(json.dumps({**cost_report(spec, state),
                            "attempt_list": [a.model_dump(mode="json") for a in state.attempts]}))
@@ -258,9 +189,9 @@ def spot_cancel(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     from training.spot.supervisor import Supervisor
 
     settings = SpotSettings()
-    store = _store(settings, job_id)
-    spec = _load_spec(store, job_id)
-    supervisor = Supervisor(store, spec, _backend(spec.backend, settings, None),
+    store = job_store(settings, job_id)
+    spec = load_spec(store, job_id)
+    supervisor = Supervisor(store, spec, backend_for(spec.backend, settings, None),
                             {t.name: t for t in load_catalog()})
     typer.echo(json.dumps({"job_id": job_id, "status": supervisor.cancel().status}))
 
@@ -287,7 +218,7 @@ def spot_agent(
     if not command:
         raise ValueError("give the command to run after `--`, e.g. -- dinrec train --data …")
     settings = SpotSettings()
-    store = open_job_store(job_uri, _aws(settings))
+    store = open_job_store(job_uri, aws_for(settings))
     if data_dir is not None and not (data_dir.exists() and any(data_dir.iterdir())):
         fetch_data(store, "data", data_dir)
     imds = None if settings.imds_url == "none" else Imds(settings.imds_url)

@@ -95,6 +95,7 @@ class InterruptionWatcher:
         self.on_interruption, self.on_rebalance = on_interruption, on_rebalance
         self.notice: InterruptionNotice | None = None
         self.rebalanced = False
+        self.errors = 0  # polls that failed (logged; polling goes on)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="spot-watcher", daemon=True)
 
@@ -123,6 +124,7 @@ class InterruptionWatcher:
             try:
                 self.poll_once()
             except ImdsError as exc:
+                self.errors += 1
                 log.warning("%s", exc)
             if self.notice is not None:
                 return

@@ -1,10 +1,10 @@
 """Where a spot job keeps its state: ``s3://bucket/prefix`` in production, a local folder for a
-local run — small JSON documents and file uploads on the one storage layer (feature_store.storage),
+local run — small JSON documents and file uploads on the one storage layer (storage),
 whose writes are atomic per key, so a reader never sees half a document."""
 
 from __future__ import annotations
 
-from feature_store.storage import LocalStorage, Storage, open_storage
+from storage import LocalStorage, Storage, open_storage
 from training.spot.aws import Aws
 
 JobStore = Storage

@@ -13,7 +13,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from training.spot.aws import CloudError
+from storage import CloudError
 from training.spot.backends import Backend, Liveness
 from training.spot.catalog import InstanceType
 from training.spot.job import FINAL, Attempt, JobSpec, JobState, now

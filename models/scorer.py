@@ -1,6 +1,6 @@
 """DIN scoring for serving: one user's history against N candidates, fast.
 
-The model (training/model.py) stays the reference; this computes the same function, arranged for
+The model (models/din.py) stays the reference; this computes the same function, arranged for
 the request shape (one history, many candidates) rather than the training shape (one candidate
 per history). With W = [Wq | Wh | Wd | Wp] the activation unit's first layer (see
 ``DIN.interest_jagged``), for candidate n and behaviour l::
@@ -12,7 +12,7 @@ per history). With W = [Wq | Wh | Wd | Wp] the activation unit's first layer (se
 The history is embedded once per request (the training path embeds it once per candidate), the
 rest of the unit and the MLP are the model's own modules in eval mode, so the function is the
 same; tests compare against the model within 1e-5 (fp32). ``precision="bf16"`` runs the matrix
-products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX); :func:`choose_precision` measures
+products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX); :func:`choose_score_precision` measures
 how far it is from fp32 on probe requests and keeps it only within a tolerance. With bf16, a unit of
 the default shape (Linear→PReLU→Linear→PReLU→Linear, D a multiple of 32) runs as one fused kernel
 (``csrc/din_score.cpp``: ~0.44 ms for 200 × 50 instead of ~0.9 ms of PyTorch ops on this project's
@@ -28,9 +28,9 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from training.model import DIN, Dice, PReLU
+from models.din import DIN, Dice, PReLU
 
-Precision = Literal["fp32", "bf16"]
+ScorePrecision = Literal["fp32", "bf16"]
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ def _linear_fn(layer: torch.nn.Linear, dtype: torch.dtype):
 
 def bf16_supported() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); otherwise bf16 is slower."""
-    from training.kernels import cpu_has
+    from models.kernels import cpu_has
 
     return cpu_has("avx512_bf16") or cpu_has("amx_bf16")
 
@@ -76,7 +76,7 @@ def _activation_fn(module: torch.nn.Module):
 
 
 class Scorer:
-    def __init__(self, model: DIN, item_category: torch.Tensor, precision: Precision = "fp32",
+    def __init__(self, model: DIN, item_category: torch.Tensor, precision: ScorePrecision = "fp32",
                  chunk: int = 100) -> None:
         model = model.eval()
         self.model = model
@@ -144,7 +144,7 @@ class Scorer:
         h2p = -(-h2 // 16) * 16
         if self.dim % 32 or self.dim > 256 or (h1 // 16, h2p // 16) not in {(5, 3), (4, 2), (2, 1), (8, 4)} or h1 % 16:
             return None
-        from training.kernels import load_score
+        from models.kernels import load_score
 
         if not load_score():
             return None
@@ -203,9 +203,9 @@ class Scorer:
         return Scores(logits, weights if with_attention else None)
 
 
-def choose_precision(model: DIN, item_category: torch.Tensor, wanted: str,
+def choose_score_precision(model: DIN, item_category: torch.Tensor, wanted: str,
                      probes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                     tolerance: float = 1e-3) -> tuple[Precision, float | None]:
+                     tolerance: float = 1e-3) -> tuple[ScorePrecision, float | None]:
     """``wanted``: fp32, bf16 or auto. Auto takes bf16 only where the CPU multiplies it natively and,
     on the ``probes`` (hist_items, hist_cats, candidates), no probability moves by more than
     ``tolerance`` from fp32. Returns the precision and the largest difference seen (None if not

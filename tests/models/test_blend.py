@@ -1,11 +1,11 @@
-"""The ranking blend's features and their file format (training.blend)."""
+"""The ranking blend's features and their file format (models.blend)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from training.blend import FEATURES, RECENT, Blend, category_share, features
+from models.blend import FEATURES, RECENT, Blend, category_share, features
 
 
 def test_the_recent_category_share_reads_only_the_newest_behaviours():

@@ -12,12 +12,12 @@ import boto3
 import pytest
 import torch
 
+from models.bundle import load_bundle
+from registry.store import RegistryError, S3Registry, open_registry
 from serving.models import ModelManager
 from serving.settings import ServingSettings
 from tests.conftest import REPO
-from training.bundle import load_bundle
 from training.export import export_bundle
-from training.registry import RegistryError, S3Registry, open_registry
 
 
 @pytest.fixture

@@ -10,11 +10,11 @@
       metrics.json         offline metrics of this model (what promotion compares)
       popularity.json      most popular items, the fallback for users with no history
       item_counts.npy      behaviours per item index in the training log (what "long tail" means)
-      towers.safetensors   recall towers (training.towers), with towers_config.json; optional:
-                           without them recall uses DIN's item embeddings (training.recall)
+      towers.safetensors   recall towers (models.towers), with towers_config.json; optional:
+                           without them recall uses DIN's item embeddings (models.recall)
       item_index.faiss     inner-product index of the recall space's item vectors
       covisit.npz          the co-visitation lane (retrieval.covisit): each item's nearest neighbours
-      ranking_blend.json   the ranking stage's blend weights (training.blend); optional, with covisit:
+      ranking_blend.json   the ranking stage's blend weights (models.blend); optional, with covisit:
                            without them the served score is DIN's alone
 
 Readers refuse formats and versions they do not know, and any file whose checksum differs.
@@ -34,12 +34,12 @@ from safetensors.torch import load_file, save_file
 
 from feature_store.long_tail import long_tail_mask
 from feature_store.schema import SCHEMA_VERSION
-from feature_store.storage import folder_written_atomically
+from models.blend import Blend
+from models.din import DIN, DINConfig
+from models.towers import Towers, TowersConfig
+from models.vocab import Vocab
 from retrieval.covisit import CoVisitation
-from training.blend import Blend
-from training.model import DIN, DINConfig
-from training.towers import Towers, TowersConfig
-from training.vocab import Vocab
+from storage import folder_written_atomically
 
 BUNDLE_FORMAT = "dinrec-bundle"
 BUNDLE_FORMAT_VERSION = 1

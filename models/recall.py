@@ -1,6 +1,6 @@
 """The recall space, defined once for export (the FAISS index) and serving (the query).
 
-A bundle with recall towers (training.towers) recalls with them: the index holds the item tower's
+A bundle with recall towers (models.towers) recalls with them: the index holds the item tower's
 unit vectors and a history's query is the user tower's. A bundle without (written before the towers
 existed, or trained with ``recall_epochs=0``) falls back to DIN's item embeddings and the mean of the
 history's vectors — what the recall benchmark calls ``din_mean``.
@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from training.model import DIN
-from training.towers import Towers
+from models.din import DIN
+from models.towers import Towers
 
 
 class RecallSpace:

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from benchmarks.ab_bench import bench_ab
-from feature_store.experiments.stats import VariantSums, analyse, compare, srm_p_value
+from experiments.stats import VariantSums, analyse, compare, srm_p_value
 
 
 def _users(rng, n_users: int, ctr: float = 0.05, concentration: float = 10.0) -> list[tuple[float, float]]:

@@ -1,12 +1,12 @@
 """The experiments a service runs: loaded from ``DINREC_EXPERIMENTS_FILE`` at start-up, assigned per
-request (feature_store.experiments.assign: deterministic, so every replica agrees)."""
+request (experiments.spec: deterministic, so every replica agrees)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
-from feature_store.experiments.assign import Experiment, ExperimentFile, Variant
+from experiments.spec import Experiment, ExperimentFile, Variant
 
 
 class Experiments:

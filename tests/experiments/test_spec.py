@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from feature_store.experiments.assign import Experiment, ExperimentFile, bucket, fnv1a32
+from experiments.spec import Experiment, ExperimentFile, bucket, fnv1a32
 
 
 def _exp(**kw) -> Experiment:

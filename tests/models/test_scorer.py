@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.model import DIN, DINConfig
-from training.scorer import Scorer, bf16_supported, choose_precision
+from models.din import DIN, DINConfig
+from models.scorer import Scorer, bf16_supported, choose_score_precision
 
 
 def random_model(attention_activation: str, mlp_activation: str, attention_hidden=(80, 40), mlp_hidden=(64, 32),
@@ -82,15 +82,15 @@ def test_bf16_stays_close_and_auto_checks_before_choosing_it():
     g = torch.Generator().manual_seed(2)
     probes = [(h, item_cat[h], torch.randperm(499, generator=g)[:50] + 1)
               for h in (torch.randint(1, 500, (40,), generator=g) for _ in range(3))]
-    precision, worst = choose_precision(model, item_cat, "auto", probes)
+    precision, worst = choose_score_precision(model, item_cat, "auto", probes)
     assert worst is not None and worst < 0.05
     assert precision == ("bf16" if worst <= 1e-3 else "fp32")
-    assert choose_precision(model, item_cat, "auto", probes, tolerance=0.0)[0] == "fp32" or worst == 0.0
-    assert choose_precision(model, item_cat, "fp32", probes) == ("fp32", None)
+    assert choose_score_precision(model, item_cat, "auto", probes, tolerance=0.0)[0] == "fp32" or worst == 0.0
+    assert choose_score_precision(model, item_cat, "fp32", probes) == ("fp32", None)
 
 
 def _fused_kernel_builds() -> bool:
-    from training.kernels import load_score
+    from models.kernels import load_score
 
     return load_score()
 
@@ -129,7 +129,7 @@ def test_units_the_fused_kernel_was_not_built_for_keep_the_pytorch_ops():
 
 
 def test_a_trained_bundle_scores_the_same(tiny_run):
-    from training.bundle import load_bundle
+    from models.bundle import load_bundle
 
     bundle = load_bundle(tiny_run[2])
     item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)

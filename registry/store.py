@@ -1,12 +1,12 @@
 """The model registry: immutable bundle versions and movable aliases, in a folder or on S3.
 
-    {root}/bundles/{version}/      a bundle (training.bundle), never changed or removed once written
+    {root}/bundles/{version}/      a bundle (models.bundle), never changed or removed once written
     {root}/aliases/{alias}         one line: the version the alias points at (champion, challenger, …)
     {root}/alias-history/{alias}/{ns}.json   one immutable record per move: version, previous, at, reason
     {root}/evaluations/{version}/{run}.json  what a retrain gate measured of the version on its holdout:
                                    its served HR@10 beside the champion's and the baselines', the decision
 
-Both backends are the one storage layer (feature_store.storage), whose writes are atomic per key.
+Both backends are the one storage layer (storage), whose writes are atomic per key.
 Publishing writes a version's files with its ``manifest.json`` last: the manifest is what makes the
 version exist, so a half-written version is invisible (and a publish that died is simply redone).
 Moving an alias replaces one key, so a service that watches it never reads half a pointer, and
@@ -29,10 +29,10 @@ import re
 import time
 from pathlib import Path
 
-from feature_store.storage import LocalStorage, S3Storage, Storage, folder_written_atomically, open_storage, reraise_as
-from training.bundle import BundleError, read_manifest, verify_bundle
+from models.bundle import BundleError, read_manifest, verify_bundle
+from storage import LocalStorage, S3Storage, Storage, folder_written_atomically, open_storage, reraise_as
 
-MANIFEST = "manifest.json"  # a bundle's index of files and checksums (training.bundle)
+MANIFEST = "manifest.json"  # a bundle's index of files and checksums (models.bundle)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -47,7 +47,7 @@ def _name(kind: str, value: str) -> str:
 
 
 class _StoredRegistry:
-    """Versions, aliases and their history on a :class:`feature_store.storage.Storage`."""
+    """Versions, aliases and their history on a :class:`storage.Storage`."""
 
     def __init__(self, storage: Storage) -> None:
         self.storage, self.uri = storage, storage.uri

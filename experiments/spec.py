@@ -25,7 +25,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from feature_store.schema import ExternalId
-from feature_store.storage import write_atomically
+from storage import write_atomically
 
 _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
 

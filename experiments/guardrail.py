@@ -2,11 +2,12 @@
 ramp moves up only while nothing is worse; a winner takes its registry alias. (Each check also
 records a snapshot of the counts: the dashboard's CTR-over-time.)
 
-Every ``interval_s`` each replica analyses its running experiments from the store's counters. A
+Every ``interval_s`` each replica analyses its running experiments from the shared counters
+(experiments.state; serving runs the loop). A
 treatment is stopped when the always-valid confidence sequence for its CTR lift lies wholly below
-zero (``feature_store.experiments.stats``: looking every interval does not inflate false alarms,
+zero (``experiments.stats``: looking every interval does not inflate false alarms,
 which a fixed-horizon test would) and both arms have at least ``min_users``. The decision is
-written to the store once (the first replica's stands: HSETNX in Redis), so every replica reads the
+written to the ledger once (the first replica's stands: HSETNX in Redis), so every replica reads the
 same list; its users then leave the experiment — they get the default experience (no variant
 overrides) and their lists are logged outside it, so the stopped arm's numbers freeze and control's
 stay clean.
@@ -22,16 +23,14 @@ then hot-reloads it — and everyone leaves the experiment.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from feature_store.experiments.assign import Experiment, Variant
-from feature_store.experiments.stats import VariantSums, compare
-from feature_store.online import OnlineStore
-from serving.experiments import Experiments
-from serving.loops import every
+from experiments.running import Experiments
+from experiments.spec import Experiment, Variant
+from experiments.state import ExperimentState
+from experiments.stats import VariantSums, compare
 
 log = logging.getLogger(__name__)
 _EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
@@ -47,11 +46,11 @@ class Standing:
 
 
 class Guardrail:
-    def __init__(self, store: OnlineStore, experiments: Experiments, *, alpha: float = 0.05, min_users: int = 100,
+    def __init__(self, state: ExperimentState, experiments: Experiments, *, alpha: float = 0.05, min_users: int = 100,
                  interval_s: float = 30.0, promote: Callable[[str, str], str] | None = None) -> None:
         """``promote(alias, model)`` moves a registry alias to the version ``model`` (an alias or a
         version) names and returns that version."""
-        self.store, self.experiments = store, experiments
+        self.state, self.experiments = state, experiments
         self.alpha, self.min_users, self.interval_s = alpha, min_users, interval_s
         self.promote = promote
         self._standing: dict[str, Standing] = {}  # read by requests: replaced whole, never mutated
@@ -80,12 +79,12 @@ class Guardrail:
         for exp in self.experiments.all:
             if exp.status != "running":
                 continue
-            if self.store.ab_conclusion(exp.name) is not None:  # decided: the numbers stay as they were
+            if self.state.conclusion(exp.name) is not None:  # decided: the numbers stay as they were
                 standing[exp.name] = Standing(concluded=True)
                 continue
-            sums = self.store.ab_sums(exp.name)
+            sums = self.state.sums(exp.name)
             now = time.time()
-            self.store.ab_snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
+            self.state.snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
                 "t": now, "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks}
                                        for v, s in sums.items()}})
             control = sums.get(exp.control_name, _EMPTY)
@@ -103,14 +102,14 @@ class Guardrail:
                 if r.sequential == "worse":
                     decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "guardrail",
                                 **evidence}
-                    if self.store.ab_stop(exp.name, variant.name, decision):
+                    if self.state.stop(exp.name, variant.name, decision):
                         log.warning("guardrail stopped %s/%s: CTR lift %+.1f%% (always-valid CI %+.1f%% .. %+.1f%%)",
                                     exp.name, variant.name, 100 * r.lift, 100 * r.cs_low, 100 * r.cs_high)
                         made.append(decision)
                 elif r.sequential == "better" and exp.promote and variant.model and self.promote is not None:
                     made += self._conclude(exp, variant, now, evidence)
                     concluded = True  # by this replica, or by another first: a winner stands either way
-            stopped = frozenset(self.store.ab_stopped(exp.name))
+            stopped = frozenset(self.state.stopped(exp.name))
             coverage = self._ramp(exp, now, green=judged and not stopped, made=made) if exp.ramp else None
             standing[exp.name] = Standing(stopped, coverage, concluded)
         self._standing = standing
@@ -119,7 +118,7 @@ class Guardrail:
     def _conclude(self, exp: Experiment, variant: Variant, now: float, evidence: dict) -> list[dict]:
         decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "winner",
                     "model": variant.model, "alias": exp.promote, **evidence}
-        if not self.store.ab_conclude(exp.name, decision):
+        if not self.state.conclude(exp.name, decision):
             return []  # another replica promoted it
         try:
             version = self.promote(exp.promote, variant.model)  # type: ignore[misc, arg-type]
@@ -136,19 +135,15 @@ class Guardrail:
         """The coverage step in force, after moving to the next one if this one has been held long
         enough with every arm judged and none stopped."""
         steps = exp.ramp or []
-        reached = self.store.ab_ramp_log(exp.name)
+        reached = self.state.ramp_log(exp.name)
         if not reached:
-            self.store.ab_ramp(exp.name, 0, {"step": 0, "coverage": steps[0], "at": now})
-            reached = self.store.ab_ramp_log(exp.name)
+            self.state.ramp(exp.name, 0, {"step": 0, "coverage": steps[0], "at": now})
+            reached = self.state.ramp_log(exp.name)
         at = min(len(reached), len(steps)) - 1  # a step past the list's end (it was shortened): its last
         if green and at + 1 < len(steps) and now - reached[at]["at"] >= exp.ramp_hold_s:
             record = {"step": at + 1, "coverage": steps[at + 1], "at": now}
-            if self.store.ab_ramp(exp.name, at + 1, record):
+            if self.state.ramp(exp.name, at + 1, record):
                 log.info("experiment %s: ramp to %.0f%% of users", exp.name, 100 * steps[at + 1])
                 made.append({"experiment": exp.name, "reason": "ramp", **record})
             at += 1
         return steps[at]
-
-    def run(self, stop: threading.Event) -> threading.Thread:
-        """Check every ``interval_s`` until ``stop`` (a store outage is logged; the next round retries)."""
-        return every(self.interval_s, stop, self.check, name="dinrec-guardrail")

@@ -1,0 +1,39 @@
+"""A/B experiments: definitions and assignment (spec, running), statistics (stats), the guardrail
+policy (guardrail) and the state every replica shares (state: counters and the decision ledger)."""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from experiments.state import ExperimentState
+    from feature_store.online import OnlineStore
+
+_states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def open_state(store: OnlineStore) -> ExperimentState:
+    """The experiment state kept beside ``store`` (its counters are written with its events): one
+    per store, so everything sharing a store — the embedded one included — reads the same decisions.
+    The backend is imported only when chosen."""
+    with _lock:
+        state = _states.get(store)
+        if state is None:
+            state = _states[store] = _build(store)
+        return state
+
+
+def _build(store: OnlineStore) -> ExperimentState:
+    backend = getattr(store, "backend", None)
+    if backend == "memory":
+        from experiments.state_memory import MemoryExperimentState
+
+        return MemoryExperimentState(store)  # type: ignore[arg-type]
+    if backend == "redis":
+        from experiments.state_redis import RedisExperimentState
+
+        return RedisExperimentState(store)  # type: ignore[arg-type]
+    raise ValueError(f"no experiment state for a {type(store).__name__} (backend {backend!r})")

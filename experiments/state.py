@@ -1,0 +1,77 @@
+"""The experiment state every replica shares: the per-variant counters the event write keeps, and the
+decision ledger (stops, ramp steps, the winner, the CTR timeline).
+
+The counters are written by the behaviour store in the same atomic step as the events they count
+(feature_store.online: one Redis script, or the embedded store's lock), so a redelivered impression
+is counted once, like a behaviour; this interface only reads them. The ledger entries are
+first-writer-wins records (HSETNX in Redis): of several replicas deciding at once, exactly one
+decision stands and every replica reads it. Implementations: experiments.state_memory (the embedded
+store) and experiments.state_redis (the Redis store's client), chosen by experiments.open_state.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+from experiments.stats import VariantSums
+
+
+class ExperimentState(ABC):
+    """Counters read from the behaviour store, and the decisions recorded once each.
+
+    Contract (tests/feature_store/test_store_conformance.py runs it on every backend): an impression
+    (with experiment, variant, request id) adds to its variant's per-user counts; a click with a
+    request id is attributed to the variant that request's impression of the item was logged under,
+    else counted apart — never joined silently; both once per event id."""
+
+    @abstractmethod
+    def sums(self, experiment: str) -> dict[str, VariantSums]:
+        """Per variant of ``experiment``: users, and sums over them of impressions, clicks, their
+        squares and products — counted once per event id, like the histories."""
+
+    @abstractmethod
+    def unattributed(self) -> dict[str, int]:
+        """Clicks whose request has no logged impression of the item (``orphan_clicks``), and
+        experiment events of a user already counted under another variant (``variant_conflicts``)."""
+
+    @abstractmethod
+    def _put_first(self, table: str, experiment: str, key: str, doc: dict) -> bool:
+        """Keep ``doc`` under ``key`` of ``table`` unless one is there; True if this call kept it."""
+
+    @abstractmethod
+    def _docs(self, table: str, experiment: str) -> dict[str, dict]:
+        """Every document of ``table`` for ``experiment``, by key."""
+
+    def stop(self, experiment: str, variant: str, decision: dict) -> bool:
+        """Record that ``variant`` is stopped, unless it already is (then the first decision stands);
+        True if this call recorded it. Every replica reads the same decisions."""
+        return self._put_first("stopped", experiment, variant, decision)
+
+    def stopped(self, experiment: str) -> dict[str, dict]:
+        """The stopped variants of ``experiment`` and the decision that stopped each."""
+        return self._docs("stopped", experiment)
+
+    def ramp(self, experiment: str, step: int, record: dict) -> bool:
+        """Record that ``experiment``'s ramp reached ``step`` (first writer wins, like ``stop``)."""
+        return self._put_first("ramp", experiment, str(step), record)
+
+    def ramp_log(self, experiment: str) -> list[dict]:
+        """The ramp steps ``experiment`` has reached, in order."""
+        return [d for _, d in sorted(self._docs("ramp", experiment).items(), key=lambda kv: int(kv[0]))]
+
+    def conclude(self, experiment: str, decision: dict) -> bool:
+        """Record ``experiment``'s winner (first writer wins); True if this call recorded it."""
+        return self._put_first("concluded", experiment, "winner", decision)
+
+    def conclusion(self, experiment: str) -> dict | None:
+        """The winner recorded for ``experiment``, if any."""
+        return self._docs("concluded", experiment).get("winner")
+
+    def snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
+        """Keep ``snapshot`` (the experiment's counts at one time) under ``bucket`` unless one is
+        there already; the timeline the dashboard draws."""
+        return self._put_first("timeline", experiment, str(bucket), snapshot)
+
+    def timeline(self, experiment: str) -> list[dict]:
+        """The snapshots of ``experiment``, oldest first."""
+        return [d for _, d in sorted(self._docs("timeline", experiment).items(), key=lambda kv: int(kv[0]))]

@@ -1,0 +1,36 @@
+"""Experiment state beside the embedded store: its counters, and a ledger in this process."""
+
+from __future__ import annotations
+
+import threading
+
+from experiments.state import ExperimentState
+from experiments.stats import VariantSums
+from feature_store.online.memory import MemoryStore
+
+
+class MemoryExperimentState(ExperimentState):
+    """One per service (the embedded store serves one process, so its replicas are its threads)."""
+
+    def __init__(self, store: MemoryStore) -> None:
+        self.store = store
+        self._ledger: dict[tuple[str, str], dict[str, dict]] = {}  # (table, experiment) -> key -> document
+        self._lock = threading.Lock()
+
+    def sums(self, experiment: str) -> dict[str, VariantSums]:
+        return {v: VariantSums(int(s[0]), *s[1:]) for v, s in sorted(self.store.experiment_counts(experiment).items())}
+
+    def unattributed(self) -> dict[str, int]:
+        return self.store.unattributed_counts()
+
+    def _put_first(self, table: str, experiment: str, key: str, doc: dict) -> bool:
+        with self._lock:  # the first writer wins, as HSETNX in Redis
+            docs = self._ledger.setdefault((table, experiment), {})
+            if key in docs:
+                return False
+            docs[key] = dict(doc)
+            return True
+
+    def _docs(self, table: str, experiment: str) -> dict[str, dict]:
+        with self._lock:
+            return {k: dict(d) for k, d in self._ledger.get((table, experiment), {}).items()}

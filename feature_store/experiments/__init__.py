@@ -1,1 +1,0 @@
-"""A/B experiments: definitions and assignment (assign.py), CTR statistics (stats.py)."""

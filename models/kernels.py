@@ -1,0 +1,66 @@
+"""The fused CPU scoring unit (``csrc/din_score.cpp``) the serving scorer uses where the CPU has
+AVX-512 BF16, and the one way dinrec builds a C++ extension (training.kernels builds its unit with it).
+
+Builds are cached per machine in ``~/.cache/dinrec/kernels`` (``DINREC_KERNEL_CACHE`` moves it); where a
+build fails the caller keeps its PyTorch ops."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_SCORE_SOURCE = Path(__file__).with_name("csrc") / "din_score.cpp"
+_SCORE_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
+
+
+def _build_dir(source: Path) -> Path:
+    root = Path(os.environ.get("DINREC_KERNEL_CACHE", Path.home() / ".cache" / "dinrec" / "kernels"))
+    # The build depends on the source, torch and the CPU's vector unit (an AVX2 build must not be
+    # reused on a machine without AVX2).
+    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
+    return root / f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{key}"
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag`` (e.g. avx512_bf16)."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return any(flag in line.split() for line in fh if line.startswith("flags"))
+    except OSError:
+        return False
+
+
+@functools.cache
+def load_score() -> bool:
+    """Build (or reuse) the fused serving unit (``csrc/din_score.cpp``) and register
+    ``torch.ops.dinrec_score``; False where the CPU lacks AVX-512 BF16 or the build fails (the scorer
+    then keeps its PyTorch ops)."""
+    if sys.platform != "linux" or not cpu_has("avx512_bf16"):
+        return False
+    return build_extension("dinrec_din_score", _SCORE_SOURCE, _SCORE_FLAGS, [],
+                            "fused scoring unit unavailable (%s: %s); scoring uses PyTorch ops")
+
+
+def build_extension(name: str, source: Path, cflags: list[str], ldflags: list[str], failure: str) -> bool:
+    """Compile (or reuse the cached build of) ``source`` and register its ops; False, logging
+    ``failure`` % (error type, last line), where that fails — compiler or headers missing, …:
+    the caller keeps its PyTorch ops."""
+    try:
+        from torch.utils.cpp_extension import load as load_extension
+
+        build_dir = _build_dir(source)
+        build_dir.mkdir(parents=True, exist_ok=True)
+        load_extension(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=ldflags,
+                       build_directory=str(build_dir), is_python_module=False, verbose=False)
+    except Exception as e:  # noqa: BLE001 - any build failure means "use the PyTorch ops"
+        log.warning(failure, type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
+        return False
+    return True

@@ -1,0 +1,52 @@
+"""The storage interface: keys → bytes, a key written whole or not at all."""
+
+from __future__ import annotations
+
+import json
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+
+class Storage(ABC):
+    uri: str
+
+    @abstractmethod
+    def put_bytes(self, key: str, data: bytes) -> None:
+        """Write ``key`` atomically (replacing it)."""
+
+    @abstractmethod
+    def get_bytes(self, key: str) -> bytes | None:
+        """The bytes of ``key``, or None if there is no such key."""
+
+    @abstractmethod
+    def keys(self, prefix: str) -> list[str]:
+        """Every key starting with ``prefix`` (a string prefix, as S3 lists), sorted."""
+
+    @abstractmethod
+    def delete(self, key: str) -> None:
+        """Remove ``key`` (nothing if absent)."""
+
+    def exists(self, key: str) -> bool:
+        return self.get_bytes(key) is not None
+
+    def child_uri(self, key: str) -> str:
+        return f"{self.uri.rstrip('/')}/{key}"
+
+    def put_json(self, key: str, doc: Any) -> None:
+        self.put_bytes(key, json.dumps(doc, indent=1, sort_keys=True, default=str).encode())
+
+    def get_json(self, key: str) -> Any | None:
+        data = self.get_bytes(key)
+        if data is None:
+            return None
+        try:
+            return json.loads(data)
+        except ValueError as exc:
+            raise ValueError(f"{self.child_uri(key)} is not valid JSON: {exc}") from exc
+
+    def upload_dir(self, local: Path, key: str, last: str | None = None) -> None:
+        """Every file under ``local`` to ``key/…``; the file named ``last`` goes last (the commit point)."""
+        files = sorted((p for p in Path(local).rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
+        for path in files:
+            self.put_bytes(f"{key}/{path.relative_to(local).as_posix()}", path.read_bytes())

@@ -1,0 +1,79 @@
+"""Spot jobs assembled from settings: the job store, the backend, a new job, a job's supervisor (the
+spot CLI and `dinrec retrain --spot` both build them here)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from training.spot.jobstore import open_job_store
+
+
+def aws_for(settings):
+    from training.spot.aws import Aws
+
+    return Aws(settings.region, settings.endpoint_url)
+
+
+def job_store(settings, job_id: str):
+
+    root = settings.state_uri if settings.state_uri.startswith("s3://") else str(Path(settings.state_uri).expanduser())
+    if settings.backend != "local" and not root.startswith("s3://"):
+        raise ValueError(f"the {settings.backend} backend needs DINREC_SPOT_STATE_URI=s3://bucket/prefix "
+                         "(instances keep checkpoints and state there)")
+    return open_job_store(f"{root.rstrip('/')}/jobs/{job_id}", aws_for(settings))
+
+
+def backend_for(name: str, settings, imds_urls: list[str] | None):
+    from training.spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
+
+    if name == "ec2":
+        return Ec2Backend(aws_for(settings), settings)
+    if name == "sagemaker":
+        return SageMakerBackend(aws_for(settings), settings)
+    if name == "local":
+        return LocalBackend(Path(settings.workdir).expanduser(), imds_urls)
+    raise ValueError(f"unknown backend {name!r}: ec2, sagemaker or local")
+
+
+def load_spec(store, job_id: str):
+    from training.spot.job import JobSpec
+    from training.spot.supervisor import SPEC
+
+    doc = store.get_json(SPEC)
+    if doc is None:
+        raise ValueError(f"no job {job_id!r} under {store.uri}")
+    return JobSpec.model_validate(doc)
+
+
+def create_job(settings, data: Path, instance_types: list[str], train_args: list[str], *,
+               budget_usd: float | None = None, max_relaunches: int | None = None):
+    """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
+    from training.spot.job import JobSpec, new_job_id
+    from training.spot.supervisor import SPEC
+
+    job_id = new_job_id()
+    store = job_store(settings, job_id)
+    spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend, instance_types=instance_types,
+                   train_args=train_args,
+                   max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
+                   budget_usd=budget_usd or settings.budget_usd, region=settings.region,
+                   install="true" if settings.backend == "local" else settings.install)  # local: this dinrec
+    store.upload_dir(data, "data")
+    store.put_json(SPEC, spec.model_dump(mode="json"))
+    return store, spec
+
+
+def job_supervisor(settings, job_id: str, imds_url: list[str] | None = None):
+    """(store, spec, supervisor) of an existing job, ready to start or run to the end."""
+    from training.spot.aws import live_spot_prices
+    from training.spot.catalog import load_catalog
+    from training.spot.supervisor import Supervisor
+
+    store = job_store(settings, job_id)
+    spec = load_spec(store, job_id)
+    prices = {}
+    if settings.live_prices and spec.backend == "ec2":  # an EC2 job needs working AWS access anyway: errors stop it
+        prices = live_spot_prices(aws_for(settings), spec.instance_types)
+    supervisor = Supervisor(store, spec, backend_for(spec.backend, settings, imds_url),
+                            {t.name: t for t in load_catalog()}, prices, poll_s=settings.poll_s)
+    return store, spec, supervisor
