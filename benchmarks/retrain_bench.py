@@ -26,8 +26,8 @@ import numpy as np
 from feature_store.archive import archive_events
 from feature_store.datasets import load_dataset
 from registry.store import Registry
-from training.retrain.job import RetrainJob
-from training.retrain.settings import RetrainSettings
+from retrain.job import RetrainJob
+from retrain.settings import RetrainSettings
 from training.settings import TrainSettings
 
 KEEP = ("auc", "gauc", "logloss", "calibration_error", "recall_hr", "recall_tail_share", "recall_tail_hr",

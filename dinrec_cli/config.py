@@ -21,11 +21,11 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from feature_store.settings import FeatureStoreSettings
+from retrain.settings import RetrainSettings
 from serving.settings import ServingSettings
+from spot.settings import SpotSettings
 from storage.settings import SharedSettings
-from training.retrain.settings import RetrainSettings
 from training.settings import TrainSettings
-from training.spot.settings import SpotSettings
 
 PREFIX = "DINREC_"
 

@@ -151,8 +151,8 @@ def _retrain(out: Path, stream, registry, say, smoke: bool) -> dict:
     """Archive the stream (the synthetic log, and the simulated users' impressions and clicks) and run
     the retrain job on it; returns its report."""
     from feature_store.archive import Archiver
-    from training.retrain.job import RetrainJob
-    from training.retrain.settings import RetrainSettings
+    from retrain.job import RetrainJob
+    from retrain.settings import RetrainSettings
     from training.settings import TrainSettings
 
     archiver = Archiver(stream, out / "archive", "dinrec-demo-archive", max_file_age_s=1.0)

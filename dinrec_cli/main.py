@@ -18,10 +18,10 @@ from dinrec_cli.teardown import quiet_triton_teardown
 from feature_store.cli import data_app
 from feature_store.ingest_cli import ingest_app
 from registry.cli import models_app
+from retrain.cli import retrain
 from serving.cli import serve
+from spot.cli import plan, spot_app
 from training.cli import train
-from training.retrain.cli import retrain
-from training.spot.cli import plan, spot_app
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)

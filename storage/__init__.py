@@ -1,7 +1,7 @@
 """One storage layer: a local folder or an S3 prefix, keys → bytes.
 
 The event archive (feature_store.archive), checkpoints (training.checkpoint), spot job state
-(training.spot) and the model registry (registry.store) all sit on it, so each gets the same two
+(spot) and the model registry (registry.store) all sit on it, so each gets the same two
 guarantees on both backends:
 
 * **a key is written whole or not at all** — an S3 PUT is atomic per object; locally the bytes go
@@ -10,7 +10,7 @@ guarantees on both backends:
   version) writes its index key last (``meta.json``, ``manifest.json``) and exists only once that
   key does; a pointer (``latest``, an alias) is one key, moved atomically.
 
-AWS errors are mapped once, here (:func:`call` → :class:`CloudError`, which training.spot's AWS
+AWS errors are mapped once, here (:func:`call` → :class:`CloudError`, which spot's AWS
 boundary uses too); a missing key reads as None.
 """
 

@@ -37,7 +37,7 @@ def test_a_mistyped_variable_is_reported_with_the_closest_known_name(tmp_path):
 
 def test_a_shared_fact_is_one_variable_for_every_component(monkeypatch):
     from feature_store.settings import FeatureStoreSettings
-    from training.retrain.settings import RetrainSettings
+    from retrain.settings import RetrainSettings
 
     monkeypatch.setenv("DINREC_REGISTRY", "s3://models/registry")
     monkeypatch.setenv("DINREC_TOPIC", "shop.events")

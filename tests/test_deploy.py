@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from feature_store.settings import FeatureStoreSettings
+from retrain.settings import RetrainSettings
 from serving.settings import ServingSettings
 from tests.conftest import REPO
-from training.retrain.settings import RetrainSettings
 from training.settings import TrainSettings
 
 K8S = sorted((REPO / "deploy" / "k8s").glob("*.yaml"))
@@ -55,7 +55,7 @@ def test_the_retrain_cronjob_never_overlaps_and_fails_only_where_a_retry_cannot_
     job = spec["jobTemplate"]["spec"]
     assert job["activeDeadlineSeconds"] > 0 and job["backoffLimit"] >= 1  # a killed run is retried: it resumes
     fail_now = next(r for r in job["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
-    from training.retrain.job import EXIT_BAD_INPUT, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED, EXIT_REFUSED
+    from retrain.job import EXIT_BAD_INPUT, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED, EXIT_REFUSED
 
     assert set(fail_now["onExitCodes"]["values"]) == {EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_DRILL_UNCAUGHT}
     assert EXIT_INTERRUPTED not in fail_now["onExitCodes"]["values"]
@@ -86,6 +86,15 @@ def test_the_dockerfile_passes_hadolint_and_runs_as_non_root():
     assert out.returncode == 0, out.stdout + out.stderr
     text = DOCKERFILE.read_text()
     assert re.search(r"^USER 10001", text, re.M) and "download.pytorch.org/whl/cpu" in text
+
+
+def test_the_image_copies_every_package_the_wheel_ships():
+    import tomllib
+
+    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
+    packages = {p.rstrip("*") for p in patterns}
+    copied = set(re.findall(r"^COPY (\w+) \./\1$", DOCKERFILE.read_text(), re.M))
+    assert packages <= copied, f"the Dockerfile does not copy {sorted(packages - copied)}"
 
 
 def test_compose_runs_every_part_with_healthchecks_and_volumes():

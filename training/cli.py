@@ -19,7 +19,7 @@ from typing import Annotated
 
 import typer
 
-from training.exit_codes import EXIT_INTERRUPTED
+from spot.protocol import EXIT_INTERRUPTED
 
 
 def _clean(metrics: dict) -> dict:
@@ -109,7 +109,7 @@ def train(
         final["bundle"] = str(bundle)
         if len(samples.test):  # the served list against the baselines, as the retrain gate compares them
             from models.bundle import load_bundle
-            from training.retrain.compare import served_comparison
+            from training.evaluation import served_comparison
 
             final["served"] = served_comparison(load_bundle(bundle), samples)
         typer.echo(json.dumps(final))

@@ -104,7 +104,7 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
     model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": int(metrics["seq_len"])})
     counts = item_counts(samples)
     # The negatives per positive it was trained against: what its probabilities are relative to
-    # (training.retrain.compare corrects for it before comparing calibration).
+    # (training.evaluation corrects for it before comparing calibration).
     metrics.setdefault("train_negatives", samples.negatives)
     extra: dict = {ITEM_INDEX_FILE: index.save,
                    ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),

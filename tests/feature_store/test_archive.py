@@ -76,8 +76,8 @@ def test_the_archive_on_s3_writes_each_record_once_and_retraining_reads_it(aws_e
     import boto3
 
     from feature_store.streams.inprocess import InProcessStream
+    from retrain.events import read_window
     from storage import open_storage
-    from training.retrain.events import read_window
 
     boto3.client("s3").create_bucket(Bucket=unique)
     root = f"s3://{unique}/archive"

@@ -14,8 +14,8 @@ from feature_store.streams.inprocess import InProcessStream
 from registry.store import Registry
 from serving.settings import ServingSettings
 from tests.conftest import wait_until
+from tests.retrain.retrain_world import DAY, END, archive, drifting_world, retrain
 from tests.serving.conftest import live_server
-from tests.training.retrain_world import DAY, END, archive, drifting_world, retrain
 
 ADMIN = {"authorization": "Bearer s3cret"}
 

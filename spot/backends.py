@@ -16,11 +16,11 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
+from spot.aws import Aws
+from spot.catalog import InstanceType
+from spot.job import Attempt, JobSpec, boot_script
+from spot.settings import SpotSettings
 from storage import CloudError, call
-from training.spot.aws import Aws
-from training.spot.catalog import InstanceType
-from training.spot.job import Attempt, JobSpec, boot_script
-from training.spot.settings import SpotSettings
 
 JOB_TAG = "dinrec:job"
 

@@ -14,10 +14,10 @@ import signal
 import subprocess
 from pathlib import Path
 
-from training.exit_codes import EXIT_INTERRUPTED
-from training.spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
-from training.spot.job import now
-from training.spot.jobstore import JobStore
+from spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
+from spot.job import now
+from spot.jobstore import JobStore
+from spot.protocol import EXIT_INTERRUPTED
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The EC2 boundary: clients from settings, every call through storage.aws (one mapping of AWS errors).
 
-Everything else in `training.spot` calls AWS through `call()`, so a missing credential, an
+Everything else in `spot` calls AWS through `call()`, so a missing credential, an
 unreachable endpoint or an API refusal reaches the user as one clear message, never a botocore
 traceback. ``endpoint_url`` points every client at a local endpoint (moto's server in tests).
 """

@@ -13,11 +13,11 @@ import logging
 import time
 from collections.abc import Callable
 
+from spot.backends import Backend, Liveness
+from spot.catalog import InstanceType
+from spot.job import FINAL, Attempt, JobSpec, JobState, now
+from spot.jobstore import JobStore
 from storage import CloudError
-from training.spot.backends import Backend, Liveness
-from training.spot.catalog import InstanceType
-from training.spot.job import FINAL, Attempt, JobSpec, JobState, now
-from training.spot.jobstore import JobStore
 
 log = logging.getLogger(__name__)
 

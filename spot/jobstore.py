@@ -4,8 +4,8 @@ whose writes are atomic per key, so a reader never sees half a document."""
 
 from __future__ import annotations
 
+from spot.aws import Aws
 from storage import LocalStorage, Storage, open_storage
-from training.spot.aws import Aws
 
 JobStore = Storage
 LocalJobStore = LocalStorage

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from training.spot.wiring import aws_for, backend_for, create_job, job_store, job_supervisor, load_spec
+from spot.wiring import aws_for, backend_for, create_job, job_store, job_supervisor, load_spec
 
 
 def _duration(hours: float) -> str:
@@ -42,7 +42,7 @@ def _table(options: list, workload) -> str:
 def _read_workload(path: Path):
     from pydantic import ValidationError
 
-    from training.spot.planner import Workload
+    from spot.planner import Workload
 
     try:
         return Workload.model_validate_json(path.read_text())
@@ -54,8 +54,8 @@ def _read_workload(path: Path):
 
 def _spot_prices(settings, instance_types: list[str]) -> dict[str, float]:
     """Live spot prices, or {} (the catalog's fallbacks apply) with a warning when EC2 cannot answer."""
+    from spot.aws import live_spot_prices
     from storage import CloudError
-    from training.spot.aws import live_spot_prices
 
     try:
         return live_spot_prices(aws_for(settings), instance_types)
@@ -74,11 +74,11 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="a ranked JSON list instead of a table")] = False,
 ) -> None:
     """Rank GPU instances for a DIN training job: fits?, bound by what, hours, spot and on-demand cost."""
-    from training.spot.catalog import load_catalog
-    from training.spot.planner import Efficiency
-    from training.spot.planner import calibrate as fit
-    from training.spot.planner import plan as make_plan
-    from training.spot.settings import SpotSettings
+    from spot.catalog import load_catalog
+    from spot.planner import Efficiency
+    from spot.planner import calibrate as fit
+    from spot.planner import plan as make_plan
+    from spot.settings import SpotSettings
 
     settings = SpotSettings()
     workload = _read_workload(config)
@@ -104,7 +104,7 @@ spot_app = typer.Typer(help="Training jobs on spot GPUs: launch, supervise, watc
 
 
 def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> list[str]:
-    from training.spot.planner import plan as make_plan
+    from spot.planner import plan as make_plan
 
     options = make_plan(_read_workload(plan_file), catalog)
     fitting = [o.instance for o in options if o.fits and o.gpus == 1] or [o.instance for o in options if o.fits]
@@ -129,9 +129,9 @@ def spot_run(
     """Create (or continue) a spot training job and supervise it to the end; prints its cost report."""
     import shlex
 
-    from training.spot.catalog import load_catalog
-    from training.spot.settings import SpotSettings
-    from training.spot.supervisor import cost_report
+    from spot.catalog import load_catalog
+    from spot.settings import SpotSettings
+    from spot.supervisor import cost_report
 
     settings = SpotSettings(**({"backend": backend} if backend else {}))
     if job_id is None:
@@ -171,8 +171,8 @@ def spot_launch(
 @spot_app.command("status")
 def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     """The job's state, attempts and cost so far (JSON)."""
-    from training.spot.settings import SpotSettings
-    from training.spot.supervisor import cost_report, load_state
+    from spot.settings import SpotSettings
+    from spot.supervisor import cost_report, load_state
 
     store = job_store(SpotSettings(), job_id)
     spec = load_spec(store, job_id)
@@ -184,9 +184,9 @@ def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
 @spot_app.command("cancel")
 def spot_cancel(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     """Stop the job: a running supervisor stops at its next poll; the current attempt is terminated."""
-    from training.spot.catalog import load_catalog
-    from training.spot.settings import SpotSettings
-    from training.spot.supervisor import Supervisor
+    from spot.catalog import load_catalog
+    from spot.settings import SpotSettings
+    from spot.supervisor import Supervisor
 
     settings = SpotSettings()
     store = job_store(settings, job_id)
@@ -208,10 +208,10 @@ def spot_agent(
     import logging
     import sys
 
-    from training.spot.agent import fetch_data, run_agent
-    from training.spot.imds import Imds
-    from training.spot.jobstore import open_job_store
-    from training.spot.settings import SpotSettings
+    from spot.agent import fetch_data, run_agent
+    from spot.imds import Imds
+    from spot.jobstore import open_job_store
+    from spot.settings import SpotSettings
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     command = [a for a in ctx.args if a != "--"]

@@ -1,4 +1,4 @@
-"""`dinrec retrain --spot`: the candidate is trained as a spot job (training.spot), not in this process.
+"""`dinrec retrain --spot`: the candidate is trained as a spot job (spot), not in this process.
 
 The job's data is the run's sample set plus, for a warm start, the champion's bundle in ``init/``
 (``dinrec train --init-from init`` finds it there); the job resumes from its own checkpoints across
@@ -29,10 +29,10 @@ class SpotFailed(RuntimeError):
 def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: TrainSettings,
                   instance_types: list[str], lineage: dict, towers: bool = False) -> tuple[Bundle, dict]:
     """(the candidate bundle, the job's cost report). ``towers``: warm-start the towers too."""
-    from training.spot.agent import fetch_data
-    from training.spot.settings import SpotSettings
-    from training.spot.supervisor import cost_report
-    from training.spot.wiring import create_job, job_supervisor
+    from spot.agent import fetch_data
+    from spot.settings import SpotSettings
+    from spot.supervisor import cost_report
+    from spot.wiring import create_job, job_supervisor
 
     settings, files = SpotSettings(), LocalStorage(run_dir)
     known = files.get_json("spot-job.json")

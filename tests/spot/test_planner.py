@@ -6,9 +6,9 @@ import sys
 
 import pytest
 
+from spot.catalog import DEFAULT_CATALOG, load_catalog
+from spot.planner import Efficiency, Workload, calibrate, plan, step_cost
 from tests.conftest import REPO
-from training.spot.catalog import DEFAULT_CATALOG, load_catalog
-from training.spot.planner import Efficiency, Workload, calibrate, plan, step_cost
 
 
 def _rows_for(table_mb: float, dim: int = 16) -> int:

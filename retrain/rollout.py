@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 from experiments.spec import Experiment, ExperimentFile, Variant
-from training.retrain.settings import RetrainSettings
+from retrain.settings import RetrainSettings
 
 PREFIX = "retrain-"
 

@@ -6,8 +6,8 @@ import urllib.request
 
 import pytest
 
+from spot.imds import Imds, ImdsError, InterruptionWatcher
 from tests.conftest import wait_until
-from training.spot.imds import Imds, ImdsError, InterruptionWatcher
 
 
 def test_no_notice_until_the_mock_announces_one(metadata_mock):

@@ -67,8 +67,8 @@ def retrain(
 ) -> None:
     """Retrain DIN and the recall towers on archived events, compare with the champion on the same
     recent holdout, promote only a model that is not worse; print the report as JSON."""
-    from training.retrain.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RetrainJob
-    from training.retrain.settings import RetrainSettings
+    from retrain.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RetrainJob
+    from retrain.settings import RetrainSettings
     from training.settings import TrainSettings
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")

@@ -17,13 +17,13 @@ import torch
 from models.bundle import load_bundle
 from models.vocab import Vocab
 from registry.store import Registry
+from retrain.gate import decide
+from retrain.job import _iso
+from retrain.lock import RunLock
+from retrain.settings import RetrainSettings
 from tests.conftest import REPO, wait_until
-from tests.training.retrain_world import DAY, END, FAST, archive, chain_world, drifting_world, retrain
+from tests.retrain.retrain_world import DAY, END, FAST, archive, chain_world, drifting_world, retrain
 from training.metrics import paired_difference
-from training.retrain.gate import decide
-from training.retrain.job import _iso
-from training.retrain.lock import RunLock
-from training.retrain.settings import RetrainSettings
 from training.warm_start import warm_start
 
 
@@ -254,8 +254,8 @@ def test_warm_start_carries_rows_by_external_id(tiny_run):
 def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
     """The serving model chose what those users could click: as a holdout they would favour it."""
     from feature_store.schema import BehaviourEvent
-    from training.retrain.compare import holdout_rows
-    from training.retrain.events import read_window
+    from retrain.events import read_window
+    from training.evaluation import holdout_rows
     from training.samples import build_samples
 
     events = []

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from training.spot.jobstore import open_job_store
+from spot.jobstore import open_job_store
 
 
 def aws_for(settings):
-    from training.spot.aws import Aws
+    from spot.aws import Aws
 
     return Aws(settings.region, settings.endpoint_url)
 
@@ -24,7 +24,7 @@ def job_store(settings, job_id: str):
 
 
 def backend_for(name: str, settings, imds_urls: list[str] | None):
-    from training.spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
+    from spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
 
     if name == "ec2":
         return Ec2Backend(aws_for(settings), settings)
@@ -36,8 +36,8 @@ def backend_for(name: str, settings, imds_urls: list[str] | None):
 
 
 def load_spec(store, job_id: str):
-    from training.spot.job import JobSpec
-    from training.spot.supervisor import SPEC
+    from spot.job import JobSpec
+    from spot.supervisor import SPEC
 
     doc = store.get_json(SPEC)
     if doc is None:
@@ -48,8 +48,8 @@ def load_spec(store, job_id: str):
 def create_job(settings, data: Path, instance_types: list[str], train_args: list[str], *,
                budget_usd: float | None = None, max_relaunches: int | None = None):
     """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
-    from training.spot.job import JobSpec, new_job_id
-    from training.spot.supervisor import SPEC
+    from spot.job import JobSpec, new_job_id
+    from spot.supervisor import SPEC
 
     job_id = new_job_id()
     store = job_store(settings, job_id)
@@ -65,9 +65,9 @@ def create_job(settings, data: Path, instance_types: list[str], train_args: list
 
 def job_supervisor(settings, job_id: str, imds_url: list[str] | None = None):
     """(store, spec, supervisor) of an existing job, ready to start or run to the end."""
-    from training.spot.aws import live_spot_prices
-    from training.spot.catalog import load_catalog
-    from training.spot.supervisor import Supervisor
+    from spot.aws import live_spot_prices
+    from spot.catalog import load_catalog
+    from spot.supervisor import Supervisor
 
     store = job_store(settings, job_id)
     spec = load_spec(store, job_id)

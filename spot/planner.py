@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from training.spot.catalog import InstanceType
+from spot.catalog import InstanceType
 
 GB = 1e9
 CUDA_CONTEXT_BYTES = 1.0 * GB  # context, cuBLAS workspace, allocator slack

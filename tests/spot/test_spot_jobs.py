@@ -136,12 +136,12 @@ def test_sagemaker_backend_submits_managed_spot_training(aws_env, small_data):
 
 def test_no_capacity_is_retried_then_given_up(tmp_path):
     """AWS's capacity errors cannot be produced by a local endpoint, so this one backend is a stand-in."""
+    from spot.backends import Backend
+    from spot.catalog import DEFAULT_CATALOG
+    from spot.job import JobSpec
+    from spot.jobstore import LocalJobStore
+    from spot.supervisor import Supervisor
     from storage import CloudError
-    from training.spot.backends import Backend
-    from training.spot.catalog import DEFAULT_CATALOG
-    from training.spot.job import JobSpec
-    from training.spot.jobstore import LocalJobStore
-    from training.spot.supervisor import Supervisor
 
     class NoCapacity(Backend):
         tries = 0
@@ -172,9 +172,9 @@ def test_the_supervisor_iam_policy_allows_every_ec2_and_sagemaker_call_the_code_
     for statement in policy["Statement"]:
         actions = statement["Action"]
         allowed |= {actions} if isinstance(actions, str) else set(actions)
-    source = "\n".join(p.read_text() for p in (Path(REPO) / "training" / "spot").glob("*.py"))
+    source = "\n".join(p.read_text() for p in (Path(REPO) / "spot").glob("*.py"))
     calls = set(re.findall(r'call\("(ec2|sagemaker)\.([a-z_]+)"', source))
     assert len(calls) >= 8
     for service, op in calls:
         action = f"{service}:{''.join(w.capitalize() for w in op.split('_'))}"
-        assert action in allowed, f"{action} is used by training/spot but not in supervisor-policy.json"
+        assert action in allowed, f"{action} is used by spot but not in supervisor-policy.json"

@@ -10,7 +10,7 @@
   checkpoints (exact resume), its exported candidate, its publish.
 * **Nothing new**: fewer than ``min_new_events`` behaviours after the champion's window, or fewer
   than ``min_holdout_users`` users to compare on: the champion stays, exit 0.
-* **Gate** (training.retrain.gate): refused → the candidate is still published (inspectable,
+* **Gate** (retrain.gate): refused → the candidate is still published (inspectable,
   promotable by hand) but no alias moves; exit 3 with the reasons in the report.
 * **Rollout**: ``champion`` moves the alias (replicas hot-reload it); ``challenger`` moves the
   challenger alias and starts an A/B experiment that the guardrail can stop and a win promotes.
@@ -30,16 +30,16 @@ import numpy as np
 
 from models.bundle import Bundle, code_version, load_bundle
 from registry.store import RegistryError, open_registry
+from retrain.drills import DRILLS, degrade_model, degrade_samples
+from retrain.events import read_window
+from retrain.gate import checks_json, decide
+from retrain.lock import Locked, RunLock
+from retrain.settings import RetrainSettings
+from retrain.spot import SpotFailed, train_on_spot
+from spot.protocol import EXIT_INTERRUPTED
 from storage import LocalStorage, folder_written_atomically
-from training.exit_codes import EXIT_INTERRUPTED
+from training.evaluation import baseline_differences, baselines, holdout_rows, measure, paired_differences
 from training.pipeline import samples_for
-from training.retrain.compare import baseline_differences, baselines, holdout_rows, measure, paired_differences
-from training.retrain.drills import DRILLS, degrade_model, degrade_samples
-from training.retrain.events import read_window
-from training.retrain.gate import checks_json, decide
-from training.retrain.lock import Locked, RunLock
-from training.retrain.settings import RetrainSettings
-from training.retrain.spot import SpotFailed, train_on_spot
 from training.samples import SampleSet, is_sample_dir
 from training.settings import TrainSettings
 
@@ -66,8 +66,8 @@ def _iso(ts: float) -> str:
 class RetrainJob:
     def __init__(self, settings: RetrainSettings, train: TrainSettings, *, until: float | None = None,
                  stop: threading.Event | None = None, drill: str | None = None, spot: bool = False) -> None:
-        """``drill``: inject a fault (training.retrain.drills); the candidate never ships. ``spot``: train
-        the candidate as a spot job (training.retrain.spot)."""
+        """``drill``: inject a fault (retrain.drills); the candidate never ships. ``spot``: train
+        the candidate as a spot job (retrain.spot)."""
         if drill is not None and drill not in DRILLS:
             raise ValueError(f"unknown drill {drill!r}: use one of {', '.join(DRILLS)}")
         if drill and spot:
@@ -263,7 +263,7 @@ class RetrainJob:
             self._move("champion", version, reason)
             return {"alias": "champion", "version": version}
         self._move("challenger", version, reason)
-        from training.retrain.rollout import start_challenger_experiment
+        from retrain.rollout import start_challenger_experiment
 
         name = start_challenger_experiment(self.s, version)
         return {"alias": "challenger", "version": version, "experiment": name}
