@@ -93,6 +93,25 @@ def bench_serve_cmd(
     typer.echo(json.dumps(result, indent=None if as_json else 1))
 
 
+@bench_app.command("overload")
+def bench_overload_cmd(
+    seconds: Annotated[float, typer.Option(help="how long the overload lasts")] = 30,
+    overload: Annotated[float, typer.Option(help="offered load as a multiple of the measured capacity")] = 2.0,
+    cap: Annotated[int, typer.Option(help="DINREC_MAX_IN_FLIGHT of the service")] = 32,
+    items: int = 20_000, users: int = 2000,
+    workers: Annotated[int | None, typer.Option(help="dinrec serve workers (default: its own default)")] = None,
+    peer_seconds: Annotated[float, typer.Option(help="the same overload without the cap, as the peer")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """The service past its capacity: good answers/s, accepted and shed p99, /healthz, recovery (Redis)."""
+    from benchmarks.serve_bench import bench_overload
+    from feature_store.settings import FeatureStoreSettings
+
+    result = bench_overload(FeatureStoreSettings().redis_url, seconds=seconds, overload=overload, cap=cap,
+                            items=items, users=users, workers=workers, peer_seconds=peer_seconds)
+    typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
 @bench_app.command("ab")
 def bench_ab_cmd(
     runs: Annotated[int, typer.Option(help="simulated experiments per scenario (A/A and A/B)")] = 2000,

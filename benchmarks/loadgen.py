@@ -132,3 +132,34 @@ def run(host: str, port: int, requests: Sequence[bytes], rps: float, seconds: fl
     finally:
         if was_enabled:
             gc.enable()
+
+
+async def _closed(host: str, port: int, requests: Sequence[bytes], concurrency: int, seconds: float) -> list[Outcome]:
+    """``concurrency`` connections, each sending its next request when the last is answered."""
+    outcomes: list[Outcome] = []
+    start = time.perf_counter()
+
+    async def client(k: int) -> None:
+        reader, writer = await asyncio.open_connection(host, port)
+        i = k
+        try:
+            while (sent := time.perf_counter()) - start < seconds:
+                status, body = await _exchange(reader, writer, requests[i % len(requests)])
+                outcomes.append(Outcome(sent - start, time.perf_counter() - sent, status,
+                                        b'"degraded":true' in body))
+                i += concurrency
+        finally:
+            writer.close()
+
+    await asyncio.gather(*(client(k) for k in range(concurrency)))
+    return outcomes
+
+
+def closed_loop(host: str, port: int, requests: Sequence[bytes], concurrency: int, seconds: float) -> list[Outcome]:
+    """What the service completes when it is never idle and never queued past ``concurrency``: its capacity."""
+    try:
+        import uvloop
+        runner = uvloop.run
+    except ImportError:
+        runner = asyncio.run
+    return runner(_closed(host, port, requests, concurrency, seconds))

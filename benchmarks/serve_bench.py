@@ -11,6 +11,7 @@ Errors are non-200 answers and requests that took longer than ``timeout_s``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -71,10 +73,11 @@ def _requests(port: int, users: int) -> list[bytes]:
     return [request_bytes("127.0.0.1", port, f"/recommend?user_id=u{u}&k=10") for u in range(users)]
 
 
-def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
-                categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
-                timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto") -> dict:
-    run = f"bench-serve-{os.getpid()}"
+@contextlib.contextmanager
+def _service(redis_url: str, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
+             index: str, env: dict[str, str] | None) -> Iterator[tuple[int, dict]]:
+    """`dinrec serve` on a synthetic bundle and ``users`` histories in Redis; yields (port, index card)."""
+    run = f"bench-serve-{os.getpid()}-{time.monotonic_ns()}"
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-serve-"))
     bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len, index=IndexSpec(kind=index))
     index_info = json.loads((bundle / ITEM_INDEX_INFO_FILE).read_text())
@@ -82,31 +85,41 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
     load_histories(store, users, items, seq_len)
     port = free_port()
     env = {**os.environ, "DINREC_STORE": "redis", "DINREC_REDIS_URL": redis_url, "DINREC_REDIS_PREFIX": run,
-           "DINREC_EVENTS_SINK": "store", "DINREC_LOG_FORMAT": "text"}
+           "DINREC_EVENTS_SINK": "store", "DINREC_LOG_FORMAT": "text", **(env or {})}
     if workers:
         env["DINREC_WORKERS"] = str(workers)
     log = (folder / "serve.log").open("w")
     proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(base, proc, folder / "serve.log")
-        requests = _requests(port, users)
-        loadgen.run("127.0.0.1", port, requests, min(rps, 100), warmup_s, timeout_s)  # warm-up, not measured
-        t0 = time.perf_counter()
-        results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
-        wall = time.perf_counter() - t0
+        _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
+        yield port, index_info
     finally:
         proc.terminate()
         proc.wait(timeout=60)
         log.close()
         store.flush_prefix()
         store.close()
+
+
+def _p(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(values, q)), 2) if values else None
+
+
+def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
+                categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
+                timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto") -> dict:
+    with _service(redis_url, items=items, categories=categories, users=users, seq_len=seq_len, workers=workers,
+                  index=index, env=None) as (port, index_info):
+        requests = _requests(port, users)
+        loadgen.run("127.0.0.1", port, requests, min(rps, 100), warmup_s, timeout_s)  # warm-up, not measured
+        t0 = time.perf_counter()
+        results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
+        wall = time.perf_counter() - t0
     ok = [r for r in results if r.status == 200 and r.latency_s <= timeout_s]
-    ms = np.array([r.latency_s for r in results]) * 1000
+    ms = [r.latency_s * 1000 for r in results]
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
-            "p50_ms": round(float(np.percentile(ms, 50)), 2), "p95_ms": round(float(np.percentile(ms, 95)), 2),
-            "p99_ms": round(float(np.percentile(ms, 99)), 2), "errors": len(results) - len(ok),
+            "p50_ms": _p(ms, 50), "p95_ms": _p(ms, 95), "p99_ms": _p(ms, 99), "errors": len(results) - len(ok),
             "degraded": sum(r.degraded for r in results),
             "error_kinds": dict(Counter(
                 r.failure or (f"status {r.status}" if r.status != 200 else "late") for r in results
@@ -115,6 +128,86 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
             "index": index_info["kind"],
             "recall_at_200": index_info.get("recall_at_200", 1.0), "items": items, "users": users,
             "seq_len": seq_len, "cpus": os.cpu_count()}
+
+
+def _overloaded(port: int, requests: list[bytes], rps: float, seconds: float, timeout_s: float) -> dict:
+    """``rps`` open-loop for ``seconds`` with a liveness probe beside it: what was answered, how fast."""
+    with _HealthProbe(f"http://127.0.0.1:{port}") as probe:
+        results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
+    ok = [r.latency_s * 1000 for r in results if r.status == 200 and r.latency_s <= timeout_s]
+    shed = [r.latency_s * 1000 for r in results if r.status == 503]
+    return {"offered_rps": rps, "requests": len(results), "ok_rps": round(len(ok) / seconds, 1),
+            "accepted_p50_ms": _p(ok, 50), "accepted_p99_ms": _p(ok, 99), "shed": len(shed),
+            "shed_p99_ms": _p(shed, 99), "healthz_p99_ms": _p(probe.latencies_ms, 99),
+            "healthz_failed": probe.failed,
+            "other_errors": dict(Counter(r.failure or f"status {r.status}" for r in results
+                                         if r.status not in (200, 503) or r.latency_s > timeout_s))}
+
+
+def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0, cap: int = 32, items: int = 20_000,
+                   users: int = 2000, workers: int | None = None, peer_seconds: float = 10,
+                   timeout_s: float = 2.0, deadline_ms: int = 200) -> dict:
+    """The service's capacity (closed loop), then ``overload`` × that offered open-loop for ``seconds`` with
+    the in-flight cap, then half the capacity to see it recover; the peer is the same overload without
+    the cap (DINREC_MAX_IN_FLIGHT=0), in the same run."""
+    from benchmarks.machine import machine
+
+    shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}
+    settings = {"DINREC_REQUEST_DEADLINE_MS": str(deadline_ms)}
+    with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)}, **shape) as (port, _):
+        requests = _requests(port, users)
+        loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)  # warm-up
+        n_workers = workers or os.cpu_count() or 1
+        closed = loadgen.closed_loop("127.0.0.1", port, requests, concurrency=2 * n_workers, seconds=5)
+        capacity = round(sum(r.status == 200 for r in closed) / 5, 1)
+        capped = _overloaded(port, requests, overload * capacity, seconds, timeout_s)
+        after = loadgen.run("127.0.0.1", port, requests, capacity / 2, 5, timeout_s)
+        after_ms = [r.latency_s * 1000 for r in after]
+        recovered = all(r.status == 200 for r in after) and (_p(after_ms, 99) or 0) <= 2 * deadline_ms
+    with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": "0"}, **shape) as (port, _):
+        requests = _requests(port, users)
+        loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)
+        uncapped = _overloaded(port, requests, overload * capacity, peer_seconds, timeout_s)
+    return {"capacity_rps": capacity, "offered_rps": capped["offered_rps"], "ok_rps": capped["ok_rps"],
+            "ok_share_of_capacity": round(capped["ok_rps"] / capacity, 3) if capacity else None,
+            "accepted_p99_ms": capped["accepted_p99_ms"], "shed_p99_ms": capped["shed_p99_ms"],
+            "healthz_p99_ms": capped["healthz_p99_ms"], "recovered": recovered,
+            "recovery_p99_ms": _p(after_ms, 99), "cap": cap, "deadline_ms": deadline_ms, "seconds": seconds,
+            "capped": capped, "peer_uncapped": uncapped,
+            "ok_rps_vs_peer": round(capped["ok_rps"] / uncapped["ok_rps"], 2) if uncapped["ok_rps"] else None,
+            "workers": n_workers, "machine": machine()}
+
+
+class _HealthProbe:
+    """GET /healthz every 0.25 s on its own connection while the load runs (timeout 5 s, k8s' here)."""
+
+    def __init__(self, base: str) -> None:
+        import threading
+
+        self.base, self.latencies_ms, self.failed = base, [], 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="bench-healthz", daemon=True)
+
+    def _run(self) -> None:
+        import httpx
+
+        with httpx.Client(timeout=5) as client:
+            while not self._stop.wait(0.25):
+                t0 = time.perf_counter()
+                try:
+                    ok = client.get(self.base + "/healthz").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                self.latencies_ms.append((time.perf_counter() - t0) * 1000)
+                self.failed += not ok
+
+    def __enter__(self) -> _HealthProbe:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:

@@ -73,7 +73,7 @@ def demo(
     store, stream = MemoryStore(history_cap=50), InProcessStream()
     experiments = out / "experiments.json"
     experiments.write_text('{"experiments": []}')
-    token = secrets.token_urlsafe(16)
+    token = secrets.token_urlsafe(32)
     app = create_app(ServingSettings(registry=str(registry.root), reload_poll_s=0.5, experiments_file=experiments,
                                      admin_token=token, guardrail_interval_s=1.0, guardrail_min_users=50),
                      FeatureStoreSettings(), store=store, stream=stream)
@@ -104,7 +104,8 @@ def demo(
             last_ts = float(data.ts.max()) + 60
             new_items = [i for i, _ in store.popular(50)][-3:]
             show("POST", "/events", json={"events": [
-                {"user_id": "someone-new", "item_id": it, "category_id": "?", "event_type": "click", "ts": last_ts + j}
+                {"event_id": f"demo-click-{j}", "user_id": "someone-new", "item_id": it, "category_id": "?",
+                 "event_type": "click", "ts": last_ts + j}
                 for j, it in enumerate(new_items)]})
             deadline = time.monotonic() + 30  # the events travel stream → ingest thread → store
             while len(store.history("someone-new", 10)) < len(new_items) and time.monotonic() < deadline:

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from experiments.running import Experiments
 from experiments.spec import Experiment, Variant
 from experiments.state import ExperimentState
-from experiments.stats import VariantSums, compare
+from experiments.stats import VariantSums, compare, intersect, srm_p_value, verdict
 
 log = logging.getLogger(__name__)
 _EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
@@ -43,6 +43,29 @@ class Standing:
     stopped: frozenset[str] = frozenset()
     coverage: float | None = None  # the ramp step in force (None: the experiment's own coverage)
     concluded: bool = False  # a winner was promoted: nobody is in the experiment any more
+    held: tuple[str, ...] = ()  # why the counts are not trusted to act on (integrity), if they are not
+
+
+def integrity_problems(exp: Experiment, sums: dict[str, VariantSums], stopped: frozenset[str], *,
+                       srm_alpha: float = 0.001) -> list[str]:
+    """Why ``exp``'s counts should not be acted on: clicks beyond impressions in an arm, counts under a
+    variant the experiment does not declare (forged or stale names), or a sample-ratio mismatch among
+    the arms still running (users did not split as the weights say: logging or assignment is broken,
+    or someone is feeding the counters). Empty: the counts look like an experiment's."""
+    problems = []
+    declared = {v.name for v in exp.variants}
+    for name, s in sorted(sums.items()):
+        if name not in declared:
+            problems.append(f"counts under undeclared variant {name!r}")
+        elif s.clicks > s.impressions:
+            problems.append(f"{name}: {s.clicks:.0f} clicks on {s.impressions:.0f} impressions")
+    live = [v.name for v in exp.variants if v.name not in stopped]
+    weights = exp.weights
+    p = srm_p_value([sums.get(v, _EMPTY).users for v in live], [weights[v] for v in live])
+    if p < srm_alpha:
+        problems.append(f"sample ratio mismatch (p={p:.2g}): users per arm "
+                        + ", ".join(f"{v} {sums.get(v, _EMPTY).users}" for v in live))
+    return problems
 
 
 class Guardrail:
@@ -54,9 +77,14 @@ class Guardrail:
         self.alpha, self.min_users, self.interval_s = alpha, min_users, interval_s
         self.promote = promote
         self._standing: dict[str, Standing] = {}  # read by requests: replaced whole, never mutated
+        self._sequences: dict[tuple[str, str], tuple[float, float]] = {}  # running intersection per arm
 
     def stopped(self, experiment: str) -> frozenset[str]:
         return self._standing.get(experiment, Standing()).stopped
+
+    def held(self, experiment: str) -> list[str]:
+        """Why the last check did not act on ``experiment``'s counts (empty: it could)."""
+        return list(self._standing.get(experiment, Standing()).held)
 
     def assign(self, user_id: str) -> tuple[Experiment, Variant] | None:
         """The user's experiment and variant as the decisions stand: ramp coverage applied, stopped
@@ -84,9 +112,17 @@ class Guardrail:
                 continue
             sums = self.state.sums(exp.name)
             now = time.time()
+            declared = {v.name for v in exp.variants}  # a forged name does not grow the dashboard's timeline
             self.state.snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
                 "t": now, "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks}
-                                       for v, s in sums.items()}})
+                                       for v, s in sums.items() if v in declared}})
+            stopped = frozenset(self.state.stopped(exp.name))
+            held = integrity_problems(exp, sums, stopped)
+            if held:  # nothing is stopped, promoted or ramped on counts that do not add up: an operator looks
+                log.error("guardrail holds %s: its counts are not trusted to act on: %s", exp.name, "; ".join(held))
+                coverage = self._ramp(exp, now, green=False, made=made) if exp.ramp else None  # no step up
+                standing[exp.name] = Standing(stopped, coverage, held=tuple(held))
+                continue
             control = sums.get(exp.control_name, _EMPTY)
             concluded = False
             judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
@@ -97,19 +133,22 @@ class Guardrail:
                 if min(control.users, treated.users) < self.min_users:
                     continue
                 r = compare(control, treated, variant.name, alpha=self.alpha)
-                evidence = {"lift": r.lift, "cs_low": r.cs_low, "cs_high": r.cs_high,
+                low, high = self._sequences[(exp.name, variant.name)] = intersect(
+                    self._sequences.get((exp.name, variant.name)), r.cs_low, r.cs_high)
+                evidence = {"lift": r.lift, "cs_low": low, "cs_high": high,
                             "users": {"control": control.users, "variant": treated.users}}
-                if r.sequential == "worse":
+                sequential = verdict(low, high)
+                if sequential == "worse":
                     decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "guardrail",
                                 **evidence}
                     if self.state.stop(exp.name, variant.name, decision):
                         log.warning("guardrail stopped %s/%s: CTR lift %+.1f%% (always-valid CI %+.1f%% .. %+.1f%%)",
-                                    exp.name, variant.name, 100 * r.lift, 100 * r.cs_low, 100 * r.cs_high)
+                                    exp.name, variant.name, 100 * r.lift, 100 * low, 100 * high)
                         made.append(decision)
-                elif r.sequential == "better" and exp.promote and variant.model and self.promote is not None:
+                elif sequential == "better" and exp.promote and variant.model and self.promote is not None:
                     made += self._conclude(exp, variant, now, evidence)
                     concluded = True  # by this replica, or by another first: a winner stands either way
-            stopped = frozenset(self.state.stopped(exp.name))
+            stopped = frozenset(self.state.stopped(exp.name))  # with this check's stops
             coverage = self._ramp(exp, now, green=judged and not stopped, made=made) if exp.ramp else None
             standing[exp.name] = Standing(stopped, coverage, concluded)
         self._standing = standing

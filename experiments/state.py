@@ -31,7 +31,8 @@ class ExperimentState(ABC):
 
     @abstractmethod
     def unattributed(self) -> dict[str, int]:
-        """Clicks whose request has no logged impression of the item (``orphan_clicks``), and
+        """Clicks not joined to an impression (``orphan_clicks``: the request has no logged impression of
+        the item for that user, or its click was counted already), and
         experiment events of a user already counted under another variant (``variant_conflicts``)."""
 
     @abstractmethod

@@ -87,6 +87,9 @@ def best_rho2(t_opt: float, alpha: float) -> float:
 
 def compare(control: VariantSums, treatment: VariantSums, name: str, *, alpha: float = 0.05,
             tuning_users: float = 5000) -> Comparison:
+    """The relative CTR lift of ``treatment`` over ``control``. Intervals are taken on the log of the
+    CTR ratio and mapped back, so they never reach below −100 % (a ratio of CTRs cannot); with no
+    treatment clicks yet (log undefined) the delta-method interval on the lift, cut at −100 %."""
     mc, mt = control.ctr, treatment.ctr
     vc, vt = control.ctr_variance(), treatment.ctr_variance()
     if mc <= 0 or not math.isfinite(vc) or not math.isfinite(vt):
@@ -98,12 +101,33 @@ def compare(control: VariantSums, treatment: VariantSums, name: str, *, alpha: f
     var = vt / mc**2 + mt**2 * vc / mc**4  # delta method for a ratio of independent estimates
     se = math.sqrt(var)
     z = stats.norm.ppf(1 - alpha / 2)
-    p = float(2 * stats.norm.sf(abs(lift) / se)) if se > 0 else (0.0 if lift else 1.0)
     n = control.users + treatment.users
-    half = math.sqrt(var * n) * conjmix_margin(n, best_rho2(tuning_users, alpha), alpha)
-    cs_low, cs_high = lift - half, lift + half
-    verdict = "better" if cs_low > 0 else "worse" if cs_high < 0 else "inconclusive"
-    return Comparison(name, lift, se, lift - z * se, lift + z * se, p, cs_low, cs_high, p < alpha, verdict)
+    margin = math.sqrt(n) * conjmix_margin(n, best_rho2(tuning_users, alpha), alpha)
+    if mt > 0:  # log(mt / mc) ± ...: var of a log ratio by the delta method
+        log_lift, log_se = math.log(mt / mc), math.sqrt(vt / mt**2 + vc / mc**2)
+        p = float(2 * stats.norm.sf(abs(log_lift) / log_se)) if log_se > 0 else (0.0 if log_lift else 1.0)
+        ci = (math.expm1(log_lift - z * log_se), math.expm1(log_lift + z * log_se))
+        cs = (math.expm1(log_lift - log_se * margin), math.expm1(log_lift + log_se * margin))
+    else:
+        p = float(2 * stats.norm.sf(abs(lift) / se)) if se > 0 else (0.0 if lift else 1.0)
+        ci = (max(-1.0, lift - z * se), lift + z * se)
+        cs = (max(-1.0, lift - se * margin), lift + se * margin)
+    return Comparison(name, lift, se, ci[0], ci[1], p, cs[0], cs[1], p < alpha, verdict(*cs))
+
+
+def intersect(previous: tuple[float, float] | None, low: float, high: float) -> tuple[float, float]:
+    """The running intersection of a confidence sequence over the looks so far: each look's interval
+    is valid at every time, so their intersection is too, and it only narrows — a bound once past
+    zero stays past it, so a verdict reached is never contradicted by a later look."""
+    if math.isnan(low) or math.isnan(high):  # nothing to compare at this look
+        return previous if previous is not None else (low, high)
+    if previous is None or math.isnan(previous[0]) or math.isnan(previous[1]):
+        return low, high
+    return max(previous[0], low), min(previous[1], high)
+
+
+def verdict(low: float, high: float) -> str:
+    return "better" if low > 0 else "worse" if high < 0 else "inconclusive"
 
 
 def srm_p_value(users: Sequence[int], weights: Sequence[float]) -> float:

@@ -47,6 +47,13 @@ def ingest(
         signal.signal(sig, lambda *_: stop.set())
     store, stream = open_store(settings), open_stream(settings)
     stream.ensure_topic(settings.topic_partitions, settings.topic_replication)
+    # The dead-letter topic too: where brokers do not create topics on first use, an invalid record
+    # would otherwise fail its batch for ever and stall every partition behind it.
+    dead = stream.dead_letters()
+    try:
+        dead.ensure_topic(1, settings.topic_replication)
+    finally:
+        dead.close()
     ingestor = Ingestor(stream, store, settings.consumer_group, batch_size=settings.ingest_batch)
     server = None
     if settings.ingest_metrics_port is not None:

@@ -112,9 +112,14 @@ class Outbox:
                 raise OutboxFull(f"the event outbox holds {self._pending} unsent bytes (limit {self.max_bytes})")
             if self._seg_size and self._seg_size + len(blob) > self.segment_bytes:
                 self._roll()
-            os.write(self._fd, blob)
-            if self.fsync:
-                os.fsync(self._fd)
+            try:
+                _write_all(self._fd, blob)
+                if self.fsync:
+                    os.fsync(self._fd)
+            except OSError as exc:  # disk full, a size limit, EIO: nothing of this put may stay behind
+                # A torn entry would end the sender's scan there, hiding every later append.
+                os.ftruncate(self._fd, self._seg_size)
+                raise OutboxFull(f"the event outbox cannot write to {self.dir}: {exc.strerror or exc}") from exc
             self._seg_size += len(blob)
             self._pending += len(blob)
             self._drained.clear()
@@ -123,6 +128,11 @@ class Outbox:
     @property
     def pending_bytes(self) -> int:
         return self._pending
+
+    @property
+    def sender_alive(self) -> bool:
+        """The sender thread runs (readiness and ``dinrec_thread_alive`` read it)."""
+        return self._thread is not None and self._thread.is_alive()
 
     # -------------------------------------------------------------- sender
     def start(self) -> Outbox:
@@ -144,38 +154,47 @@ class Outbox:
     def _send_loop(self) -> None:
         backoff = Backoff()
         while not self._stop.is_set():
-            batch, after, size = self._next_batch()
-            if not batch:
-                with self._lock:
-                    if self._pending == 0:
-                        self._drained.set()
-                        self._wake.wait(timeout=0.5)
-                continue
             try:
-                self.stream.publish_raw(batch)
-            except StreamUnavailable as exc:
+                self._send_once(backoff)
+            except Exception:  # noqa: BLE001 - a full disk (the cursor) or a bug: retry, never end
                 delay = backoff.next_delay()
-                log.warning("outbox: %s; %d bytes wait, retrying in %.2fs", exc, self._pending, delay)
+                log.exception("outbox: sending failed; %d bytes wait, retrying in %.2fs", self._pending, delay)
                 self._stop.wait(delay)
-                continue
-            backoff.reset()
-            self._advance(after, size)
-            self.sent += len(batch)
+
+    def _send_once(self, backoff: Backoff) -> None:
+        batch, after, size = self._next_batch()
+        if not batch:
+            with self._lock:  # woken by the next put; never a spin while bytes are pending but unreadable
+                if self._pending == 0:
+                    self._drained.set()
+                self._wake.wait(timeout=0.5)
+            return
+        try:
+            self.stream.publish_raw(batch)
+        except StreamUnavailable as exc:
+            delay = backoff.next_delay()
+            log.warning("outbox: %s; %d bytes wait, retrying in %.2fs", exc, self._pending, delay)
+            self._stop.wait(delay)
+            return
+        backoff.reset()
+        self._advance(after, size)
+        self.sent += len(batch)
 
     def _next_batch(self) -> tuple[list[OutgoingRecord], tuple[int, int], int]:
-        with self._lock:
-            seg, off = self._cursor
-            write_seg, write_end = self._seg, self._seg_size
-        end = write_end if seg == write_seg else None
-        records, ends = _scan(self._seg_path(seg), off, end, limit=self.send_batch)
-        if not records:
-            if seg < write_seg:  # this segment is done: go on to the next one
-                self._advance((seg + 1, 0), 0)
-            return [], (seg, off), 0
-        return records, (seg, ends[-1]), ends[-1] - off
+        while True:
+            with self._lock:
+                seg, off = self._cursor
+                write_seg, write_end = self._seg, self._seg_size
+            end = write_end if seg == write_seg else None
+            records, ends = _scan(self._seg_path(seg), off, end, limit=self.send_batch)
+            if records:
+                return records, (seg, ends[-1]), ends[-1] - off
+            if seg == write_seg:
+                return [], (seg, off), 0
+            self._advance((seg + 1, 0), 0)  # this segment is done: go on to the next one
 
     def _advance(self, cursor: tuple[int, int], size: int) -> None:
-        write_atomically(self.dir / "cursor", f"{cursor[0]} {cursor[1]}".encode())
+        write_atomically(self.dir / "cursor", f"{cursor[0]} {cursor[1]}".encode(), durable=self.fsync)
         with self._lock:
             self._cursor = cursor
             self._pending -= size
@@ -201,8 +220,12 @@ class Outbox:
             seg, off = (self.dir / "cursor").read_text().split()
             return int(seg), int(off)
         except FileNotFoundError:
-            segments = self._segments()
-            return (segments[0] if segments else 0), 0
+            pass
+        except ValueError:  # empty or torn (a crash before it reached the disk): resend, never lose
+            log.error("outbox: %s is unreadable; sending again from the oldest segment (the store's dedup "
+                      "counts each event once)", self.dir / "cursor")
+        segments = self._segments()
+        return (segments[0] if segments else 0), 0
 
     def _recover(self) -> int:
         """Pending bytes from the cursor on; a torn entry at the end of the last segment (a crash
@@ -221,6 +244,13 @@ class Outbox:
                 os.truncate(self._seg_path(seg), valid_end)
             pending += valid_end - start
         return pending
+
+
+def _write_all(fd: int, blob: bytes) -> None:
+    """``os.write`` until every byte is written (a write may take fewer; past the disk's end it raises)."""
+    view = memoryview(blob)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _take_slot(directory: Path) -> tuple[Path, int]:

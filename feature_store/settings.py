@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_HISTORY_LEN, DEFAULT_INTERACTED_CAP
@@ -38,6 +38,10 @@ class FeatureStoreSettings(SharedSettings):
         "the event stream: inprocess (embedded) or kafka"))
     kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3, description=(
         "Kafka bootstrap servers (host:port[,host:port…])"))
+    kafka_security: dict[str, SecretStr] = Field(default_factory=dict, description=(
+        'Kafka client settings for TLS and SASL, passed to every producer, consumer and admin client (JSON: '
+        '{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": …}); only '
+        "security.*, sasl.*, ssl.* keys; values are kept secret in logs"))
     topic_partitions: int = Field(8, ge=1, le=10_000,
                                   description="partitions of the topic when dinrec creates it: the most consumers "
                                               "that can share ingestion")
@@ -58,3 +62,11 @@ class FeatureStoreSettings(SharedSettings):
     outbox_max_bytes: int = Field(256 << 20, ge=1 << 16, description="beyond this, POST /events answers 503")
     outbox_fsync: bool = Field(False, description="fsync each accepted batch (survives a machine crash, slower)")
     ingest_metrics_host: str = Field("127.0.0.1", description="address of that endpoint (0.0.0.0 in a container)")
+
+    @field_validator("kafka_security")
+    @classmethod
+    def _only_security_keys(cls, conf: dict[str, SecretStr]) -> dict[str, SecretStr]:
+        other = sorted(k for k in conf if not k.startswith(("security.", "sasl.", "ssl.")))
+        if other:
+            raise ValueError(f"only security.*, sasl.* and ssl.* keys (dinrec sets the rest): {', '.join(other)}")
+        return conf

@@ -48,6 +48,7 @@ ITEM_INDEX_INFO_FILE = "item_index.json"
 ITEM_COUNTS_FILE = "item_counts.npy"
 COVISIT_FILE = "covisit.npz"
 BLEND_FILE = "ranking_blend.json"
+MANIFEST_FILE = "manifest.json"
 
 
 class BundleError(ValueError):
@@ -162,11 +163,31 @@ def read_manifest(path: str | Path) -> dict:
     return manifest
 
 
+def listed_files(manifest: dict) -> dict[str, str]:
+    """The manifest's files (name → sha256), each a plain file name: a name that could reach outside
+    the bundle's folder (a separator, ``..``, a dotfile, empty) makes the whole manifest invalid."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        raise BundleError("the manifest lists no files")
+    for name, digest in files.items():
+        if (not isinstance(name, str) or not name or len(name) > 255 or name.startswith(".") or "/" in name
+                or "\\" in name or "\0" in name or name == MANIFEST_FILE or not isinstance(digest, str)):
+            raise BundleError(f"the manifest lists {name!r}: not a plain file name of the bundle")
+    return files
+
+
 def verify_bundle(path: str | Path) -> dict:
-    """Check every file against the manifest; return the manifest."""
+    """Check every file against the manifest — each listed file present with its checksum, no file the
+    manifest does not list (each file a load opens is verified) —; return the manifest."""
     path = Path(path)
     manifest = read_manifest(path)
-    for name, expected in manifest.get("files", {}).items():
+    files = listed_files(manifest)
+    unlisted = sorted(p.name for p in path.iterdir() if p.name != MANIFEST_FILE and p.name not in files)
+    if unlisted:
+        raise BundleError(f"{path}: {', '.join(unlisted[:5])} not listed in the manifest; the bundle was modified")
+    if "towers.safetensors" in files and "towers_config.json" not in files:
+        raise BundleError(f"{path}: manifest lists towers.safetensors without towers_config.json")
+    for name, expected in files.items():
         f = path / name
         if not f.is_file():
             raise BundleError(f"{path}: {name} is listed in the manifest but missing")

@@ -29,7 +29,7 @@ import re
 import time
 from pathlib import Path
 
-from models.bundle import BundleError, read_manifest, verify_bundle
+from models.bundle import BundleError, listed_files, read_manifest, verify_bundle
 from storage import LocalStorage, S3Storage, Storage, folder_written_atomically, open_storage, reraise_as
 
 MANIFEST = "manifest.json"  # a bundle's index of files and checksums (models.bundle)
@@ -170,22 +170,27 @@ class S3Registry(_StoredRegistry):
         self.cache = Path(cache_dir)
 
     def bundle_dir(self, version: str) -> Path:
-        """The version as a local folder: downloaded once, checksums verified, renamed into place."""
-        target = self.cache / _name("version", version)
+        """The version as a local folder: downloaded once, checksums verified, renamed into place.
+
+        Only the files its manifest lists are fetched, each by its plain name (``listed_files``), into a
+        fresh folder, and verified there before it becomes visible: a key of the prefix that is not a
+        bundle file (``bundles/v//etc/x``, ``bundles/v/../x``) is never written anywhere."""
+        version = _name("version", version)
+        target = self.cache / version
         if target.is_dir():
             return target
-        keys = self._call(f"list bundles/{version}/", self.storage.keys, f"bundles/{version}/")
-        if f"bundles/{version}/{MANIFEST}" not in keys:
-            raise RegistryError(f"no version {version} in {self.uri}")
+        manifest = self.manifest(version)
+        try:
+            names = [*listed_files(manifest), MANIFEST]
+        except BundleError as exc:
+            raise RegistryError(f"version {version} in {self.uri} is refused: {exc}") from exc
         # replace=False: another process that cached it first cached the same immutable version
         with folder_written_atomically(target, replace=False) as tmp:
-            for key in keys:
-                path = tmp / key.removeprefix(f"bundles/{version}/")
-                path.parent.mkdir(parents=True, exist_ok=True)
-                data = self._get(key)
+            for name in names:
+                data = self._get(f"bundles/{version}/{name}")
                 if data is None:
-                    raise RegistryError(f"{self.uri}/{key} vanished while downloading (versions are immutable)")
-                path.write_bytes(data)
+                    raise RegistryError(f"{self.uri}/bundles/{version}/{name} is listed in the manifest but missing")
+                (tmp / name).write_bytes(data)
             try:
                 verify_bundle(tmp)
             except BundleError as exc:

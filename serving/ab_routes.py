@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
-from experiments.stats import VariantSums, analyse
+from experiments.stats import VariantSums, analyse, intersect, verdict
 from serving.deps import State
 
 router = APIRouter()
@@ -21,9 +21,13 @@ def dashboard() -> HTMLResponse:
     return HTMLResponse(_DASHBOARD.read_text(encoding="utf-8"))
 
 
+# The seed is left out: with it anyone could compute which arm any user id lands in.
+_PUBLIC = {"seed"}
+
+
 @router.get("/experiments")
 def list_experiments(state: State) -> dict:
-    return {"experiments": [e.model_dump(mode="json") for e in state.experiments.all]}
+    return {"experiments": [e.model_dump(mode="json", exclude=_PUBLIC) for e in state.experiments.all]}
 
 
 @router.get("/experiments/{name}/results")
@@ -38,9 +42,16 @@ def experiment_results(state: State, name: str) -> dict:
     counted = state.experiment_state.sums(name)  # StoreUnavailable → 503 in the one error shape
     empty = VariantSums(0, 0, 0, 0, 0, 0)  # a variant nobody has seen yet still gets its row
     sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
-    return {"experiment": exp.model_dump(mode="json"),
-            "results": analyse(sums, exp.control_name, exp.weights),
-            "stopped": state.experiment_state.stopped(name), "unattributed": state.experiment_state.unattributed(),
+    results = analyse(sums, exp.control_name, exp.weights)
+    stopped, winner = state.experiment_state.stopped(name), state.experiment_state.conclusion(name)
+    decided = {**stopped, **({winner["variant"]: winner} if winner else {})}
+    for row in results["comparisons"]:  # a decision once reached stands: its sequence is intersected in
+        d = decided.get(row["variant"])
+        if d is not None and row["cs_low"] is not None and d.get("cs_low") is not None:
+            row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"], row["cs_high"])
+            row["sequential"] = verdict(row["cs_low"], row["cs_high"])
+    held = state.guardrail.held(name) if state.guardrail is not None else []
+    return {"experiment": exp.model_dump(mode="json", exclude=_PUBLIC), "results": results,
+            "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
             "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
-            "winner": state.experiment_state.conclusion(name),
-            "timeline": state.experiment_state.timeline(name)}
+            "winner": winner, "held": held, "timeline": state.experiment_state.timeline(name)}

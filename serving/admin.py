@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import logging
 import secrets
 from typing import Annotated
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
@@ -13,6 +14,9 @@ from serving.deps import ServiceState, State
 from serving.models import ReloadFailed
 
 router = APIRouter(prefix="/admin", tags=["admin"])
+# One line per change an operator made (which route, from where, what changed): kept apart, so it can
+# be routed to an audit sink. The request id is on every line (serving.logs).
+audit_log = logging.getLogger("dinrec.audit")
 
 
 class ReloadRequest(BaseModel):
@@ -33,14 +37,31 @@ class ModelStatus(BaseModel):
     watch_checks: int = Field(0, description="how often the watcher has checked the alias (it is alive if this grows)")
 
 
-def _authorize(state: ServiceState, authorization: str | None) -> None:
+def is_admin(state: ServiceState, authorization: str | None) -> bool:
+    """``Authorization: Bearer <DINREC_ADMIN_TOKEN>``: the scheme (any case) and the credential read
+    apart, the credential compared in constant time. False when no token is configured."""
     token = state.settings.admin_token
-    if token is None:
+    scheme, _, credential = (authorization or "").strip().partition(" ")
+    credential = credential.strip()
+    return bool(token is not None and scheme.lower() == "bearer" and credential
+                and secrets.compare_digest(credential.encode("latin-1", "replace"),
+                                           token.get_secret_value().encode("latin-1", "replace")))
+
+
+def _authorize(state: ServiceState, authorization: str | None) -> None:
+    """The admin routes: 404 when no token is configured (they do not exist), 401 without the token."""
+    if state.settings.admin_token is None:
         raise HTTPException(404, "admin endpoints are off: set DINREC_ADMIN_TOKEN")
-    if authorization is None or not secrets.compare_digest(authorization.encode(),
-                                                           f"Bearer {token.get_secret_value()}".encode()):
+    if not is_admin(state, authorization):
         raise HTTPException(401, "a valid `Authorization: Bearer <DINREC_ADMIN_TOKEN>` header is required",
                             headers={"WWW-Authenticate": "Bearer"})
+
+
+def audit(request: Request, action: str, **change) -> None:
+    """Log an operator's change: the route, the client's address, what changed."""
+    client = request.client.host if request.client else "-"
+    audit_log.warning("admin %s %s from %s: %s", action, request.url.path, client,
+                      " ".join(f"{k}={v!r}" for k, v in change.items()) or "-")
 
 
 def _status(state: ServiceState, changed: bool = False) -> ModelStatus:
@@ -62,22 +83,30 @@ def model(state: State, authorization: Auth = None) -> ModelStatus:
 
 
 @router.post("/reload", response_model=ModelStatus)
-def reload(state: State, body: ReloadRequest | None = None, authorization: Auth = None) -> ModelStatus:
+def reload(state: State, request: Request, body: ReloadRequest | None = None,
+           authorization: Auth = None) -> ModelStatus:
     """Load the alias' (or the given) version in the background of this request, smoke-score it and
     swap it in; 409 (still serving the old one) if it cannot be served."""
     _authorize(state, authorization)
+    before = state.models.current.model_version  # type: ignore[union-attr]
     try:
         changed = state.models.reload(body.version if body else None)  # type: ignore[union-attr]
     except ReloadFailed as exc:
+        audit(request, "reload refused", version=body.version if body else None, reason=str(exc))
         raise HTTPException(409, str(exc)) from exc
-    return _status(state, changed)
+    status = _status(state, changed)
+    audit(request, "reload", asked=body.version if body else None, before=before, now=status.model_version)
+    return status
 
 
 @router.post("/rollback", response_model=ModelStatus)
-def rollback(state: State, authorization: Auth = None) -> ModelStatus:
+def rollback(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
     _authorize(state, authorization)
+    before = state.models.current.model_version  # type: ignore[union-attr]
     try:
         state.models.rollback()  # type: ignore[union-attr]
     except ReloadFailed as exc:
         raise HTTPException(409, str(exc)) from exc
-    return _status(state, changed=True)
+    status = _status(state, changed=True)
+    audit(request, "rollback", before=before, now=status.model_version)
+    return status

@@ -13,13 +13,13 @@ import logging
 import threading
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Header
+from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
 from experiments.running import Experiments
 from experiments.spec import Experiment, ExperimentFile
-from serving.admin import _authorize
+from serving.admin import _authorize, audit
 from serving.deps import ServiceState, State
 from serving.loops import every
 
@@ -60,17 +60,20 @@ def _update(state: ServiceState, change) -> dict:
 
 
 @router.put("/experiments/{name}")
-def put_experiment(state: State, name: str, body: Experiment,
+def put_experiment(state: State, request: Request, name: str, body: Experiment,
                    authorization: Annotated[str | None, Header()] = None) -> dict:
     """Create or replace one experiment."""
     _authorize(state, authorization)
     if body.name != name:
         raise HTTPException(409, f"the body names experiment {body.name!r}, the path {name!r}")
-    return _update(state, lambda exps: [e for e in exps if e.name != name] + [body])
+    saved = _update(state, lambda exps: [e for e in exps if e.name != name] + [body])
+    audit(request, "experiment put", experiment=name, status=body.status, version=saved["version"],
+          variants=[v.name for v in body.variants])
+    return saved
 
 
 @router.post("/experiments/{name}/status")
-def set_status(state: State, name: str, body: StatusChange,
+def set_status(state: State, request: Request, name: str, body: StatusChange,
                authorization: Annotated[str | None, Header()] = None) -> dict:
     """Start (running), pause (draft) or end (stopped) an experiment."""
     _authorize(state, authorization)
@@ -80,7 +83,9 @@ def set_status(state: State, name: str, body: StatusChange,
             raise HTTPException(404, f"no experiment {name!r}")
         return [e.model_copy(update={"status": body.status}) if e.name == name else e for e in exps]
 
-    return _update(state, change)
+    saved = _update(state, change)
+    audit(request, "experiment status", experiment=name, status=body.status, version=saved["version"])
+    return saved
 
 
 def watch_file(state: ServiceState, stop: threading.Event) -> threading.Thread | None:

@@ -28,7 +28,7 @@ from serving.catalog import Catalog
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
 from serving.impressions import ImpressionLog
-from serving.loops import every
+from serving.loops import every, supervise
 from serving.metrics import ServiceMetrics
 from serving.middleware import RequestContext
 from serving.models import ModelManager
@@ -53,7 +53,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     app = FastAPI(title="dinrec", version="0.1.0", lifespan=lifespan,
                   description="DIN recommendations: FAISS recall, DIN ranking, behaviour events.")
 
-    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, max_in_flight=settings.max_in_flight)
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)
@@ -93,10 +93,13 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
         # What it cannot send in time stays journaled for the next start.
         parts.callback(state.outbox.close, drain_timeout_s=settings.shutdown_drain_s)
         metrics.watch_outbox(lambda: state.outbox.pending_bytes)
+        state.threads["dinrec-outbox"] = lambda: state.outbox.sender_alive
     sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
             else state.store.write)
     state.impressions = ImpressionLog(sink, on_drop=metrics.impressions_dropped.inc)
     parts.callback(state.impressions.close)  # into the outbox (or store) before the outbox drains
+    state.threads["dinrec-impressions"] = lambda: state.impressions.alive
+    metrics.watch_threads(state.threads)
     state.experiments = Experiments.load(settings.experiments_file)
     models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
     state.guardrail = Guardrail(state.experiment_state, state.experiments, min_users=settings.guardrail_min_users,
@@ -121,18 +124,15 @@ def _start_ingest(parts: ExitStack, state: ServiceState) -> None:
         return
     ingestor = Ingestor(state.stream, state.store, fs.consumer_group, batch_size=fs.ingest_batch)
 
-    def ingest() -> None:
-        try:
-            ingestor.run(state.ingest_stop, poll_timeout_s=0.2)
-        finally:
-            ingestor.close()
-
-    state.ingest_thread = threading.Thread(target=ingest, name="dinrec-ingest", daemon=True)
-    state.ingest_thread.start()
+    restarts = state.metrics.thread_restarts.labels("dinrec-ingest")
+    state.ingest_thread = supervise(lambda: ingestor.run(state.ingest_stop, poll_timeout_s=0.2), state.ingest_stop,
+                                    name="dinrec-ingest", on_restart=restarts.inc)
+    state.threads["dinrec-ingest"] = state.ingest_thread.is_alive
 
     def stop() -> None:
         state.ingest_stop.set()
         state.ingest_thread.join(timeout=10)
+        ingestor.close()
 
     parts.callback(stop)
 

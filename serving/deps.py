@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Annotated
 
@@ -42,6 +43,11 @@ class ServiceState:
     impressions: ImpressionLog | None = None  # every served list, one event per item (set at start-up)
     ingest_stop: threading.Event = field(default_factory=threading.Event)
     ingest_thread: threading.Thread | None = None
+    # The background threads answers depend on, by name: is each running? (readiness, dinrec_thread_alive)
+    threads: dict[str, Callable[[], bool]] = field(default_factory=dict)
+
+    def threads_down(self) -> list[str]:
+        return sorted(name for name, alive in self.threads.items() if not alive())
 
     @property
     def recommender(self) -> Recommender:

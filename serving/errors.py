@@ -23,11 +23,13 @@ def error_response(status: int, error: str, message: str, request: Request, **ex
 
 
 class InvalidRequest(ValueError):
-    """A request that passed the schema but not a setting (e.g. k above DINREC_MAX_K)."""
+    """A request that passed the schema but not a setting (e.g. k above DINREC_MAX_K) or a rule of the
+    public API; ``problems`` as (field, message) when there are several."""
 
-    def __init__(self, message: str, field: str = "") -> None:
+    def __init__(self, message: str, field: str = "", problems: list[tuple[str, str]] | None = None) -> None:
         super().__init__(message)
         self.field = field
+        self.problems = problems or [(field, message)]
 
 
 # A dependency that is down (or full): 503 with the one error shape, logged with its cause.
@@ -56,12 +58,12 @@ def _unavailable(error: str, message: str, retry_after: str | None, logged: str)
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(InvalidRequest)
     async def _invalid(request: Request, exc: InvalidRequest) -> JSONResponse:
-        problems = [{"field": exc.field, "message": str(exc)}]
+        problems = [{"field": field, "message": message} for field, message in exc.problems]
         return error_response(422, "invalid_request", str(exc), request, problems=problems)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        names = {401: "unauthorized", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
+        names = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
                  413: "request_too_large"}
         error = names.get(exc.status_code, "http_error")
         response = error_response(exc.status_code, error, str(exc.detail), request)

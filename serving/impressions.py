@@ -5,6 +5,10 @@ events and writes them in batches to the sink — the outbox (so, the stream: A/
 next retraining's data) or the store directly. Event ids are ``imp-{request_id}-{position}``, so a
 batch written twice is counted once. If the queue is full (the sink is stuck), lists are dropped and
 counted (``dinrec_impressions_dropped_total``), never blocking a request.
+
+Nothing one request carries can end the logger: a list whose events do not validate is dropped and
+counted on its own, and an error nobody foresaw is logged and the loop goes on (``alive`` says so;
+readiness and ``dinrec_thread_alive`` read it).
 """
 
 from __future__ import annotations
@@ -16,7 +20,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from feature_store.schema import BehaviourEvent
+from pydantic import ValidationError
+
+from feature_store.schema import BehaviourEvent, error_message
 
 log = logging.getLogger(__name__)
 
@@ -53,20 +59,36 @@ class ImpressionLog:
         except queue.Full:
             self._on_drop(len(served.items))
 
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
     def _run(self) -> None:
         stopping = False
         while not stopping:
-            first = self._queue.get()
-            lists = [first]
+            lists = [self._queue.get()]
             while len(lists) < self._batch:
                 try:
                     lists.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
             stopping = None in lists
-            events = [e for s in lists if s is not None for e in s.events()]
-            if events:
-                self._write(events)
+            try:
+                events = [e for s in lists if s is not None for e in self._events(s)]
+                if events:
+                    self._write(events)
+            except Exception:  # noqa: BLE001 - a bug in one batch must not end logging for the worker's life
+                log.exception("impression batch of %d lists lost", len(lists))
+                self._on_drop(sum(len(s.items) for s in lists if s is not None))
+
+    def _events(self, served: ServedList) -> list[BehaviourEvent]:
+        try:
+            return served.events()
+        except ValidationError as exc:  # an id the event schema refuses: this list only
+            log.error("impressions of request %r not logged: %s", served.request_id[:64],
+                      "; ".join(f"{'.'.join(map(str, e['loc']))}: {error_message(e)}" for e in exc.errors()))
+            self._on_drop(len(served.items))
+            return []
 
     def _write(self, events: list[BehaviourEvent]) -> None:
         for attempt in range(3):

@@ -1,4 +1,4 @@
-"""The service's background pollers: one loop, written once.
+"""The service's background threads: the pollers' loop and the consumers' supervisor, each written once.
 
 Each poller (model alias, guardrail, catalog, experiments file) is "on a daemon thread, call this every
 so often until the service stops; an error is logged and the next round tries again" — a poller that
@@ -30,6 +30,32 @@ def every(interval_s: float, stop: threading.Event, fn: Callable[[], None], *, n
                     log.warning("%s failed; will retry: %s", name, exc)
                 if stop.wait(interval_s):
                     return
+
+    thread = threading.Thread(target=loop, name=name, daemon=True)
+    thread.start()
+    return thread
+
+
+def supervise(body: Callable[[], None], stop: threading.Event, *, name: str,
+              on_restart: Callable[[], None] = lambda: None,
+              backoff_s: tuple[float, float] = (0.2, 30.0)) -> threading.Thread:
+    """Start a daemon thread ``name`` that runs ``body`` until it returns (its own stop) or ``stop`` is set.
+    If ``body`` raises, the error is logged with its traceback, ``on_restart`` counts it, and ``body`` runs
+    again after a backoff that doubles from ``backoff_s[0]`` to ``backoff_s[1]`` seconds: a consumer that
+    meets an error nobody foresaw keeps consuming, and says so, instead of ending silently."""
+
+    def loop() -> None:
+        delay = backoff_s[0]
+        while not stop.is_set():
+            try:
+                body()
+                return
+            except Exception:  # noqa: BLE001 - the thread must outlive any one error
+                log.exception("%s failed; restarting in %.1fs", name, delay)
+                on_restart()
+            if stop.wait(delay):
+                return
+            delay = min(delay * 2, backoff_s[1])
 
     thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()

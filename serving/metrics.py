@@ -4,12 +4,15 @@
 * ``dinrec_stage_seconds{stage}`` — features (the store read), recall (FAISS), rank (DIN + rules);
 * ``dinrec_degraded_responses_total{reason}`` — answers given without a dependency;
 * ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision}``,
-  ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream).
+  ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream);
+* ``dinrec_shed_requests_total`` — refused for load (DINREC_MAX_IN_FLIGHT);
+* ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
+* ``dinrec_store_up`` — the feature store answered its last health check (``/readyz``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -28,15 +31,27 @@ class ServiceMetrics:
                                 ["stage"], buckets=_BUCKETS, registry=r)
         self.degraded = Counter("dinrec_degraded_responses", "answers given without a dependency", ["reason"],
                                 registry=r)
+        self.shed = Counter("dinrec_shed_requests", "requests refused with 503 because too many were in progress",
+                            registry=r)
         self.in_flight = Gauge("dinrec_in_flight_requests", "requests being served", registry=r)
         self.impressions_dropped = Counter("dinrec_impressions_dropped", "impressions not logged (queue full or "
                                            "sink failing)", registry=r)
+        self.thread_restarts = Counter("dinrec_thread_restarts", "background threads restarted after an error",
+                                       ["name"], registry=r)
+        self.store_up = Gauge("dinrec_store_up", "1 when the feature store answered the last readiness check",
+                              registry=r)
         self.model = Gauge("dinrec_model_info", "the model being served (value 1)", ["version", "precision"],
                            registry=r)
 
     def serving_model(self, version: str, precision: str) -> None:
         self.model.clear()
         self.model.labels(version=version, precision=precision).set(1)
+
+    def watch_threads(self, threads: Mapping[str, Callable[[], bool]]) -> None:
+        gauge = Gauge("dinrec_thread_alive", "background threads the answers depend on: 1 while running",
+                      ["name"], registry=self.registry)
+        for name, alive in threads.items():
+            gauge.labels(name).set_function(lambda alive=alive: float(alive()))
 
     def watch_outbox(self, pending_bytes: Callable[[], int]) -> None:
         Gauge("dinrec_outbox_pending_bytes", "events accepted and not yet acknowledged by the stream",

@@ -6,33 +6,57 @@ through an extra task and memory streams, which on this path cost more CPU than 
 
 from __future__ import annotations
 
+import asyncio
+import re
 import time
 import uuid
 
 import orjson
 
 from serving import logs
+from serving.backlog import ListenBacklog
+
+# A client's request id becomes the id of the answer's impressions and is logged: only a plain token
+# is taken (a TAB or a control character would make every impression of the answer invalid).
+_REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
+
+
+# Probes and scrapes are never refused for load: an overloaded worker is alive, and says how it is.
+_PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+
+class _TooLarge(Exception):
+    pass
 
 
 class RequestContext:
-    """``x-request-id`` taken from the request (else made) and echoed on the answer; a body larger
-    than ``max_body_bytes`` (by its Content-Length) refused with 413 before the app reads it; the
-    in-flight gauge and the latency histogram by route template, once the service state exists."""
+    """``x-request-id`` taken from the request when it is a plain token of at most 64 characters (else
+    made) and echoed on the answer; a body larger than ``max_body_bytes`` refused with 413 before the app
+    reads it (by its Content-Length, or, sent chunked, while it arrives); beyond ``max_in_flight``
+    requests held at once — in the worker, and waiting in the kernel to be accepted — (0: no cap),
+    requests are answered 503 with Retry-After at once, so overload sheds instead of queueing without
+    bound; the in-flight gauge and the latency histogram by route template, once the service state exists."""
 
-    def __init__(self, app, max_body_bytes: int) -> None:
+    def __init__(self, app, max_body_bytes: int, max_in_flight: int = 0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.max_in_flight = max_in_flight
+        self._held = 0  # requests of this worker between their arrival and their answer (probes aside)
+        self._backlog: ListenBacklog | None = None  # connections the kernel holds for us (found lazily)
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         rid = size = None
+        chunked = False
         for name, value in scope["headers"]:
             if name == b"x-request-id":
-                rid = value.decode("latin-1")[:64]
+                rid = value.decode("latin-1") if _REQUEST_ID.fullmatch(value) else None
             elif name == b"content-length":
                 size = value
+            elif name == b"transfer-encoding":
+                chunked = True
         rid = rid or uuid.uuid4().hex
         t0 = time.perf_counter()
         state_dict = scope.setdefault("state", {})
@@ -48,13 +72,33 @@ class RequestContext:
                 message["headers"] = [*message.get("headers", ()), rid_header]
             await send(message)
 
+        state = getattr(scope["app"].state, "dinrec", None)  # None until the lifespan has built it
+        capped = state is not None and scope["path"] not in _PROBES
+        held = False
         try:
+            if capped:
+                if self.max_in_flight and self._held + self._waiting(scope) >= self.max_in_flight:
+                    state.metrics.shed.inc()
+                    await _send_json(send_with_id, 503, {
+                        "error": "overloaded", "message": "too many requests in progress; retry shortly",
+                        "request_id": rid}, retry_after=b"1")
+                    return
+                self._held += 1
+                held = True
+                # /recommend works inline, so requests that arrived together would otherwise each run to
+                # the end before the next is even counted: one yield lets all of them take their place
+                # (and stamp their arrival) first, so the newest beyond the cap are the ones refused.
+                await asyncio.sleep(0)
+            if chunked and size is None:  # no length up front: read it here, counting, and hand it on
+                try:
+                    receive = await self._buffered(receive)
+                except _TooLarge:
+                    size = b"-"
             if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
                 await _send_json(send_with_id, 413, {
                     "error": "request_too_large", "message": f"the body may hold at most {self.max_body_bytes} bytes",
                     "request_id": rid})
                 return
-            state = getattr(scope["app"].state, "dinrec", None)  # None until the lifespan has built it
             if state is None:
                 await self.app(scope, receive, send_with_id)
                 return
@@ -66,11 +110,45 @@ class RequestContext:
                 route = getattr(scope.get("route"), "path", "unmatched")
                 state.metrics.requests.labels(route, str(status)).observe(time.perf_counter() - t0)
         finally:
+            if held:
+                self._held -= 1
             logs.request_id.reset(token)
 
 
-async def _send_json(send, status: int, content: dict) -> None:
+    def _waiting(self, scope) -> int:
+        """Connections queued in the kernel for this service (serving/backlog.py)."""
+        if self._backlog is None:
+            server = scope.get("server") or (None, 0)
+            self._backlog = ListenBacklog(int(server[1] or 0))
+        return self._backlog.depth()
+
+    async def _buffered(self, receive):
+        """The whole body read now (at most ``max_body_bytes``, else ``_TooLarge``), and a ``receive``
+        that gives it to the app as one message, then passes on to the connection (a disconnect)."""
+        parts, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":  # the client went away: the app sees that
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_body_bytes:
+                raise _TooLarge
+            parts.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                message = {"type": "http.request", "body": b"".join(parts), "more_body": False}
+                break
+        pending = [message]
+
+        async def replay():
+            return pending.pop() if pending else await receive()
+
+        return replay
+
+
+async def _send_json(send, status: int, content: dict, retry_after: bytes | None = None) -> None:
     body = orjson.dumps(content)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if retry_after is not None:
+        headers.append((b"retry-after", retry_after))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -13,14 +13,17 @@ import time
 from typing import Annotated
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
+from starlette.exceptions import HTTPException
 
 from experiments.spec import Experiment, Overrides, Variant
+from feature_store.errors import StoreUnavailable
 from feature_store.features import HistoryItem
-from feature_store.schema import ExternalId
+from feature_store.schema import BehaviourEvent, ExternalId
 from feature_store.streams.base import event_record
+from serving.admin import is_admin
 from serving.deps import State
-from serving.errors import InvalidRequest
+from serving.errors import InvalidRequest, error_response
 from serving.impressions import ServedList
 from serving.ranking import Ranking, Recommender
 from serving.schemas import (
@@ -144,24 +147,83 @@ def _render(request: Request, user_id: str, rec: Recommender, ranking: Ranking, 
         media_type="application/json")
 
 
+def _as_principal(state: State, request: Request, user_ids: set[str]) -> None:
+    """With DINREC_USER_HEADER the gateway says who the caller is: a request may name that user only
+    (else anyone could read or write any user's history by naming them)."""
+    header = state.settings.user_header
+    if header is None:
+        return
+    principal = request.headers.get(header)
+    if not principal:
+        raise HTTPException(401, f"the {header} header (set by the gateway) is required")
+    if user_ids - {principal.strip()}:
+        raise HTTPException(403, f"a request may name only its own user (the {header} header)")
+
+
+def _may_explain(state: State, authorization: str | None) -> None:
+    """``explain`` answers with the user's own recent behaviours: anyone who could ask for any user id
+    could read every user's history. By default only callers holding the admin token may."""
+    policy = state.settings.explain
+    if policy == "public" or (policy == "admin" and is_admin(state, authorization)):
+        return
+    raise HTTPException(403, "explain names the user's own behaviours: " + (
+        "it is off (DINREC_EXPLAIN=off)" if policy == "off" else
+        "send `Authorization: Bearer <DINREC_ADMIN_TOKEN>`, or set DINREC_EXPLAIN=public behind a gateway "
+        "that authenticates users"))
+
+
 @router.get("/recommend", response_model=RecommendResponse)
 async def recommend_get(state: State, request: Request, user_id: Annotated[UserId, Query()],
-                  k: Annotated[int | None, Query(ge=1)] = None, explain: bool = False,
-                  shown: Annotated[list[ExternalId] | None, Query(max_length=500)] = None):
+                        k: Annotated[int | None, Query(ge=1)] = None, explain: bool = False,
+                        shown: Annotated[list[ExternalId] | None, Query(max_length=500)] = None,
+                        authorization: Annotated[str | None, Header()] = None):
+    _as_principal(state, request, {user_id})
+    if explain:
+        _may_explain(state, authorization)
     return _recommend(state, request, user_id, k, explain=explain, shown=shown)
 
 
 @router.post("/recommend", response_model=RecommendResponse)
-async def recommend_post(state: State, request: Request, body: RecommendRequest):
+async def recommend_post(state: State, request: Request, body: RecommendRequest,
+                         authorization: Annotated[str | None, Header()] = None):
+    _as_principal(state, request, {body.user_id})
+    if body.explain:
+        _may_explain(state, authorization)
     return _recommend(state, request, body.user_id, body.k, explain=body.explain, shown=body.shown,
                       context=body.context)
 
 
+# What only the service writes: impressions come from the served lists (serving/impressions.py), with
+# the experiment, variant, position and model the server assigned. A client that could send them could
+# count impressions for any arm, and through the A/B sums stop a variant or promote a model.
+_SERVER_ONLY = ("experiment", "variant", "position", "model_version")
+
+
+def _refuse_what_clients_may_not_send(events: list[BehaviourEvent], max_future_s: float) -> None:
+    latest, problems = time.time() + max_future_s, []
+    for i, e in enumerate(events):
+        if "event_id" not in e.model_fields_set:
+            problems.append((f"events.{i}.event_id", "required: the idempotency key a retry sends again"))
+        if e.event_type == "impression":
+            problems.append((f"events.{i}.event_type", "impressions are logged by the service, not sent"))
+        problems += [(f"events.{i}.{name}", "set by the service, not by clients")
+                     for name in _SERVER_ONLY if getattr(e, name) is not None]
+        if e.ts > latest:
+            problems.append((f"events.{i}.ts", f"more than {max_future_s:g}s ahead of the server's clock"))
+    if problems:
+        summary = "; ".join(f"{field}: {message}" for field, message in problems[:5])
+        raise InvalidRequest(summary + ("; …" if len(problems) > 5 else ""), problems=problems[:100])
+
+
 @router.post("/events", response_model=EventsResponse, status_code=202)
-def post_events(state: State, body: EventsRequest) -> EventsResponse:
-    """Accept behaviour events. With the stream as sink they are journaled locally and sent in the
-    background, so the request never waits for Kafka; 503 with Retry-After only when the journal is
-    full. Send your own ``event_id`` and retry with the same one: it is the idempotency key."""
+def post_events(state: State, request: Request, body: EventsRequest) -> EventsResponse:
+    """Accept behaviour events (views, clicks, carts, …; a click names the ``request_id`` of the answer it
+    came from). With the stream as sink they are journaled locally and sent in the background, so the
+    request never waits for Kafka; 503 with Retry-After only when the journal is full. ``event_id`` is
+    required: it is the idempotency key, sent again with a retry. Impressions and the A/B fields are the
+    service's own (422); so is a ``ts`` ahead of the server's clock."""
+    _as_principal(state, request, {e.user_id for e in body.events})
+    _refuse_what_clients_may_not_send(body.events, state.settings.events_max_future_s)
     if state.outbox is not None:
         state.outbox.put([event_record(e) for e in body.events])
     else:
@@ -182,8 +244,20 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-def readyz(state: State):
-    """Ready when the model is loaded and the feature store answers (recommendations still work,
-    degraded, without the store; this tells the operator)."""
-    state.store.ping()  # StoreUnavailable → 503 in the one error shape
-    return {"status": "ready", "model_version": state.recommender.model_version}
+def readyz(state: State, request: Request):
+    """Ready when a model serves and the background threads answers depend on run (impression
+    logging, the outbox's sender, the in-app ingest). The feature store is reported (``store``, and
+    ``dinrec_store_up``) but is no reason to leave the load balancer: without it answers are degraded,
+    not refused, and a store outage must not take every replica out at once."""
+    try:
+        state.store.ping()
+        store = "ok"
+    except StoreUnavailable as exc:
+        log.warning("readiness: %s", exc)
+        store = "unavailable"
+    state.metrics.store_up.set(store == "ok")
+    down = state.threads_down()
+    if down:
+        return error_response(503, "not_ready", f"background threads not running: {', '.join(down)}", request,
+                              threads_down=down, store=store)
+    return {"status": "ready", "model_version": state.recommender.model_version, "store": store}

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated
-
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field
 
 from feature_store.schema import BehaviourEvent, ExternalId
 
-UserId = Annotated[str, StringConstraints(min_length=1, max_length=128, strip_whitespace=True)]
+# The event schema's id: a user id the API takes must be one its impressions can carry.
+UserId = ExternalId
 
 
 class ContextItem(BaseModel):
@@ -21,13 +20,15 @@ class ContextItem(BaseModel):
 class RecommendRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", json_schema_extra={"examples": [
         {"user_id": "u42", "k": 10},
-        {"user_id": "u42", "k": 5, "explain": True, "shown": ["i7"],
+        {"user_id": "u42", "k": 5, "shown": ["i7"],
          "context": [{"item_id": "i9", "category_id": "c2"}]},
     ]})
 
     user_id: UserId
     k: int | None = Field(None, ge=1, description="how many items; default DINREC_DEFAULT_K, at most DINREC_MAX_K")
-    explain: bool = Field(False, description="name, per item, the behaviours that drew it (DIN's attention)")
+    explain: bool = Field(False, description=(
+        "name, per item, the behaviours that drew it (DIN's attention); the user's own behaviours, so it needs the "
+        "admin token unless DINREC_EXPLAIN=public"))
     shown: list[ExternalId] = Field(default_factory=list, max_length=500,
                                     description="items recently shown to the user: pushed down")
     context: list[ContextItem] = Field(

@@ -5,10 +5,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from storage.settings import SharedSettings
+
+MIN_ADMIN_TOKEN_CHARS = 32
+# Values copied from examples and manifests: a token anyone can read is no token.
+_PLACEHOLDER_WORDS = ("change-me", "changeme", "secret", "password", "token", "example", "xxxx")
 
 
 class ServingSettings(SharedSettings):
@@ -19,7 +23,9 @@ class ServingSettings(SharedSettings):
     model_alias: str = Field("champion", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", description=(
         "the registry alias this service serves and follows (hot reload)"))
     reload_poll_s: float = Field(2.0, gt=0, le=3600, description="how often the alias is checked for a new model")
-    admin_token: SecretStr | None = Field(None, description="enables /admin/* with `Authorization: Bearer <token>`")
+    admin_token: SecretStr | None = Field(None, description=(
+        "enables /admin/* with `Authorization: Bearer <token>`: at least 32 printable ASCII characters, no "
+        "spaces (`openssl rand -hex 32`); a weaker or placeholder token is refused at start-up; empty: off"))
     host: str = Field("127.0.0.1", description="address the HTTP server binds")
     port: int = Field(8000, ge=0, le=65535, description="port the HTTP server binds (0: any free port)")
     recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
@@ -55,6 +61,15 @@ class ServingSettings(SharedSettings):
     tail_share: float = Field(0.1, ge=0, le=1, description=(
         "the long-tail lane: share of every prefix of each list kept for the best-scoring recalled long-tail "
         "items (feature_store.long_tail, by training count; 0: off)"))
+    user_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description=(
+        "behind a gateway that authenticates users: the header carrying the user's id (e.g. x-user-id); "
+        "/recommend and /events then answer only for that user (401 without it, 403 for another id)"))
+    explain: Literal["admin", "public", "off"] = Field("admin", description=(
+        "who may ask /recommend for explain=true, which names the user's own recent behaviours: callers with "
+        "the admin token, anyone (behind a gateway that authenticates users), or nobody"))
+    max_in_flight: int = Field(32, ge=0, le=100_000, description=(
+        "requests one worker holds at once (probes aside); more are answered 503 with Retry-After at once, so "
+        "overload sheds instead of queueing without bound (0: no cap)"))
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused (413)")
     workers: int | None = Field(None, ge=1, le=64, description=(
         "uvicorn worker processes (`dinrec serve --workers`); default: one per CPU with Redis as the store, "
@@ -65,7 +80,25 @@ class ServingSettings(SharedSettings):
     default_k: int = Field(10, ge=1, le=1000, description="the list length when a request names no k")
     events_sink: Literal["store", "stream"] = Field(
         "stream", description="POST /events writes to the online store directly, or publishes to the stream")
+    events_max_future_s: float = Field(300.0, ge=0, le=86_400, description=(
+        "POST /events refuses an event whose ts is further than this past the server's clock (a history is "
+        "ordered by ts: a future one would stay at its head)"))
     shutdown_drain_s: float = Field(5.0, ge=0, le=600,
                                     description="at shutdown, how long to keep sending accepted events to the stream")
     ingest_in_app: bool | None = Field(
         None, description="run the stream→store consumer inside the service; default: only for the in-process stream")
+
+    @field_validator("admin_token")
+    @classmethod
+    def _a_strong_admin_token(cls, token: SecretStr | None) -> SecretStr | None:
+        value = token.get_secret_value() if token is not None else ""
+        if not value:
+            return None  # set but empty (a compose file's blank): admin is off, as when unset
+        if len(value) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(f"too short ({len(value)} characters; at least {MIN_ADMIN_TOKEN_CHARS}: "
+                             "`openssl rand -hex 32`)")
+        if not all("!" <= c <= "~" for c in value):
+            raise ValueError("printable ASCII without spaces only")
+        if any(word in value.lower() for word in _PLACEHOLDER_WORDS) or len(set(value)) < 10:
+            raise ValueError("looks like a placeholder; generate one: `openssl rand -hex 32`")
+        return token

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +24,9 @@ def write_atomically(path: Path, data: bytes, durable: bool = False) -> None:
     one (a temp file beside it, then a rename). ``durable``: fsync the file and its folder as well, so
     the write survives a machine crash, not only a process crash. The one write-then-rename of files."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    # pid and a random part: containers on one shared volume all run as pid 1..n, and two of them
+    # writing the same file must not share a temp file.
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}-{uuid.uuid4().hex[:12]}")
     with tmp.open("wb") as fh:
         fh.write(data)
         if durable:

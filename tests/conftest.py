@@ -20,6 +20,9 @@ from serving.server import free_port
 atexit.register(quiet_triton_teardown)  # after pytest's summary: Triton's leak report is noise
 
 REPO = Path(__file__).resolve().parents[1]
+# A token the admin settings accept (32 characters, not a placeholder); tests send ADMIN_HEADERS.
+ADMIN_TOKEN = "0f3c9a7e5b1d4f6a8c2e9b7d5a3f1c8e"
+ADMIN_HEADERS = {"authorization": f"Bearer {ADMIN_TOKEN}"}
 SHARED_DATA = Path(os.environ.get("DINREC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 

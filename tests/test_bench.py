@@ -79,6 +79,22 @@ def test_bench_serve_drives_the_service_open_loop(redis_url):
     assert result["rps"] > 0
 
 
+@pytest.mark.redis
+@pytest.mark.slow
+def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_without(redis_url):
+    env = {**os.environ, "DINREC_REDIS_URL": redis_url}
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "overload", "--seconds", "2",
+                          "--peer-seconds", "1", "--cap", "4", "--items", "3000", "--users", "100", "--json"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    assert result["capacity_rps"] > 0 and result["offered_rps"] == 2 * result["capacity_rps"]
+    assert result["capped"]["requests"] == int(result["offered_rps"] * 2)
+    assert result["peer_uncapped"]["shed"] == 0  # no cap: nothing is ever refused for load
+    assert result["ok_rps"] > 0 and result["healthz_p99_ms"] is not None and isinstance(result["recovered"], bool)
+    assert result["machine"]["cpu"] and result["cap"] == 4
+
+
 def test_bench_ab_prints_the_error_rates_and_power():
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "ab", "--runs", "100", "--users", "2000",
                           "--looks", "5", "--lift", "0.3", "--json"], cwd=REPO, capture_output=True, text=True,

@@ -42,8 +42,8 @@ def test_kubernetes_manifests_pass_strict_schema_validation():
     out = _validate(*K8S)
     assert out.returncode == 0, out.stdout + out.stderr
     kinds = {d["kind"] for p in K8S for d in yaml.safe_load_all(p.read_text()) if d}
-    assert {"Deployment", "Service", "HorizontalPodAutoscaler", "StatefulSet", "CronJob", "ConfigMap",
-            "Secret"} <= kinds
+    assert {"Service", "HorizontalPodAutoscaler", "StatefulSet", "CronJob", "ConfigMap", "Secret",
+            "PodDisruptionBudget", "NetworkPolicy"} <= kinds
 
 
 def test_the_retrain_cronjob_never_overlaps_and_fails_only_where_a_retry_cannot_help():
@@ -70,14 +70,38 @@ def test_the_validator_would_catch_a_broken_manifest(tmp_path):
     assert out.returncode != 0 and "replica" in out.stdout + out.stderr
 
 
-def test_the_api_probes_and_rollout_keep_serving():
-    api = next(d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "api.yaml").read_text())
-               if d["kind"] == "Deployment")
-    (container,) = api["spec"]["template"]["spec"]["containers"]
+def test_the_api_probes_and_rollout_keep_serving_and_keep_accepted_events():
+    docs = [d for d in yaml.safe_load_all((REPO / "deploy" / "k8s" / "api.yaml").read_text()) if d]
+    api = next(d for d in docs if d["kind"] == "StatefulSet")
+    pod = api["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert api["spec"]["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # no capacity lost in a rollout
-    assert api["spec"]["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert container["livenessProbe"]["timeoutSeconds"] >= 5  # a busy loop answers late, not never
+    # The outbox (events answered 202) on the pod's own persistent volume, never an emptyDir.
+    assert [t["metadata"]["name"] for t in api["spec"]["volumeClaimTemplates"]] == ["outbox"]
+    assert "outbox" not in {v["name"] for v in pod["volumes"]}
+    pdb = next(d for d in docs if d["kind"] == "PodDisruptionBudget")
+    assert pdb["spec"]["maxUnavailable"] == 1 and any(d["kind"] == "NetworkPolicy" for d in docs)
+    hpa = next(d for d in docs if d["kind"] == "HorizontalPodAutoscaler")
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "dinrec-api"}
+
+
+def test_every_pod_runs_locked_down():
+    for p in K8S:
+        for doc in yaml.safe_load_all(p.read_text()):
+            if not doc or doc["kind"] not in ("StatefulSet", "Deployment", "CronJob"):
+                continue
+            spec = doc["spec"]
+            pod = spec.get("jobTemplate", {}).get("spec", spec)["template"]["spec"]
+            where = f"{p.name} {doc['kind']} {doc['metadata']['name']}"
+            assert pod["securityContext"]["runAsNonRoot"] is True, where
+            assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}, where
+            assert pod["automountServiceAccountToken"] is False, where
+            for c in pod["containers"]:
+                sc = c["securityContext"]
+                assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True, where
+                assert sc["capabilities"] == {"drop": ["ALL"]}, where
 
 
 def test_the_dockerfile_passes_hadolint_and_runs_as_non_root():

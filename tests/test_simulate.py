@@ -7,6 +7,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from serving.simulate import ClickModel
 from tests.conftest import REPO
 
@@ -18,6 +20,7 @@ def test_the_click_model_follows_interest_and_position():
     assert m.probability(0.0, 0) < m.probability(0.1, 0) < m.probability(1.0, 0) <= 1.0
 
 
+@pytest.mark.slow
 def test_an_aa_simulation_counts_every_impression_and_click_and_finds_nothing():
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "simulate", "--experiment", "aa", "--users", "300",
                           "--rounds", "2", "--k", "8"], cwd=REPO, capture_output=True, text=True, timeout=600)
@@ -42,6 +45,7 @@ def _simulate(experiment: str, users: int = 300, rounds: int = 2) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_din_beats_popularity_on_simulated_users_with_significance():
     report = _simulate("din-vs-popular")
     (popular,) = report["results"]["comparisons"]
@@ -50,6 +54,7 @@ def test_din_beats_popularity_on_simulated_users_with_significance():
     assert variants["din"]["ctr"] > 2 * variants["popular"]["ctr"]
 
 
+@pytest.mark.slow
 def test_the_origin_story_a_worse_model_is_stopped_by_the_guardrail_mid_run():
     # 600 users × 3 rounds: the champion serves the ranking blend, the shuffled model DIN's score alone
     # (lift about −40 %), which the always-valid interval separates from zero at this size, not at 300 × 2.

@@ -6,6 +6,7 @@ imported only when chosen (``memory``: feature_store.online.memory, ``redis``: .
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from feature_store.errors import MissingDependency
@@ -15,6 +16,7 @@ if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings
 
 __all__ = ["OnlineStore", "open_store"]
+log = logging.getLogger(__name__)
 
 
 def open_store(settings: FeatureStoreSettings) -> OnlineStore:
@@ -29,7 +31,11 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
             from feature_store.online.redis_store import RedisStore
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
-        return RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
-                          dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
-                          interacted_cap=settings.interacted_cap)
+        store = RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
+                           dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
+                           interacted_cap=settings.interacted_cap)
+        problem = store.eviction_problem()
+        if problem:
+            log.error("%s", problem)
+        return store
     raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

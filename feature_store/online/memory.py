@@ -35,7 +35,7 @@ class MemoryStore(OnlineStore):
         # Experiments: (request, item) -> (experiment, variant); (experiment, user) -> [variant, n, c];
         # (experiment, variant) -> [users, n, c, n², c², n·c]. Attribution entries expire with the
         # dedup window, as in Redis.
-        self._att: dict[tuple[str, str], tuple[str, str, float]] = {}
+        self._att: dict[tuple[str, str], tuple[str, str, float, str]] = {}  # (exp, variant, at, user)
         self._ab_user: dict[tuple[str, str], list] = {}
         self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
@@ -104,7 +104,7 @@ class MemoryStore(OnlineStore):
                         continue
                     seen[h.event_id] = now
                     if r.kind == "I":
-                        self._att[(r.request_id, h.item_id)] = (r.experiment, r.variant, now)
+                        self._att[(r.request_id, h.item_id)] = (r.experiment, r.variant, now, user)
                         self._count(user, r.experiment, r.variant, 0, h.item_id)
                         added += 1
                         continue
@@ -118,9 +118,10 @@ class MemoryStore(OnlineStore):
                     fresh.append(h)
                     if r.kind == "C":
                         att = self._att.get((r.request_id, h.item_id))
-                        if att is None or att[2] <= now - self.dedup_window_s:
-                            self._unattributed["orphan_clicks"] += 1
+                        if att is None or att[2] <= now - self.dedup_window_s or att[3] != user:
+                            self._unattributed["orphan_clicks"] += 1  # never shown to this user, or clicked
                         else:
+                            del self._att[(r.request_id, h.item_id)]  # counted once
                             self._count(user, att[0], att[1], 1, h.item_id)
                 added += len(fresh)
                 if fresh:

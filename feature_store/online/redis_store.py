@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import RedisError
@@ -54,7 +55,8 @@ SEP = "\x1f"
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
 # A raw string: Lua, not Python, reads the \31 escapes (decimal 31, the separator).
 # Experiment keys are built here from the prefix (one Redis node, like every multi-user write):
-#   {prefix}:att:{request}           hash item -> "experiment\31variant" (expires with the dedup window)
+#   {prefix}:att:{request}           hash item -> "experiment\31variant\31user" until clicked (expires with the
+#                                    dedup window)
 #   {prefix}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
 #   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users), tail_c
 #                                    (clicks on long-tail items by popularity at the time: feature_store.long_tail)
@@ -132,7 +134,7 @@ for u = 1, (#KEYS - 2) / 3 do
     if redis.call('ZADD', seen, 'NX', now, eid) == 1 then
       if kind == 'I' then
         local att = prefix .. ':att:' .. f[6]
-        redis.call('HSET', att, item, f[7] .. '\31' .. f[8])
+        redis.call('HSET', att, item, f[7] .. '\31' .. f[8] .. '\31' .. user)
         redis.call('EXPIRE', att, ttl)
         count(user, f[7], f[8], false, item)
         applied = applied + 1
@@ -143,10 +145,14 @@ for u = 1, (#KEYS - 2) / 3 do
         increments[item] = (increments[item] or 0) + 1
         applied = applied + 1
         if kind == 'C' then
-          local ev = redis.call('HGET', prefix .. ':att:' .. f[6], item)
-          if ev then
-            local j = string.find(ev, '\31', 1, true)
-            count(user, string.sub(ev, 1, j - 1), string.sub(ev, j + 1), true, item)
+          -- Counted once, for the user the item was shown to: a click naming another user's request, or
+          -- clicking again, is counted apart (a client cannot add clicks to an arm it was not shown).
+          local att = prefix .. ':att:' .. f[6]
+          local ev = redis.call('HGET', att, item)
+          local shown = ev and split(ev)
+          if shown and shown[3] == user then
+            redis.call('HDEL', att, item)
+            count(user, shown[1], shown[2], true, item)
           else
             redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', 1)
           end
@@ -169,6 +175,16 @@ return {1, applied}
 """
 
 
+def redacted(url: str) -> str:
+    """``rediss://user:pw@host:6380/2`` as ``rediss://host:6380/2``: a URL fit for a log line."""
+    parts = urlsplit(url)
+    host = parts.hostname or ""
+    netloc = f"[{host}]" if ":" in host else host
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
 class RedisStore(OnlineStore):
     backend = "redis"
 
@@ -179,7 +195,7 @@ class RedisStore(OnlineStore):
         self.prefix = prefix
         self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
                                        socket_connect_timeout=socket_timeout_s, decode_responses=True)
-        self._url = url
+        self._url = redacted(url)  # what messages and logs name: never the password
         self._script = self._r.register_script(_WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
 
     @property
@@ -187,8 +203,24 @@ class RedisStore(OnlineStore):
         """The connection (experiments.state_redis reads the A/B counters this store's script keeps)."""
         return self._r
 
+    def eviction_problem(self) -> str | None:
+        """Why this Redis could lose data the store needs, or None. Stream offsets, dedup, A/B counters
+        and decisions live here: under an ``allkeys-*`` policy an evicted offset rewinds ingestion and
+        counts events twice, under ``volatile-*`` dedup and attribution go first. Only ``noeviction``
+        (a full Redis refuses writes, which ingestion retries) keeps them. Managed Redis may hide CONFIG:
+        then nothing is known and nothing is said."""
+        try:
+            policy = (self._r.config_get("maxmemory-policy") or {}).get("maxmemory-policy")
+        except RedisError:
+            return None
+        if policy in (None, "noeviction"):
+            return None
+        return (f"redis {self._url} evicts keys (maxmemory-policy {policy}): offsets, dedup and A/B counters can be "
+                "lost; set maxmemory-policy noeviction and size maxmemory for the data (docs/operations.md)")
+
     @property
     def url(self) -> str:
+        """The server, as messages name it: scheme://host:port/db, without credentials."""
         return self._url
 
     def experiment_key(self, experiment: str) -> str:

@@ -28,5 +28,6 @@ def open_stream(settings: FeatureStoreSettings) -> EventStream:
             from feature_store.streams.kafka_stream import KafkaStream
         except ImportError as exc:  # pragma: no cover - confluent-kafka is a core dependency today
             raise MissingDependency("the kafka stream needs `pip install confluent-kafka`") from exc
-        return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id)
+        return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id,
+                           security={k: v.get_secret_value() for k, v in settings.kafka_security.items()})
     raise ValueError(f"unknown stream type {settings.stream!r}")  # pragma: no cover - Literal guards it

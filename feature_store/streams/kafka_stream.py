@@ -25,15 +25,18 @@ _rdkafka_log = logging.getLogger("feature_store.streams.librdkafka")
 
 class KafkaStream(EventStream):
     def __init__(self, bootstrap: str, topic: str, *, request_timeout_ms: int = 10_000,
-                 instance_id: str | None = None) -> None:
+                 instance_id: str | None = None, security: Mapping[str, str] | None = None) -> None:
+        """``security``: TLS/SASL client settings (``security.protocol``, ``sasl.*``, ``ssl.*``), given to
+        every client this stream makes."""
         self.bootstrap = bootstrap
+        self._security = dict(security or {})
         self.topic = topic
         self.instance_id = instance_id  # static group membership of this stream's consumers
         self._timeout_s = request_timeout_ms / 1000
         self._producer: Producer | None = None
 
     def _conf(self, **extra) -> dict:
-        return {"bootstrap.servers": self.bootstrap, "socket.timeout.ms": int(self._timeout_s * 1000),
+        return {**self._security, "bootstrap.servers": self.bootstrap, "socket.timeout.ms": int(self._timeout_s * 1000),
                 "logger": _rdkafka_log, **extra}
 
     def _get_producer(self) -> Producer:
@@ -78,7 +81,8 @@ class KafkaStream(EventStream):
         return _KafkaConsumer(self, group, on_assigned, on_revoked)
 
     def sibling(self, topic: str) -> EventStream:
-        return KafkaStream(self.bootstrap, topic, request_timeout_ms=int(self._timeout_s * 1000))
+        return KafkaStream(self.bootstrap, topic, request_timeout_ms=int(self._timeout_s * 1000),
+                           security=self._security)
 
     def _partitions(self, client) -> list[int]:
         meta = client.list_topics(self.topic, timeout=self._timeout_s)

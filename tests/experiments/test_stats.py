@@ -70,3 +70,28 @@ def test_peeking_inflates_the_fixed_test_but_not_the_sequential_one():
     assert r["aa_fpr_fixed_peeking"]["rate"] > r["aa_fpr_fixed"]["rate"] + 0.04
     assert r["aa_fpr_sequential"]["rate"] <= 0.05
     assert r["power_fixed"]["rate"] > 0.8 and r["power_sequential"]["rate"] > 0.5
+
+
+def test_a_lift_interval_never_reaches_below_minus_100_percent():
+    control = VariantSums.of([(10, 3)] * 200 + [(10, 1)] * 200)
+    nearly_dead = VariantSums.of([(10, 0)] * 395 + [(10, 1)] * 5)  # CTR 0.1 % against 20 %
+    r = compare(control, nearly_dead, "t")
+    assert r.lift < -0.9 and -1 < r.ci_low < r.lift < r.ci_high < 0 and -1 < r.cs_low < r.cs_high < 0
+    dead = VariantSums.of([(10, 0)] * 400)  # no click at all: log undefined, the lift's interval is cut at -100 %
+    r = compare(control, dead, "t")
+    assert r.lift == -1 and r.ci_low == -1 and r.cs_low == -1
+
+
+def test_the_running_intersection_only_narrows_so_a_verdict_stands():
+    from experiments.stats import intersect, verdict
+
+    looks = [(-0.5, 0.2), (-0.4, -0.01), (-0.3, 0.05), (-0.35, 0.1)]  # the third alone would say inconclusive
+    running = None
+    verdicts = []
+    for low, high in looks:
+        running = intersect(running, low, high)
+        verdicts.append(verdict(*running))
+    assert running == (-0.3, -0.01) and verdicts == ["inconclusive", "worse", "worse", "worse"]
+    assert intersect(running, float("nan"), float("nan")) == running  # a look with nothing to compare
+    nothing_yet = intersect(None, float("nan"), float("nan"))  # the first looks, before any click
+    assert intersect(nothing_yet, -0.4, -0.01) == (-0.4, -0.01)

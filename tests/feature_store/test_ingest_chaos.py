@@ -89,7 +89,8 @@ def expected_state(events: list[BehaviourEvent]) -> tuple[dict[str, list[tuple]]
 
 def expected_ab(events: list[BehaviourEvent]) -> tuple[dict[str, tuple], int]:
     """Per variant (users, Σn, Σc, Σn², Σc², Σn·c) and the orphan clicks, from the sent events alone:
-    each (user, event id) once, in the order first sent (a user's events share a partition)."""
+    each (user, event id) once, in the order first sent (a user's events share a partition); a click
+    counts once per impression, for the user shown it."""
     seen: set[tuple[str, str]] = set()
     shown: dict[tuple[str, str], str] = {}
     per_user: dict[str, list] = {}
@@ -99,13 +100,15 @@ def expected_ab(events: list[BehaviourEvent]) -> tuple[dict[str, tuple], int]:
             continue
         seen.add((e.user_id, e.event_id))
         if e.event_type == "impression" and e.experiment:
-            shown[(e.request_id, e.item_id)] = e.variant
+            shown[(e.request_id, e.item_id)] = (e.variant, e.user_id)
             per_user.setdefault(e.user_id, [e.variant, 0, 0])[1] += 1
         elif e.event_type == "click" and e.request_id:
-            variant = shown.get((e.request_id, e.item_id))
-            if variant is None:
+            # Counted once per impression, and only for the user it was shown to.
+            variant, shown_to = shown.get((e.request_id, e.item_id), (None, None))
+            if shown_to != e.user_id:
                 orphans += 1
             else:
+                del shown[(e.request_id, e.item_id)]
                 per_user.setdefault(e.user_id, [variant, 0, 0])[2] += 1
     sums: dict[str, list[float]] = {}
     for variant, n, c in per_user.values():

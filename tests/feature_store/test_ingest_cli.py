@@ -157,3 +157,24 @@ def test_metrics_and_status_endpoints_report_what_the_ingestor_did():
     one = Ingestor(stream, MemoryStore(), "another")  # stops after the record at offset 0
     assert one.run(max_records=1).lag == {0: 30}
     one.close()
+
+
+@pytest.mark.kafka
+@pytest.mark.redis
+def test_ingest_creates_its_dead_letter_topic_before_any_record_needs_it(redis_url, kafka_bootstrap, unique):
+    from confluent_kafka.admin import AdminClient
+
+    stream = KafkaStream(kafka_bootstrap, unique)
+    stream.publish_raw([OutgoingRecord(e.to_bytes(), key=e.user_id.encode()) for e in good_events(3)])
+    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
+           "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": unique, "DINREC_REDIS_PREFIX": unique,
+           "DINREC_CONSUMER_GROUP": f"{unique}-ingest"}
+    store = RedisStore(redis_url, prefix=unique)
+    try:
+        dinrec(env, "ingest", "--max-records", "3")
+        topics = AdminClient({"bootstrap.servers": kafka_bootstrap}).list_topics(timeout=10).topics
+        assert f"{unique}.dlq" in topics  # no record was dead-lettered: it was made up front
+    finally:
+        stream.close()
+        store.flush_prefix()
+        store.close()

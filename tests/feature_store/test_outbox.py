@@ -103,3 +103,48 @@ def test_each_process_takes_its_own_slot(tmp_path):
     assert c.dir.name == "slot-0"
     b.close()
     c.close()
+
+
+DISK_FULL = """
+import resource, signal, sys
+from feature_store.outbox import Outbox, OutboxFull
+from feature_store.streams.inprocess import InProcessStream
+from tests.feature_store.test_outbox import records
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write is cut short, then fails (EFBIG)
+box = Outbox(InProcessStream(), sys.argv[1])  # never started: what is accepted stays journaled
+resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+accepted = 0
+for i in range(0, 10_000, 50):
+    try:
+        box.put(records(50, start=i))
+    except OutboxFull as exc:
+        print(accepted, box.pending_bytes, exc, flush=True)
+        break
+    accepted += 50
+"""
+
+
+def test_a_write_the_disk_refuses_is_answered_full_and_leaves_nothing_torn(tmp_path):
+    out = subprocess.run([sys.executable, "-c", DISK_FULL, str(tmp_path)], cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    accepted, pending, message = out.stdout.split(" ", 2)
+    assert int(accepted) > 0 and "cannot write" in message
+    (segment,) = (tmp_path / "slot-0").glob("*.log")
+    assert segment.stat().st_size == int(pending) < 20_000  # cut back to the last whole entry
+    stream = InProcessStream()
+    box = Outbox(stream, tmp_path).start()  # the disk has room again: exactly what was accepted is sent
+    assert arrived(stream, int(accepted)) == [r.value for r in records(int(accepted))]
+    assert arrived(stream, int(accepted) + 1, timeout_s=1.0)[int(accepted):] == []
+    box.close()
+
+
+def test_an_unreadable_cursor_sends_again_instead_of_failing_start_up(tmp_path):
+    box = Outbox(InProcessStream(), tmp_path)
+    box.put(records(5))
+    box.close()
+    (tmp_path / "slot-0" / "cursor").write_text("")  # as a crash can leave it
+    stream = InProcessStream()
+    again = Outbox(stream, tmp_path).start()
+    assert arrived(stream, 5) == [r.value for r in records(5)]
+    again.close()

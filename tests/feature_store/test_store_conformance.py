@@ -186,12 +186,14 @@ def test_a_corrupt_member_is_skipped_not_fatal(redis_url, unique):
         s.close()
 
 
-def test_unreachable_redis_raises_the_projects_error():
-    s = RedisStore("redis://127.0.0.1:1/0", socket_timeout_s=0.2)
-    with pytest.raises(StoreUnavailable, match="not reachable"):
+def test_unreachable_redis_raises_the_projects_error_without_the_password():
+    s = RedisStore("redis://admin:hunter2-pw@127.0.0.1:1/0", socket_timeout_s=0.2)
+    with pytest.raises(StoreUnavailable, match="not reachable") as down:
         s.ping()
-    with pytest.raises(StoreUnavailable):
+    assert "redis://127.0.0.1:1/0" in str(down.value) and "hunter2" not in str(down.value)
+    with pytest.raises(StoreUnavailable) as failed:
         s.write([ev("u", "1", 1)])
+    assert "hunter2" not in str(failed.value) and "admin" not in str(failed.value)
 
 
 def test_redis_layout_matches_golden_file(redis_url, unique):
@@ -266,6 +268,23 @@ def test_clicks_without_a_logged_impression_are_counted_apart(store):
     assert state.unattributed()["variant_conflicts"] == 1 and "B" not in state.sums("exp1")
 
 
+def test_a_click_counts_once_and_only_for_the_user_it_was_shown_to(store):
+    state = open_state(store)
+    store.write([imp("victim", "a", "r1", "A"), imp("victim", "b", "r1", "A")])
+    # 50 made-up users click the victim's item with its request id: none joins the arm, none counts.
+    store.write([click(f"forger{i}", "a", "r1", eid=f"forged-{i}") for i in range(50)])
+    a = state.sums("exp1")["A"]
+    assert (a.users, a.impressions, a.clicks) == (1, 2, 0)
+    assert state.unattributed()["orphan_clicks"] == 50
+    # The victim's own clicks: the first on each shown item counts; clicking again (a fresh event id) does not.
+    store.write([click("victim", "a", "r1", ts=3.0, eid="c1"), click("victim", "a", "r1", ts=4.0, eid="c2"),
+                 click("victim", "b", "r1", ts=5.0, eid="c3")])
+    a = state.sums("exp1")["A"]
+    assert (a.users, a.impressions, a.clicks) == (1, 2, 2)
+    assert state.unattributed()["orphan_clicks"] == 51
+    assert [h.item_id for h in store.history("victim", 10)] == ["a", "a", "b"]  # every click is still history
+
+
 def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     state = open_state(store)
     assert state.stop("exp1", "B", {"at": 1.0, "lift": -0.2}) is True
@@ -334,3 +353,22 @@ def test_the_embedded_store_forgets_attributions_after_the_window(clock):
     assert set(store._att) == {("r2", "c")}  # memory stays bounded by the window's traffic
     store.write([click("u1", "a", "r1", eid="late"), click("u2", "c", "r2", eid="fresh")])
     assert state.unattributed()["orphan_clicks"] == 1 and state.sums("exp1")["A"].clicks == 1
+
+
+@pytest.mark.redis
+def test_a_redis_that_may_evict_the_stores_keys_is_named_at_open(own_redis, caplog):
+    import redis
+
+    from feature_store.online import open_store
+    from feature_store.settings import FeatureStoreSettings
+
+    settings = FeatureStoreSettings(store="redis", redis_url=own_redis.url)
+    with caplog.at_level("ERROR", logger="feature_store.online"):
+        open_store(settings).close()
+    assert not [r for r in caplog.records if "evicts keys" in r.getMessage()]  # redis' default: noeviction
+    redis.Redis.from_url(own_redis.url).config_set("maxmemory-policy", "allkeys-lru")
+    with caplog.at_level("ERROR", logger="feature_store.online"):
+        store = open_store(settings)
+    store.close()
+    (line,) = [r.getMessage() for r in caplog.records if "evicts keys" in r.getMessage()]
+    assert "maxmemory-policy allkeys-lru" in line and "noeviction" in line

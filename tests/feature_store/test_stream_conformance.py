@@ -106,3 +106,27 @@ def test_unreachable_broker_raises_the_projects_error():
         KafkaStream("127.0.0.1:1", topic="t", request_timeout_ms=1000).publish(
             [BehaviourEvent(user_id="u", item_id="i", ts=1.0)])
     assert time.monotonic() - started < 10  # bounded by the request timeout, not a hang
+
+
+@pytest.mark.kafka
+def test_security_settings_reach_every_kafka_client_and_other_keys_are_refused(kafka_bootstrap, unique,
+                                                                               monkeypatch):
+    from pydantic import ValidationError
+
+    from feature_store.settings import FeatureStoreSettings
+    from feature_store.streams import open_stream
+
+    with pytest.raises(ValidationError, match="only security"):
+        FeatureStoreSettings(kafka_security={"group.id": "hijack"})
+    monkeypatch.setenv("DINREC_KAFKA_SECURITY", '{"security.protocol": "PLAINTEXT", "ssl.key.password": "pw-123"}')
+    settings = FeatureStoreSettings(stream="kafka", kafka_bootstrap=kafka_bootstrap, topic=unique)
+    assert "pw-123" not in repr(settings)  # secret in logs and errors
+    stream = open_stream(settings)
+    assert stream._conf()["security.protocol"] == "PLAINTEXT"
+    assert stream.dead_letters()._conf()["ssl.key.password"] == "pw-123"  # siblings get it too
+    stream.ensure_topic(1)
+    stream.publish(events(2))  # the broker is plaintext: the settings were taken, and they work
+    consumer = stream.consumer("sec")
+    assert len(poll_all(consumer, 2)) == 2
+    consumer.close()
+    stream.close()

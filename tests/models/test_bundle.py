@@ -84,3 +84,22 @@ def test_an_hnsw_index_gets_its_ef_search_measured_on_real_histories(tiny_run, t
     assert len(tried) == (len(EF_SEARCH_STEPS) if first is None else first + 1)  # it stops at the first that does
     assert info["spec"]["ef_search"] == EF_SEARCH_STEPS[len(tried) - 1]
     assert info["recall_at_200"] == tried[info["spec"]["ef_search"]]
+
+
+def test_a_file_the_manifest_does_not_list_or_a_name_outside_the_folder_is_refused(tiny_run, tmp_path):
+    copy = tmp_path / "b"
+    shutil.copytree(tiny_run[2], copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    (copy / "item_index.json").unlink()  # the index card is read whether listed or not: it must be listed
+    del manifest["files"]["item_index.json"]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    load_bundle(copy)  # unlisted and absent: fine
+    (copy / "item_index.json").write_text("{}")
+    with pytest.raises(BundleError, match="item_index.json not listed in the manifest"):
+        load_bundle(copy)
+    (copy / "item_index.json").unlink()
+    (tmp_path / "secret").write_text("x")
+    manifest["files"]["../secret"] = "0" * 64
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(BundleError, match="not a plain file name"):
+        load_bundle(copy)

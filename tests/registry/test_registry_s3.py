@@ -126,3 +126,26 @@ def test_the_cli_publishes_and_lists_an_s3_registry(s3_registry, tiny_run, aws_e
                             text=True, timeout=120)
     assert listed.returncode == 0, listed.stderr[-2000:]
     assert json.loads(listed.stdout)["aliases"] == {"champion": "v1"}
+
+
+def test_keys_outside_the_manifest_are_never_written_and_a_climbing_manifest_is_refused(s3_registry, tiny_run,
+                                                                                         tmp_path):
+    s3, bucket, prefix = s3_registry.storage.s3, s3_registry.storage.bucket, s3_registry.storage.prefix
+    outside = tmp_path / "outside.txt"
+    s3_registry.publish(tiny_run[2], "v1")
+    # A registry writer adds keys that a naive download would write outside the cache (S3 allows both).
+    for key in (f"bundles/v1//{outside}", "bundles/v1/../../outside.txt", "bundles/v1/item_index.extra"):
+        s3.put_object(Bucket=bucket, Key=f"{prefix}/{key}", Body=b"planted")
+    local = s3_registry.bundle_dir("v1")
+    assert not outside.exists() and not (tmp_path / "cache" / "outside.txt").exists()
+    assert sorted(p.name for p in local.iterdir()) == sorted(p.name for p in tiny_run[2].iterdir())
+    assert load_bundle(local).model_version
+
+    # A manifest that names a file outside the bundle: refused before anything is fetched.
+    manifest = json.loads((tiny_run[2] / "manifest.json").read_text())
+    manifest["files"]["../../escape.txt"] = "0" * 64
+    s3_registry.publish(tiny_run[2], "v2")
+    s3.put_object(Bucket=bucket, Key=f"{prefix}/bundles/v2/manifest.json", Body=json.dumps(manifest).encode())
+    with pytest.raises(RegistryError, match="not a plain file name"):
+        s3_registry.bundle_dir("v2")
+    assert not (s3_registry.cache / "v2").exists() and not (tmp_path / "escape.txt").exists()

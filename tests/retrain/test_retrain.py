@@ -52,6 +52,7 @@ def describe(registry, version: str) -> dict:
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_lineage(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     reg = Registry(root / "registry")
@@ -95,6 +96,7 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
     assert (code, idle["status"]) == (0, "skipped") and "0 new behaviours" in idle["reason"]
 
 
+@pytest.mark.slow
 def test_a_first_model_that_serves_worse_than_item_cf_is_refused_and_the_blend_is_not(tmp_path):
     """Chains of items: the next behaviour is the newest one's successor. DIN's score alone (no blend)
     serves far worse than item-CF on the holdout: refused, naming the baseline; the default ranking
@@ -122,6 +124,7 @@ def test_a_first_model_that_serves_worse_than_item_cf_is_refused_and_the_blend_i
     assert report["candidate"]["holdout"]["served_hr"] > report["baselines"]["popularity"]["served_hr"]
 
 
+@pytest.mark.slow
 def test_a_candidate_trained_on_shuffled_labels_is_refused_and_never_ships(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     reg = Registry(root / "registry")
@@ -140,6 +143,7 @@ def test_a_candidate_trained_on_shuffled_labels_is_refused_and_never_ships(world
     assert reg.resolve("champion") == champion and reg.versions() == versions  # the champion keeps serving
 
 
+@pytest.mark.slow
 def test_a_miscalibrated_candidate_within_the_gauc_tolerance_is_refused_on_logloss(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     reg = Registry(root / "registry")
@@ -154,6 +158,7 @@ def test_a_miscalibrated_candidate_within_the_gauc_tolerance_is_refused_on_loglo
     assert reg.resolve("champion") == champion
 
 
+@pytest.mark.slow
 def test_two_runs_started_at_once_one_runs_and_one_says_it_is_locked(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     longer = {"DINREC_TRAIN_BATCH_SIZE": "64"}  # the holder must still run when the other asks for the lock
@@ -174,6 +179,7 @@ def test_two_runs_started_at_once_one_runs_and_one_says_it_is_locked(world, tmp_
     assert code == 4 and report["holder"]["pid"] == os.getpid()
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_from_its_checkpoint(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     slow = {"DINREC_TRAIN_EPOCHS": "4", "DINREC_TRAIN_CHECKPOINT_EVERY": "40", "DINREC_TRAIN_BATCH_SIZE": "64",
@@ -277,6 +283,7 @@ def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
     assert len(holdout_rows(samples, 1043.0, window.attributed)) == 2 * 3  # and only after the champion's window
 
 
+@pytest.mark.slow
 def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     spot = {"DINREC_SPOT_STATE_URI": str(tmp_path / "spot-state"), "DINREC_SPOT_BACKEND": "local",

@@ -9,10 +9,10 @@ from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.settings import ServingSettings
-from tests.conftest import wait_until
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
-ADMIN = {"authorization": "Bearer s3cret"}
+ADMIN = ADMIN_HEADERS
 EXP = {"name": "late", "status": "running", "variants": [{"name": "a"}, {"name": "b"}]}
 
 
@@ -20,7 +20,7 @@ def test_put_and_status_rewrite_the_file_and_every_replica_follows(tiny_run, tmp
     path = tmp_path / "experiments.json"  # not there yet: replicas start with none, the first PUT writes it
     store = MemoryStore()
     user = sorted(set(tiny_run[0].user_id.tolist()))[0]
-    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, admin_token="s3cret",
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, admin_token=ADMIN_TOKEN,
                                events_sink="store", reload_poll_s=0.1, score_precision="fp32")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as one, \
             live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as two:

@@ -57,8 +57,8 @@ def test_unknown_user_gets_popular_items_not_an_error(client):
 def test_events_change_the_recommendations(client):
     before = client.get("/recommend", params={"user_id": "fresh", "k": 5}).json()
     r = client.post("/events", json={"events": [
-        {"user_id": "fresh", "item_id": "i3", "category_id": "c1", "ts": 1.8e9},
-        {"user_id": "fresh", "item_id": "i4", "category_id": "c1", "ts": 1.8e9 + 1}]})
+        {"event_id": "f1", "user_id": "fresh", "item_id": "i3", "category_id": "c1", "ts": 1.7e9},
+        {"event_id": "f2", "user_id": "fresh", "item_id": "i4", "category_id": "c1", "ts": 1.7e9 + 1}]})
     assert r.status_code == 202 and r.json() == {"accepted": 2, "sink": "store"}
     after = client.get("/recommend", params={"user_id": "fresh", "k": 5}).json()
     assert before["strategy"] == "popular" and after["strategy"] == "din" and after["history_len"] == 2
@@ -114,8 +114,9 @@ def test_a_dead_store_means_degraded_answers_not_errors(tiny_run):
         body = r.json()
         assert r.status_code == 200 and body["degraded"] and body["strategy"] == "din" and body["history_len"] == 3
         assert not set(known) & {x["item_id"] for x in body["items"]}
-        ready = c.get("/readyz")  # the operator is told
-        assert ready.status_code == 503 and ready.json()["error"] == "store_unavailable"
+        ready = c.get("/readyz")  # the operator is told, and the replica stays in the load balancer
+        assert ready.status_code == 200 and ready.json()["store"] == "unavailable"
+        assert "dinrec_store_up 0.0" in c.get("/metrics").text
         assert 'dinrec_degraded_responses_total{reason="feature_store"} 2.0' in c.get("/metrics").text
 
 
@@ -149,7 +150,8 @@ def test_events_through_the_in_process_stream_reach_the_store(tiny_run):
     store, stream = MemoryStore(), InProcessStream()
     with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="stream"), FeatureStoreSettings(),
                      store=store, stream=stream) as c:
-        assert c.post("/events", json={"events": [{"user_id": "s", "item_id": "i1", "ts": 5}]}).status_code == 202
+        event = {"event_id": "s1", "user_id": "s", "item_id": "i1", "ts": 5}
+        assert c.post("/events", json={"events": [event]}).status_code == 202
         wait_until(lambda: store.history("s", 5))
         assert c.get("/recommend", params={"user_id": "s"}).json()["history_len"] == 1
 

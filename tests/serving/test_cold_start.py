@@ -24,7 +24,7 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
     fan_items = [i for i, c in dict(zip(data.item_id.tolist(), data.category_id.tolist(), strict=True)).items()
                  if c == fans_cat][:12]
     store.write([BehaviourEvent(event_id=f"fan-{j}", user_id="fan", item_id=item, category_id=fans_cat,
-                                ts=1.9e9 + j) for j, item in enumerate(fan_items)])
+                                ts=1.6e9 + j) for j, item in enumerate(fan_items)])
     settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="store", catalog_poll_s=0.1,
                                score_precision="fp32")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
@@ -34,9 +34,9 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         # Two new items arrive after training, each clicked once by somebody else.
         r = c.post("/events", json={"events": [
             {"event_id": "n1", "user_id": "early", "item_id": "brand-new", "category_id": fans_cat,
-             "event_type": "click", "ts": 1.95e9},
+             "event_type": "click", "ts": 1.65e9},
             {"event_id": "n2", "user_id": "early", "item_id": "other-new", "category_id": other_cat,
-             "event_type": "click", "ts": 1.95e9 + 1}]})
+             "event_type": "click", "ts": 1.65e9 + 1}]})
         assert r.status_code == 202, r.text
         wait_until(lambda: rec.cold is not None and len(rec.cold.names) == 2, timeout_s=10,
                    what="the catalog poll to give the model both new items")
@@ -53,7 +53,7 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         with_popular = rec.recall_items(history, 20)
         assert set(popular) <= set(with_popular) and with_popular[:20] == recalled and len(with_popular) <= 23
         rec.popular_candidates = 0
-        early = [HistoryItem(1.95e9, "n1", "brand-new", fans_cat)]
+        early = [HistoryItem(1.65e9, "n1", "brand-new", fans_cat)]
         assert "brand-new" not in rec.recall_items(history + early, 20)  # once seen, excluded too
         # Through HTTP: DIN scores the new item (as an unknown item of its category) like any other. The
         # blend weighs in co-visitation and popularity too, of which a brand-new item has none.

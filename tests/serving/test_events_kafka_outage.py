@@ -83,7 +83,7 @@ def test_a_kafka_outage_delays_no_request_and_loses_no_accepted_event(broker, ti
             while not stop.is_set():
                 ids = [f"c{n}-{i}-{j}" for j in range(20)]
                 i += 1
-                body = {"events": [{"event_id": e, "user_id": f"u{n}-{j}", "item_id": f"i{j}", "ts": 1.8e9}
+                body = {"events": [{"event_id": e, "user_id": f"u{n}-{j}", "item_id": f"i{j}", "ts": 1.7e9}
                                    for j, e in enumerate(ids)]}
                 t0 = time.monotonic()
                 try:

@@ -8,17 +8,18 @@ import json
 import pytest
 
 from experiments import open_state
-from experiments.guardrail import Guardrail
+from experiments.guardrail import Guardrail, integrity_problems
 from experiments.running import Experiments
 from experiments.spec import Experiment
 from experiments.state_redis import RedisExperimentState
+from experiments.stats import VariantSums
 from feature_store.online.memory import MemoryStore
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.settings import ServingSettings
-from tests.conftest import wait_until
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
 EXPERIMENT = {"name": "risky", "status": "running", "seed": "g",
@@ -77,6 +78,9 @@ def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny
                    timeout_s=20, what="the bad arm's user to leave the experiment")
         results = c.get("/experiments/risky/results").json()
         assert list(results["stopped"]) == ["bad"] and results["stopped"]["bad"]["reason"] == "guardrail"
+        bad = [x for x in results["results"]["comparisons"] if x["variant"] == "bad"][0]
+        assert bad["sequential"] == "worse" and bad["cs_high"] <= results["stopped"]["bad"]["cs_high"]  # it stands
+        assert results["held"] == []
         same = [x for x in results["results"]["comparisons"] if x["variant"] == "same"][0]
         assert same["sequential"] == "inconclusive"  # equal CTR: left running
 
@@ -122,20 +126,49 @@ def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registr
          "variants": [{"name": "control"}, {"name": "challenger", "model": "v2"}]}]}))
     store = MemoryStore()
     store.write(list(tiny_run[0].events()))
-    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token="t",
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
                                experiments_file=path, events_sink="store", guardrail_interval_s=0.2,
                                guardrail_min_users=50, score_precision="fp32")
     exp = Experiments.load(path).get("rollout")
     challenger_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist()))
                            if exp.assign(u).name == "challenger")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
-        assert c.get("/admin/model", headers={"authorization": "Bearer t"}).json()["version"] == "v1"
+        assert c.get("/admin/model", headers=ADMIN_HEADERS).json()["version"] == "v1"
         assert c.get("/recommend", params={"user_id": challenger_user}).json()["variant"] == "challenger"
         store.write(traffic("control", 200, 10, 0, "w", "rollout") + traffic("challenger", 200, 10, 2, "w", "rollout"))
-        wait_until(lambda: c.get("/admin/model", headers={"authorization": "Bearer t"}).json()["version"] == "v2",
+        wait_until(lambda: c.get("/admin/model", headers=ADMIN_HEADERS).json()["version"] == "v2",
                    timeout_s=20, what="the service to serve the winner's version")
         assert registry.resolve("champion") == "v2"
         results = c.get("/experiments/rollout/results").json()
         assert results["winner"]["variant"] == "challenger" and results["winner"]["cs_low"] > 0
         assert results["stopped"] == {}
         assert c.get("/recommend", params={"user_id": challenger_user}).json()["experiment"] is None  # it ended
+
+
+@pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split"])
+def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forgery):
+    """The same evidence that stops `bad` above, plus one sign the counters were fed: nothing is decided."""
+    store = MemoryStore()
+    experiments = Experiments([Experiment.model_validate(EXPERIMENT)])
+    guard = Guardrail(open_state(store), experiments, min_users=100)
+    events = traffic("control", 300, 10, 1) + traffic("bad", 300, 10, 0) + traffic("same", 300, 10, 1)
+    if forgery == "an undeclared variant":
+        events += traffic("intruder", 5, 10, 0)
+    else:  # control got twice its share of users
+        events += traffic("control", 300, 10, 1, "extra")
+    store.write(events)
+    assert guard.check() == [] and open_state(store).stopped("risky") == {}
+    (why,) = guard._standing["risky"].held
+    assert ("undeclared variant 'intruder'" if forgery == "an undeclared variant" else "sample ratio mismatch") in why
+
+
+def test_clicks_beyond_impressions_or_a_stopped_arm_are_read_right():
+    exp = Experiment.model_validate(EXPERIMENT)
+    even = {v: VariantSums(300, 3000, 300, 30000, 300, 3000) for v in ("control", "bad", "same")}
+    assert integrity_problems(exp, even, frozenset()) == []
+    fed = {**even, "same": VariantSums(300, 3000, 3001, 30000, 40000, 40000)}
+    assert integrity_problems(exp, fed, frozenset()) == ["same: 3001 clicks on 3000 impressions"]
+    # A stopped arm's users stop growing while the others go on: that is no mismatch.
+    after_stop = {**even, "bad": VariantSums(100, 1000, 0, 10000, 0, 0)}
+    assert integrity_problems(exp, after_stop, frozenset({"bad"})) == []
+    assert "sample ratio mismatch" in integrity_problems(exp, after_stop, frozenset())[0]

@@ -13,17 +13,17 @@ from feature_store.streams.inprocess import InProcessStream
 from models.bundle import load_bundle
 from registry.store import RegistryError
 from serving.settings import ServingSettings
-from tests.conftest import wait_until
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
-ADMIN = {"authorization": "Bearer s3cret"}
+ADMIN = ADMIN_HEADERS
 
 
 def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(registry, tiny_run):
     store = MemoryStore()
     store.write(list(tiny_run[0].events()))
     users = sorted(set(tiny_run[0].user_id.tolist()))[:10]
-    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token="s3cret",
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
                                events_sink="store", score_precision="fp32")
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -104,6 +104,7 @@ def test_admin_is_off_without_a_token(tiny_run):
         assert r.status_code == 404 and "DINREC_ADMIN_TOKEN" in r.json()["message"]
 
 
+@pytest.mark.slow
 def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     import json
     import os

@@ -44,7 +44,7 @@ def test_an_event_produced_to_kafka_reaches_redis_and_changes_recommend(tiny_run
             before = client.get("/recommend", params={"user_id": "kafka-user", "k": 5}).json()
             assert before["strategy"] == "popular" and before["history_len"] == 0
             r = client.post("/events", json={"events": [
-                {"user_id": "kafka-user", "item_id": "i7", "category_id": "c3", "ts": 1.9e9}]})
+                {"event_id": "k1", "user_id": "kafka-user", "item_id": "i7", "category_id": "c3", "ts": 1.7e9}]})
             assert r.status_code == 202 and r.json()["sink"] == "stream"
             hist = wait_until(lambda: store.history("kafka-user", 10), timeout_s=60)
             assert [h.item_id for h in hist] == ["i7"]

@@ -42,7 +42,7 @@ def test_metrics_show_requests_stages_and_the_model(tiny_run):
 def test_a_body_over_the_limit_is_refused_in_the_error_shape(tiny_run):
     with live_server(ServingSettings(bundle_dir=tiny_run[2], max_body_bytes=2048, events_sink="store"),
                      FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
-        events = [{"user_id": "u", "item_id": f"i{i}", "ts": 5} for i in range(100)]
+        events = [{"event_id": f"e{i}", "user_id": "u", "item_id": f"i{i}", "ts": 5} for i in range(100)]
         r = c.post("/events", json={"events": events})
         assert r.status_code == 413 and r.json()["error"] == "request_too_large"
         assert c.post("/events", json={"events": events[:3]}).status_code == 202

@@ -10,6 +10,7 @@ from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.rerank import Reranker
 from serving.settings import ServingSettings
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN
 from tests.serving.conftest import live_server
 
 CANDIDATES = [("a", "x", 0.9), ("b", "x", 0.8), ("c", "y", 0.7), ("d", "x", 0.6), ("e", "z", 0.5), ("f", "y", 0.4)]
@@ -62,6 +63,7 @@ def served(tiny_run):
     popular = [i for i, _ in store.popular(3)]
     blocked_cat = data.category_id[0]
     settings = ServingSettings(bundle_dir=tiny_run[2], max_k=50, max_per_category=2, score_precision="fp32",
+                               admin_token=ADMIN_TOKEN,
                                blocked_items=frozenset(popular[:1]), blocked_categories=frozenset({blocked_cat}))
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
         yield c, data, store, popular[0], blocked_cat
@@ -115,7 +117,9 @@ def test_explanations_are_the_models_attention_weights(served, tiny_run):
 
     c, data, store, _, _ = served
     user = data.user_id[7]
-    body = c.get("/recommend", params={"user_id": user, "k": 5, "explain": "true"}).json()
+    denied = c.get("/recommend", params={"user_id": user, "k": 5, "explain": "true"})
+    assert denied.status_code == 403 and denied.json()["error"] == "forbidden"  # it names the user's behaviours
+    body = c.get("/recommend", params={"user_id": user, "k": 5, "explain": "true"}, headers=ADMIN_HEADERS).json()
     bundle = load_bundle(tiny_run[2])
     model, vocab = bundle.model.eval(), bundle.vocab
     item_idx, cat_idx = vocab.item_index(), {x: i for i, x in enumerate(vocab.categories)}

@@ -13,11 +13,11 @@ from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from registry.store import Registry
 from serving.settings import ServingSettings
-from tests.conftest import wait_until
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.retrain.retrain_world import DAY, END, archive, drifting_world, retrain
 from tests.serving.conftest import live_server
 
-ADMIN = {"authorization": "Bearer s3cret"}
+ADMIN = ADMIN_HEADERS
 
 
 @pytest.fixture
@@ -32,10 +32,11 @@ def world(tmp_path):
     return tmp_path, store, Registry(tmp_path / "registry")
 
 
+@pytest.mark.slow
 def test_a_promoted_retrain_is_served_by_a_running_service_with_no_failed_request(world):
     root, store, registry = world
     first = registry.resolve("champion")
-    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token="s3cret",
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
                                events_sink="store", score_precision="fp32")
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
@@ -68,11 +69,12 @@ def test_a_promoted_retrain_is_served_by_a_running_service_with_no_failed_reques
     assert set(served[switched:]) == {served[-1]}  # once switched, never back
 
 
+@pytest.mark.slow
 def test_a_challenger_rollout_starts_an_experiment_the_service_runs(world, tmp_path):
     root, store, registry = world
     champion = registry.resolve("champion")
     experiments = tmp_path / "experiments.json"
-    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token="s3cret",
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
                                events_sink="store", score_precision="fp32", experiments_file=experiments)
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
         code, report = retrain(root, "--until", str(END), "--rollout", "challenger",

@@ -43,6 +43,7 @@ def _gone(pid: int) -> bool:
         return True
 
 
+@pytest.mark.slow
 def test_local_job_runs_to_done_and_reports_status_and_cost(local_env, small_data, tmp_path):
     run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g5.xlarge", "--train-args", TRAIN,
                   env=local_env)
@@ -59,6 +60,7 @@ def test_local_job_runs_to_done_and_reports_status_and_cost(local_env, small_dat
     assert _last_json(status.stdout)["attempt_list"][0]["outcome"] == "done"
 
 
+@pytest.mark.slow
 def test_a_restarted_supervisor_continues_the_same_job(local_env, small_data):
     first = _dinrec("spot", "launch", "--data", str(small_data), "--instance-type", "g4dn.xlarge",
                     "--train-args", TRAIN, env=local_env)  # launch = create + first attempt, no supervision
