@@ -87,13 +87,15 @@ def status(
     try:
         ends, applied = stream.end_offsets(), store.stream_offsets(settings.topic)
         dead = stream.dead_letters().end_offsets()
+        eviction = store.eviction_problem()
     finally:
         stream.close()
         store.close()
     parts = {str(p): {"end": end, "applied": applied.get(p, -1), "lag": end - applied.get(p, -1) - 1}
              for p, end in sorted(ends.items())}
     out: dict = {"topic": settings.topic, "group": settings.consumer_group, "partitions": parts,
-                 "lag": sum(v["lag"] for v in parts.values()), "dead_letters": sum(dead.values())}
+                 "lag": sum(v["lag"] for v in parts.values()), "dead_letters": sum(dead.values()),
+                 "eviction": eviction}
     if metrics_url:
         import httpx
 
@@ -102,6 +104,8 @@ def status(
         typer.echo(json.dumps(out))
         return
     typer.echo(f"topic {out['topic']} (group {out['group']}): lag {out['lag']}, dead letters {out['dead_letters']}")
+    if eviction:
+        typer.echo(f"  WARNING: {eviction}")
     for p, v in parts.items():
         typer.echo(f"  partition {p}: end {v['end']}, applied through {v['applied']}, lag {v['lag']}")
 

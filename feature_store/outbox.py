@@ -87,10 +87,12 @@ def _scan(path: Path, start: int, end: int | None = None,
 
 class Outbox:
     def __init__(self, stream: EventStream, directory: str | Path, *, max_bytes: int = 256 << 20,
-                 segment_bytes: int = 16 << 20, fsync: bool = False, send_batch: int = 1000) -> None:
+                 segment_bytes: int = 16 << 20, fsync: bool = False, send_batch: int = 1000,
+                 slot: Path | None = None) -> None:
+        """``slot``: take that slot folder (raises BlockingIOError if a process holds it), not the first free."""
         self.stream = stream
         self.max_bytes, self.segment_bytes, self.fsync, self.send_batch = max_bytes, segment_bytes, fsync, send_batch
-        self.dir, self._lock_fd = _take_slot(Path(directory))
+        self.dir, self._lock_fd = _lock_slot(slot) if slot is not None else _take_slot(Path(directory))
         self._lock = threading.Lock()           # appends and the positions below
         self._wake = threading.Condition(self._lock)
         self._stop = threading.Event()
@@ -253,6 +255,37 @@ def _write_all(fd: int, blob: bytes) -> None:
         view = view[os.write(fd, view):]
 
 
+def _lock_slot(slot: Path) -> tuple[Path, int]:
+    fd = os.open(slot / "lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise
+    return slot, fd
+
+
+def adopt_orphaned_slots(stream: EventStream, directory: Path, own: Path, *, drain_timeout_s: float = 3600) -> int:
+    """Send what slots no process holds still journal — left by a worker that no longer runs (a host
+    restarted with fewer workers) — each with its own sender until drained; returns the slots adopted."""
+    adopted = 0
+    for slot in sorted(p for p in directory.glob("slot-*") if p.is_dir() and p != own):
+        if not any(f.stat().st_size for f in slot.glob("*.log")):
+            continue
+        try:
+            orphan = Outbox(stream, directory, slot=slot)
+        except BlockingIOError:  # a running worker's own slot
+            continue
+        if orphan.pending_bytes == 0:
+            orphan.close(drain_timeout_s=0)
+            continue
+        log.warning("outbox: adopting %s (%d bytes left by a worker that no longer runs)", slot, orphan.pending_bytes)
+        orphan.start()
+        orphan.close(drain_timeout_s=drain_timeout_s)
+        adopted += 1
+    return adopted
+
+
 def _take_slot(directory: Path) -> tuple[Path, int]:
     """The first ``slot-k`` folder no other process holds, locked for this process' life."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -280,4 +313,13 @@ def open_outbox(stream: EventStream, settings: FeatureStoreSettings) -> Outbox:
         else:
             state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
             directory = state / "dinrec" / "outbox" / settings.topic
-    return Outbox(stream, directory, max_bytes=settings.outbox_max_bytes, fsync=settings.outbox_fsync).start()
+    box = Outbox(stream, directory, max_bytes=settings.outbox_max_bytes, fsync=settings.outbox_fsync).start()
+
+    def adopt() -> None:
+        try:
+            adopt_orphaned_slots(stream, Path(directory), box.dir)
+        except Exception:  # noqa: BLE001 - the worker's own outbox is unaffected; say so loudly
+            log.exception("outbox: adopting orphaned slots in %s failed; they stay journaled", directory)
+
+    threading.Thread(target=adopt, name="dinrec-outbox-adopt", daemon=True).start()
+    return box

@@ -39,7 +39,11 @@ def fetch_data(store: JobStore, prefix: str, into: Path) -> int:
         data = store.get_bytes(key)
         if data is None:
             continue
-        path = into / key[len(prefix):].lstrip("/")
+        relative = key[len(prefix):].lstrip("/")
+        path = (into / relative).resolve()
+        if not relative or ".." in Path(relative).parts or not path.is_relative_to(into.resolve()):
+            log.warning("job data key %r is not a path inside the dataset: skipped", key)
+            continue
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(data)
     return len(keys)

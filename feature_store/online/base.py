@@ -140,6 +140,10 @@ class OnlineStore(ABC):
     def ping(self) -> None:
         """Raise StoreUnavailable if the store cannot serve."""
 
+    def eviction_problem(self) -> str | None:
+        """Why this store could lose what it must keep (a server that evicts keys), or None."""
+        return None
+
     def close(self) -> None:  # noqa: B027 - optional hook
         pass
 

@@ -94,8 +94,10 @@ class KafkaStream(EventStream):
     def ensure_topic(self, partitions: int, replication: int = 1) -> int:
         admin = AdminClient(self._conf())
         try:
+            # With replicas, a write is acknowledged (acks=all) only once two of them have it.
+            config = {"min.insync.replicas": str(min(2, replication))} if replication > 1 else {}
             future = admin.create_topics([NewTopic(self.topic, num_partitions=partitions,
-                                                   replication_factor=replication)])[self.topic]
+                                                   replication_factor=replication, config=config)])[self.topic]
             try:
                 future.result(timeout=self._timeout_s)
                 log.info("created topic %s with %d partitions", self.topic, partitions)

@@ -83,7 +83,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_and_the_good_ones_applied(red
             assert row["bytes"] == len(raw) and row["source"].startswith(f"{unique}/")
 
         status = json.loads(dinrec(env, "ingest", "status", "--json").stdout)
-        assert status["lag"] == 0 and status["dead_letters"] == len(MALFORMED)
+        assert status["lag"] == 0 and status["dead_letters"] == len(MALFORMED) and status["eviction"] is None
         assert set(status["partitions"]) == {"0", "1", "2", "3"}
 
         # Replay after a "fix" (here none: they fail again and come back once more, not in a loop).

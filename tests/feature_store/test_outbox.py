@@ -148,3 +148,19 @@ def test_an_unreadable_cursor_sends_again_instead_of_failing_start_up(tmp_path):
     again = Outbox(stream, tmp_path).start()
     assert arrived(stream, 5) == [r.value for r in records(5)]
     again.close()
+
+
+def test_a_slot_left_by_a_worker_that_no_longer_runs_is_adopted_and_sent(tmp_path):
+    from feature_store.outbox import adopt_orphaned_slots
+
+    first, second = Outbox(InProcessStream(), tmp_path), Outbox(InProcessStream(), tmp_path)  # two workers
+    first.put(records(5))
+    second.put(records(5, start=5))
+    first.close()
+    second.close()  # the host restarts with one worker: slot-1 is nobody's
+    stream = InProcessStream()
+    box = Outbox(stream, tmp_path).start()  # takes slot-0 and sends its own
+    assert adopt_orphaned_slots(stream, tmp_path, box.dir) == 1
+    assert sorted(arrived(stream, 10)) == sorted(r.value for r in records(10))
+    assert adopt_orphaned_slots(stream, tmp_path, box.dir) == 0  # sent: nothing left to adopt
+    box.close()

@@ -180,3 +180,27 @@ def test_the_supervisor_iam_policy_allows_every_ec2_and_sagemaker_call_the_code_
     for service, op in calls:
         action = f"{service}:{''.join(w.capitalize() for w in op.split('_'))}"
         assert action in allowed, f"{action} is used by spot but not in supervisor-policy.json"
+
+
+def test_job_data_keys_that_climb_out_of_the_dataset_are_never_written(aws_env, tmp_path):
+    import uuid
+
+    import boto3
+
+    from spot.agent import fetch_data
+    from storage import open_storage
+
+    s3 = boto3.client("s3", endpoint_url=aws_env, region_name="us-east-1")
+    bucket = f"jobs-{uuid.uuid4().hex[:8]}"
+    s3.create_bucket(Bucket=bucket)
+    store = open_storage(f"s3://{bucket}/spot/jobs/j1", s3)
+    store.put_bytes("data/part-0.txt", b"events")
+    escape = tmp_path / "escape.txt"
+    for key in ("data/../../escape.txt", f"data//{escape}"):  # S3 allows both
+        s3.put_object(Bucket=bucket, Key=f"spot/jobs/j1/{key}", Body=b"planted")
+    into = tmp_path / "instance" / "data"
+    fetch_data(store, "data", into)
+    assert (into / "part-0.txt").read_bytes() == b"events"
+    planted = [p for p in tmp_path.rglob("escape.txt")]
+    # `..` is skipped; a doubled slash is read as a path inside the dataset, never as an absolute one.
+    assert not escape.exists() and all(p.is_relative_to(into) for p in planted) and len(planted) == 1
