@@ -256,6 +256,7 @@ def _write_all(fd: int, blob: bytes) -> None:
 
 
 def _lock_slot(slot: Path) -> tuple[Path, int]:
+    """``slot`` locked for this process' life (BlockingIOError if another process holds it)."""
     fd = os.open(slot / "lock", os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -293,14 +294,10 @@ def _take_slot(directory: Path) -> tuple[Path, int]:
     while True:
         slot = directory / f"slot-{k}"
         slot.mkdir(exist_ok=True)
-        fd = os.open(slot / "lock", os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return _lock_slot(slot)
         except BlockingIOError:
-            os.close(fd)
             k += 1
-            continue
-        return slot, fd
 
 
 def open_outbox(stream: EventStream, settings: FeatureStoreSettings) -> Outbox:

@@ -85,22 +85,23 @@ class BehaviourEvent(BaseModel):
         try:
             return cls.model_validate_json(raw)
         except ValidationError as exc:
-            raise InvalidEvent(_describe(exc)) from exc
+            raise InvalidEvent("invalid event: " + describe(exc)) from exc
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> BehaviourEvent:
         try:
             return cls.model_validate(data)
         except ValidationError as exc:
-            raise InvalidEvent(_describe(exc)) from exc
+            raise InvalidEvent("invalid event: " + describe(exc)) from exc
 
 
-def _describe(exc: ValidationError) -> str:
+def describe(exc: ValidationError) -> str:
+    """Every error of an event's validation as ``field: message``, joined by "; "."""
     parts = []
     for err in exc.errors():
         loc = ".".join(str(p) for p in err["loc"]) or "event"
         parts.append(f"{loc}: {error_message(err)}")
-    return "invalid event: " + "; ".join(parts)
+    return "; ".join(parts)
 
 
 def dumps_many(events: list[BehaviourEvent]) -> str:

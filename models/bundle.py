@@ -140,14 +140,14 @@ def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popul
         }
         if lineage:
             manifest["lineage"] = lineage
-        (tmp / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        (tmp / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
     return out
 
 
 def read_manifest(path: str | Path) -> dict:
     path = Path(path)
     try:
-        manifest = json.loads((path / "manifest.json").read_text())
+        manifest = json.loads((path / MANIFEST_FILE).read_text())
     except FileNotFoundError as exc:
         raise BundleError(f"{path}: no manifest.json; not a dinrec bundle") from exc
     except json.JSONDecodeError as exc:

@@ -29,10 +29,10 @@ import re
 import time
 from pathlib import Path
 
+from models.bundle import MANIFEST_FILE as MANIFEST
 from models.bundle import BundleError, listed_files, read_manifest, verify_bundle
 from storage import LocalStorage, S3Storage, Storage, folder_written_atomically, open_storage, reraise_as
 
-MANIFEST = "manifest.json"  # a bundle's index of files and checksums (models.bundle)
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 

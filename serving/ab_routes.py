@@ -22,12 +22,12 @@ def dashboard() -> HTMLResponse:
 
 
 # The seed is left out: with it anyone could compute which arm any user id lands in.
-_PUBLIC = {"seed"}
+_NOT_PUBLIC = {"seed"}
 
 
 @router.get("/experiments")
 def list_experiments(state: State) -> dict:
-    return {"experiments": [e.model_dump(mode="json", exclude=_PUBLIC) for e in state.experiments.all]}
+    return {"experiments": [e.model_dump(mode="json", exclude=_NOT_PUBLIC) for e in state.experiments.all]}
 
 
 @router.get("/experiments/{name}/results")
@@ -51,7 +51,7 @@ def experiment_results(state: State, name: str) -> dict:
             row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"], row["cs_high"])
             row["sequential"] = verdict(row["cs_low"], row["cs_high"])
     held = state.guardrail.held(name) if state.guardrail is not None else []
-    return {"experiment": exp.model_dump(mode="json", exclude=_PUBLIC), "results": results,
+    return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
             "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
             "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
             "winner": winner, "held": held, "timeline": state.experiment_state.timeline(name)}

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
-from feature_store.schema import BehaviourEvent, error_message
+from feature_store.schema import BehaviourEvent, describe
 
 log = logging.getLogger(__name__)
 
@@ -85,8 +85,7 @@ class ImpressionLog:
         try:
             return served.events()
         except ValidationError as exc:  # an id the event schema refuses: this list only
-            log.error("impressions of request %r not logged: %s", served.request_id[:64],
-                      "; ".join(f"{'.'.join(map(str, e['loc']))}: {error_message(e)}" for e in exc.errors()))
+            log.error("impressions of request %r not logged: %s", served.request_id[:64], describe(exc))
             self._on_drop(len(served.items))
             return []
 

@@ -20,7 +20,6 @@ from serving.backlog import ListenBacklog
 # is taken (a TAB or a control character would make every impression of the answer invalid).
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:-]{1,64}")
 
-
 # Probes and scrapes are never refused for load: an overloaded worker is alive, and says how it is.
 _PROBES = frozenset({"/healthz", "/readyz", "/metrics"})
 
@@ -113,7 +112,6 @@ class RequestContext:
             if held:
                 self._held -= 1
             logs.request_id.reset(token)
-
 
     def _waiting(self, scope) -> int:
         """Connections queued in the kernel for this service (serving/backlog.py)."""
