@@ -11,6 +11,38 @@ import typer
 bench_app = typer.Typer(help="Benchmarks that print JSON, the peer measured in the same run.", no_args_is_help=True)
 
 
+@bench_app.callback()
+def bench_options(
+    isa: Annotated[str, typer.Option(help=(
+        "native, or avx2: run as on a CPU without AVX-512 and AMX (dinrec's fused kernels off, PyTorch's, "
+        "oneDNN's and MKL's dispatch capped at AVX2)"))] = "native",
+) -> None:
+    """Every bench's JSON names the machine (CPU, flags, torch/oneDNN, threads) and the code path taken."""
+    import os
+    import sys
+
+    from models.kernels import ISA_LIMIT_ENV, isa_environment
+
+    try:
+        env = isa_environment(isa)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--isa") from exc
+    if env and os.environ.get(ISA_LIMIT_ENV) != isa:
+        # PyTorch and oneDNN read their limits when they load: the bench runs again, in a process that
+        # starts with them (and passes them on to the services it starts).
+        argv = [a for i, a in enumerate(sys.argv) if not (a.startswith("--isa") or
+                                                           (i > 0 and sys.argv[i - 1] == "--isa"))]
+        os.execve(sys.executable, [sys.executable, "-m", "dinrec_cli.main", *argv[1:]], {**os.environ, **env})
+
+
+def _print(result: dict, as_json: bool) -> None:
+    """The result as JSON, naming the machine it ran on (benches that measure more of it say so)."""
+    from benchmarks.machine import machine
+
+    result.setdefault("machine", machine())
+    typer.echo(json.dumps(result, indent=None if as_json else 1))
+
+
 def _tuple(text: str) -> tuple[int, ...]:
     return tuple(int(x) for x in text.split(",") if x.strip())
 
@@ -34,7 +66,7 @@ def bench_train_cmd(
                          cat_dim=cat_dim, attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation, seeds=_tuple(seeds),
                          device=device, eval_negatives=eval_negatives)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("ingest")
@@ -53,7 +85,7 @@ def bench_ingest_cmd(
     fs = FeatureStoreSettings()
     result = bench_ingest(fs.kafka_bootstrap, fs.redis_url, events=events, users=users, items=items,
                           partitions=partitions, cap=fs.history_len, rate=rate, seconds=seconds)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("score")
@@ -72,7 +104,7 @@ def bench_score_cmd(
                          attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation,
                          requests=requests, vs_deepctr=vs == "deepctr")
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("serve")
@@ -90,14 +122,14 @@ def bench_serve_cmd(
 
     result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
                          seq_len=seq_len, workers=workers, index=index)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("overload")
 def bench_overload_cmd(
     seconds: Annotated[float, typer.Option(help="how long the overload lasts")] = 30,
     overload: Annotated[float, typer.Option(help="offered load as a multiple of the measured capacity")] = 2.0,
-    cap: Annotated[int, typer.Option(help="DINREC_MAX_IN_FLIGHT of the service")] = 32,
+    cap: Annotated[int, typer.Option(help="DINREC_MAX_IN_FLIGHT of the service")] = 8,
     items: int = 20_000, users: int = 2000,
     workers: Annotated[int | None, typer.Option(help="dinrec serve workers (default: its own default)")] = None,
     peer_seconds: Annotated[float, typer.Option(help="the same overload without the cap, as the peer")] = 10,
@@ -109,7 +141,7 @@ def bench_overload_cmd(
 
     result = bench_overload(FeatureStoreSettings().redis_url, seconds=seconds, overload=overload, cap=cap,
                             items=items, users=users, workers=workers, peer_seconds=peer_seconds)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("ab")
@@ -125,7 +157,7 @@ def bench_ab_cmd(
     from benchmarks.ab_bench import bench_ab
 
     result = bench_ab(runs=runs, users=users, looks=looks, lift=lift, alpha=alpha, seed=seed)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("e2e")
@@ -144,7 +176,7 @@ def bench_e2e_cmd(
     from benchmarks.e2e_bench import bench_e2e
 
     result = bench_e2e(data, max_users=users, seed=seed, sequential=sequential)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("recall")
@@ -167,7 +199,7 @@ def bench_recall_cmd(
         raise typer.BadParameter("give --data DIR (or --synthetic-items N)", param_hint="--data")
     else:
         result = bench_recall(data, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, k=k, seed=seed)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)
 
 
 @bench_app.command("retrain")
@@ -184,4 +216,4 @@ def bench_retrain_cmd(
     from benchmarks.retrain_bench import bench_retrain
 
     result = bench_retrain(data, cut=cut, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed)
-    typer.echo(json.dumps(result, indent=None if as_json else 1))
+    _print(result, as_json)

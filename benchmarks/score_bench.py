@@ -1,29 +1,32 @@
 """`dinrec bench score`: the latency of scoring one request — one user's history of L behaviours
-against N recalled candidates — on one thread, three ways, in one run:
+against N recalled candidates — on one thread, in one run:
 
-* ``dinrec``: models.scorer.Scorer as serving uses it (precision chosen as serving chooses it:
-  bf16 products where the CPU multiplies bf16 natively and the scores stay within 1e-3 of fp32),
-  plus ``dinrec_fp32`` and ``dinrec_bf16`` forced;
+* ``dinrec``: models.scorer as serving uses it: every implementation this CPU allows (the fused
+  AVX-512 BF16 unit, PyTorch ops with bf16 products through oneDNN, fp32) timed on probe requests,
+  the fastest whose scores stay within 1e-3 of fp32 kept (``choice``); each implementation's
+  latency is reported too (``implementations``), with the share of the machine's own GEMM rate it
+  reaches (``fraction_of_peak``: multiply-adds per request ×2 / p50, against the one-core GEMM rate
+  of its precision, measured in the same run: ``machine.bf16_gemm_gflops``, ``fp32_gemm_gflops``);
 * ``torch``: the training model's forward on the request expanded to (N, L) — what serving did before;
 * ``deepctr``: DeepCTR-Torch's DIN ``predict`` on the same (N, L) rows, one batch.
 
-All three have the same sizes (item + category embeddings, attention and MLP layers, activations)
-and random weights (latency does not depend on training). Each is timed ``requests`` times after
-a warm-up, each request with a fresh history and candidate set; p50/p99 in milliseconds.
+All have the same sizes (item + category embeddings, attention and MLP layers, activations) and
+random weights (latency does not depend on training). Each is timed ``requests`` times after a
+warm-up, each request with a fresh history and candidate set; p50/p99 in milliseconds.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 
 import numpy as np
 import torch
 
+from benchmarks.machine import machine_with_ceiling
 from models.din import DIN, DINConfig
-from models.scorer import Scorer, choose_score_precision
+from models.scorer import candidate_scorers, choose_scorer
 
 
 def _timed(fn, requests: list, warmup: int = 20) -> dict:
@@ -61,12 +64,25 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
     out: dict = {"candidates": candidates, "seq_len": seq_len, "items": items, "threads": 1,
                  "config": {"item_dim": item_dim, "cat_dim": cat_dim, "attention_hidden": list(attention_hidden),
                             "mlp_hidden": list(mlp_hidden), "attention_activation": attention_activation,
-                            "mlp_activation": mlp_activation}}
-    precision, error = choose_score_precision(model, item_cat, "auto", reqs[:8])
-    for name, prec in (("dinrec", precision), ("dinrec_fp32", "fp32"), ("dinrec_bf16", "bf16")):
-        scorer = Scorer(model, item_cat, prec)
-        out[name] = {**_timed(lambda h, c, n, s=scorer: s.score(h, c, n), reqs), "precision": prec}
-    out["dinrec"]["max_prob_diff_vs_fp32"] = error
+                            "mlp_activation": mlp_activation},
+                 "machine": machine_with_ceiling()}
+    macs = score_macs(candidates, seq_len, item_dim + cat_dim, attention_hidden, mlp_hidden)
+    out["multiply_adds_per_request"] = macs
+    peak = {"fp32": out["machine"]["fp32_gemm_gflops"], "bf16": out["machine"]["bf16_gemm_gflops"]}
+
+    def with_peak(timed: dict, precision: str) -> dict:
+        gflops = 2 * macs / (timed["p50_ms"] / 1000) / 1e9
+        return {**timed, "gflops": round(gflops, 1), "fraction_of_peak": round(gflops / peak[precision], 3),
+                "fraction_of_bf16_peak": round(gflops / peak["bf16"], 3)}
+
+    chosen, choice = choose_scorer(model, item_cat, "auto", reqs[:8])
+    out["choice"] = choice.as_dict()
+    out["implementations"] = {}
+    for name, scorer in candidate_scorers(model, item_cat, "auto").items():
+        timed = _timed(lambda h, c, n, s=scorer: s.score(h, c, n), reqs)
+        out["implementations"][name] = {"impl": name, **with_peak(timed, scorer.precision)}
+    out["dinrec"] = out["implementations"][chosen.impl]
+    out["dinrec"]["max_prob_diff_vs_fp32"] = choice.max_prob_diff.get(chosen.impl, 0.0)
 
     with torch.inference_mode():
         def torch_forward(h, c, n):
@@ -78,9 +94,19 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
                                   mlp_hidden, attention_activation, mlp_activation, seed)
         out["speedup_vs_deepctr"] = round(out["deepctr"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
     out["speedup_vs_torch"] = round(out["torch"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
-    out["cpu_bf16"] = precision == "bf16" or error is not None
-    out["cpus"] = os.cpu_count()
     return out
+
+
+def score_macs(candidates: int, seq_len: int, dim: int, attention_hidden: tuple[int, ...],
+               mlp_hidden: tuple[int, ...]) -> int:
+    """Multiply-adds of one request in the scorer's arrangement (models/scorer.py): the history's
+    part of the unit's first layer once (L·D·H1), the candidate × behaviour products (N·D·L·H1), the
+    unit's other layers per pair, the weighted sum pooling (N·L·D) and the MLP per candidate."""
+    n, length, h = candidates, seq_len, list(attention_hidden)
+    unit = sum(a * b for a, b in zip(h, [*h[1:], 1], strict=True))
+    widths = [2 * dim, *mlp_hidden, 1]
+    mlp = sum(a * b for a, b in zip(widths, widths[1:], strict=False))
+    return length * dim * h[0] + n * length * (dim * h[0] + unit + dim) + n * mlp
 
 
 def _deepctr(reqs, item_cat, items, categories, seq_len, item_dim, cat_dim, attention_hidden, mlp_hidden,

@@ -93,7 +93,7 @@ def _service(redis_url: str, *, items: int, categories: int, users: int, seq_len
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
-        yield port, index_info
+        yield port, {**index_info, "scorer": _served_scorer(f"http://127.0.0.1:{port}"), "pid": proc.pid}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -113,10 +113,16 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
                   index=index, env=None) as (port, index_info):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, min(rps, 100), warmup_s, timeout_s)  # warm-up, not measured
+        cpu0 = _tree_cpu_s(index_info["pid"])
         t0 = time.perf_counter()
         results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
         wall = time.perf_counter() - t0
+        cpu = _tree_cpu_s(index_info["pid"]) - cpu0
+        stages = _stage_cpu_ms(f"http://127.0.0.1:{port}")
     ok = [r for r in results if r.status == 200 and r.latency_s <= timeout_s]
+    answered = sum(r.status in (200, 503) for r in results) or 1
+    per_request = cpu * 1000 / answered
+    by_stage = {**stages, "other": round(per_request - sum(stages.values()), 3)} if stages else {}
     ms = [r.latency_s * 1000 for r in results]
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
             "p50_ms": _p(ms, 50), "p95_ms": _p(ms, 95), "p99_ms": _p(ms, 99), "errors": len(results) - len(ok),
@@ -125,26 +131,33 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
                 r.failure or (f"status {r.status}" if r.status != 200 else "late") for r in results
                 if not (r.status == 200 and r.latency_s <= timeout_s))),
             "workers": workers or os.cpu_count(),  # dinrec serve's default with Redis: one per CPU
-            "index": index_info["kind"],
+            "index": index_info["kind"], "scorer": index_info["scorer"],
             "recall_at_200": index_info.get("recall_at_200", 1.0), "items": items, "users": users,
-            "seq_len": seq_len, "cpus": os.cpu_count()}
+            "seq_len": seq_len, "cpus": os.cpu_count(),
+            # The service's processes' CPU (workers, their threads, the supervisor) over the measured run, per
+            # answered request; by stage from the workers' own accounting (the mean over a worker's life,
+            # warm-up included); other: HTTP, middleware, the framework and background threads.
+            "server_cpu_ms_per_request": round(per_request, 3), "cpu_ms_by_stage": by_stage}
 
 
-def _overloaded(port: int, requests: list[bytes], rps: float, seconds: float, timeout_s: float) -> dict:
-    """``rps`` open-loop for ``seconds`` with a liveness probe beside it: what was answered, how fast."""
-    with _HealthProbe(f"http://127.0.0.1:{port}") as probe:
+def _overloaded(port: int, health_port: int, requests: list[bytes], rps: float, seconds: float,
+                timeout_s: float) -> dict:
+    """``rps`` open-loop for ``seconds`` with liveness probes beside it — on the liveness port (what k8s
+    probes) and on the request port: what was answered, how fast."""
+    with _HealthProbe(f"http://127.0.0.1:{health_port}") as probe, \
+            _HealthProbe(f"http://127.0.0.1:{port}") as on_loop:
         results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
     ok = [r.latency_s * 1000 for r in results if r.status == 200 and r.latency_s <= timeout_s]
     shed = [r.latency_s * 1000 for r in results if r.status == 503]
     return {"offered_rps": rps, "requests": len(results), "ok_rps": round(len(ok) / seconds, 1),
             "accepted_p50_ms": _p(ok, 50), "accepted_p99_ms": _p(ok, 99), "shed": len(shed),
             "shed_p99_ms": _p(shed, 99), "healthz_p99_ms": _p(probe.latencies_ms, 99),
-            "healthz_failed": probe.failed,
+            "healthz_failed": probe.failed, "healthz_request_port_p99_ms": _p(on_loop.latencies_ms, 99),
             "other_errors": dict(Counter(r.failure or f"status {r.status}" for r in results
                                          if r.status not in (200, 503) or r.latency_s > timeout_s))}
 
 
-def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0, cap: int = 32, items: int = 20_000,
+def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0, cap: int = 8, items: int = 20_000,
                    users: int = 2000, workers: int | None = None, peer_seconds: float = 10,
                    timeout_s: float = 2.0, deadline_ms: int = 200) -> dict:
     """The service's capacity (closed loop), then ``overload`` × that offered open-loop for ``seconds`` with
@@ -153,21 +166,24 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
     from benchmarks.machine import machine
 
     shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}
-    settings = {"DINREC_REQUEST_DEADLINE_MS": str(deadline_ms)}
-    with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)}, **shape) as (port, _):
+    health = free_port()
+    settings = {"DINREC_REQUEST_DEADLINE_MS": str(deadline_ms), "DINREC_HEALTH_PORT": str(health)}
+    with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)}, **shape) as (port, served):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)  # warm-up
         n_workers = workers or os.cpu_count() or 1
-        closed = loadgen.closed_loop("127.0.0.1", port, requests, concurrency=2 * n_workers, seconds=5)
+        # Connections land on whichever worker accepts first: with few, one worker may get them all and
+        # the figure is half the service's; 4 per worker keep every worker busy.
+        closed = loadgen.closed_loop("127.0.0.1", port, requests, concurrency=4 * n_workers, seconds=5)
         capacity = round(sum(r.status == 200 for r in closed) / 5, 1)
-        capped = _overloaded(port, requests, overload * capacity, seconds, timeout_s)
+        capped = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s)
         after = loadgen.run("127.0.0.1", port, requests, capacity / 2, 5, timeout_s)
         after_ms = [r.latency_s * 1000 for r in after]
         recovered = all(r.status == 200 for r in after) and (_p(after_ms, 99) or 0) <= 2 * deadline_ms
     with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": "0"}, **shape) as (port, _):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)
-        uncapped = _overloaded(port, requests, overload * capacity, peer_seconds, timeout_s)
+        uncapped = _overloaded(port, health, requests, overload * capacity, peer_seconds, timeout_s)
     return {"capacity_rps": capacity, "offered_rps": capped["offered_rps"], "ok_rps": capped["ok_rps"],
             "ok_share_of_capacity": round(capped["ok_rps"] / capacity, 3) if capacity else None,
             "accepted_p99_ms": capped["accepted_p99_ms"], "shed_p99_ms": capped["shed_p99_ms"],
@@ -175,7 +191,7 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
             "recovery_p99_ms": _p(after_ms, 99), "cap": cap, "deadline_ms": deadline_ms, "seconds": seconds,
             "capped": capped, "peer_uncapped": uncapped,
             "ok_rps_vs_peer": round(capped["ok_rps"] / uncapped["ok_rps"], 2) if uncapped["ok_rps"] else None,
-            "workers": n_workers, "machine": machine()}
+            "workers": n_workers, "scorer": served["scorer"], "machine": machine()}
 
 
 class _HealthProbe:
@@ -208,6 +224,60 @@ class _HealthProbe:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(10)
+
+
+def _tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of ``root`` and every process under it, threads included (Linux /proc)."""
+    parents: dict[int, int] = {}
+    cpu: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:  # gone meanwhile
+            continue
+        parents[int(entry)] = int(fields[1])
+        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
+    tree, grew = {root}, True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        tree |= more
+        grew = bool(more)
+    return sum(cpu.get(pid, 0.0) for pid in tree)
+
+
+def _stage_cpu_ms(base: str, scrapes: int = 8) -> dict[str, float]:
+    """Mean CPU ms per /recommend by stage, from dinrec_recommend_cpu_seconds_total over the 200s of
+    the same scrape (each scrape reads one worker; the means of several are averaged)."""
+    import re
+
+    import httpx
+
+    means: list[dict[str, float]] = []
+    for _ in range(scrapes):
+        text = httpx.get(base + "/metrics", timeout=5).text
+        count = sum(float(v) for v in re.findall(
+            r'dinrec_http_request_seconds_count\{route="/recommend",status="200"\} ([0-9.e+]+)', text))
+        stages = {m[0]: float(m[1]) for m in re.findall(r'dinrec_recommend_cpu_seconds_total\{stage="([a-z]+)"\} '
+                                                          r'([0-9.e+-]+)', text)}
+        if count and stages:
+            means.append({s: v * 1000 / count for s, v in stages.items()})
+    if not means:
+        return {}
+    return {s: round(sum(m.get(s, 0.0) for m in means) / len(means), 3) for s in means[0]}
+
+
+def _served_scorer(base: str) -> str | None:
+    """The scoring implementation the service timed fastest at load (its dinrec_model_info metric);
+    one worker's answer: every worker times its own, on the same CPU."""
+    import re
+
+    import httpx
+
+    match = re.search(r'dinrec_model_info\{[^}]*scorer="([^"]+)"', httpx.get(base + "/metrics", timeout=5).text)
+    return match.group(1) if match else None
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:

@@ -13,7 +13,6 @@ quality: on MovieLens 100k DeepCTR's test GAUC moves by ±0.015 between seeds.
 
 from __future__ import annotations
 
-import platform
 import statistics
 import time
 from pathlib import Path
@@ -92,7 +91,7 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
     out = {
         "dataset": str(data), "train_samples": len(samples.train), "test_samples": len(samples.test),
         "n_items": samples.vocab.n_items, "n_categories": samples.vocab.n_categories,
-        "sample_build_s": prep_s, "threads": torch.get_num_threads(), "cpu": platform.processor() or platform.machine(),
+        "sample_build_s": prep_s, "threads": torch.get_num_threads(),
         "config": {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size, "item_dim": item_dim,
                    "cat_dim": cat_dim, "attention_hidden": list(attention_hidden), "mlp_hidden": list(mlp_hidden),
                    "attention_activation": attention_activation, "mlp_activation": mlp_activation,

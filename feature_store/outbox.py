@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 from feature_store.errors import FeatureStoreError, StreamUnavailable
 from feature_store.ingest import Backoff
 from feature_store.streams.base import EventStream, OutgoingRecord
-from storage import write_atomically
+from storage import fsync_dir, write_atomically
 
 if TYPE_CHECKING:
     from feature_store.settings import FeatureStoreSettings
@@ -102,7 +102,7 @@ class Outbox:
         self._cursor = self._read_cursor()      # (segment, offset) of the first unsent entry
         self._pending = self._recover()         # bytes accepted and not yet acknowledged
         self._seg = max([self._cursor[0], *self._segments()])  # appends go to the newest segment
-        self._fd = os.open(self._seg_path(self._seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = self._open_segment(self._seg)
         self._seg_size = os.fstat(self._fd).st_size
 
     # -------------------------------------------------------------- request path
@@ -214,8 +214,14 @@ class Outbox:
     def _roll(self) -> None:
         os.close(self._fd)
         self._seg += 1
-        self._fd = os.open(self._seg_path(self._seg), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._fd = self._open_segment(self._seg)
         self._seg_size = 0
+
+    def _open_segment(self, seq: int) -> int:
+        fd = os.open(self._seg_path(seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if self.fsync:  # the new segment's name too, or a crash keeps its fsynced entries nameless
+            fsync_dir(self.dir)
+        return fd
 
     def _read_cursor(self) -> tuple[int, int]:
         try:
@@ -293,7 +299,9 @@ def _take_slot(directory: Path) -> tuple[Path, int]:
     k = 0
     while True:
         slot = directory / f"slot-{k}"
-        slot.mkdir(exist_ok=True)
+        if not slot.exists():
+            slot.mkdir(exist_ok=True)
+            fsync_dir(directory)  # once per new slot: its name survives a crash like its contents
         try:
             return _lock_slot(slot)
         except BlockingIOError:

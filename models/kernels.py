@@ -29,13 +29,43 @@ def _build_dir(source: Path) -> Path:
     return root / f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{key}"
 
 
-def cpu_has(flag: str) -> bool:
-    """Whether /proc/cpuinfo lists ``flag`` (e.g. avx512_bf16)."""
+# Set to "avx2", dinrec behaves as on a CPU without AVX-512 or AMX (benchmarks' --isa avx2, with
+# ATEN_CPU_CAPABILITY and ONEDNN_MAX_CPU_ISA for PyTorch and oneDNN): both figures from one machine.
+ISA_LIMIT_ENV = "DINREC_CPU_ISA"
+_ISA_LIMITS = {"native": (), "avx2": ("avx512", "amx")}
+
+
+def isa_limit() -> str:
+    value = os.environ.get(ISA_LIMIT_ENV, "native").strip().lower() or "native"
+    if value not in _ISA_LIMITS:
+        raise ValueError(f"{ISA_LIMIT_ENV}={value!r}: expected one of {sorted(_ISA_LIMITS)}")
+    return value
+
+
+def isa_environment(isa: str) -> dict[str, str]:
+    """The environment that makes a fresh process (dinrec, PyTorch and oneDNN) use only ``isa``."""
+    if isa not in _ISA_LIMITS:
+        raise ValueError(f"unknown ISA {isa!r}: expected one of {sorted(_ISA_LIMITS)}")
+    if isa == "native":
+        return {}
+    return {ISA_LIMIT_ENV: isa, "ATEN_CPU_CAPABILITY": isa, "ONEDNN_MAX_CPU_ISA": isa.upper(),
+            "MKL_ENABLE_INSTRUCTIONS": isa.upper()}
+
+
+def cpu_flag_present(flag: str) -> bool:
+    """Whether /proc/cpuinfo lists ``flag`` (e.g. avx512_bf16), whatever the ISA limit."""
     try:
         with open("/proc/cpuinfo") as fh:
             return any(flag in line.split() for line in fh if line.startswith("flags"))
     except OSError:
         return False
+
+
+def cpu_has(flag: str) -> bool:
+    """Whether dinrec may use ``flag`` here: the CPU has it and ``DINREC_CPU_ISA`` does not hide it."""
+    if any(flag.startswith(hidden) for hidden in _ISA_LIMITS[isa_limit()]):
+        return False
+    return cpu_flag_present(flag)
 
 
 @functools.cache

@@ -75,9 +75,16 @@ def _activation_fn(module: torch.nn.Module):
     raise TypeError(f"no scoring rule for {type(module).__name__}")
 
 
+# The ways a Scorer computes the same scores: the fused AVX-512 BF16 unit (csrc/din_score.cpp), the
+# PyTorch ops with bf16 products (oneDNN: AMX where the CPU has it), the PyTorch ops in fp32 (any CPU:
+# ATen's AVX2 or AVX-512 kernels).
+ScoreImpl = Literal["fused_bf16", "bf16", "fp32"]
+
+
 class Scorer:
     def __init__(self, model: DIN, item_category: torch.Tensor, precision: ScorePrecision = "fp32",
-                 chunk: int = 100) -> None:
+                 chunk: int = 100, fused: bool = True) -> None:
+        """``fused``: with bf16, use the fused unit where it applies (False: PyTorch ops only)."""
         model = model.eval()
         self.model = model
         self.precision = precision
@@ -110,7 +117,7 @@ class Scorer:
                            for m in model.mlp if not isinstance(m, torch.nn.Dropout)]
         self._out = _linear_fn(model.out, cd)
         self._item_vectors_cd = self.item_vectors.to(cd)
-        self._fused = self._pack_fused(w_p) if precision == "bf16" else None
+        self._fused = self._pack_fused(w_p) if precision == "bf16" and fused else None
 
     def with_cold_items(self, categories: torch.Tensor) -> Scorer:
         """This scorer, also scoring one item the model never saw per entry of ``categories`` (C,)
@@ -131,6 +138,10 @@ class Scorer:
     def fused(self) -> bool:
         """Whether the activation unit runs as one fused kernel (csrc/din_score.cpp)."""
         return self._fused is not None
+
+    @property
+    def impl(self) -> ScoreImpl:
+        return "fused_bf16" if self._fused is not None else self.precision
 
     def _pack_fused(self, w_p: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
         """The unit's weights laid out for the fused bf16 kernel, or None where it does not apply: a
@@ -201,6 +212,77 @@ class Scorer:
             x = step(x)
         logits = self._out(x).squeeze(-1)  # (N,)
         return Scores(logits, weights if with_attention else None)
+
+
+@dataclass(frozen=True)
+class ScorerChoice:
+    """Which implementation a scorer uses on this CPU, and why: each candidate's time on the probes
+    (median ms per request) and its largest probability difference from fp32; those refused say why."""
+    impl: ScoreImpl
+    timings_ms: dict[str, float]
+    max_prob_diff: dict[str, float]
+    refused: dict[str, str]
+
+    def as_dict(self) -> dict:
+        return {"impl": self.impl, "timings_ms": self.timings_ms, "max_prob_diff_vs_fp32": self.max_prob_diff,
+                "refused": self.refused}
+
+
+def candidate_scorers(model: DIN, item_category: torch.Tensor, wanted: str) -> dict[str, Scorer]:
+    """The implementations ``wanted`` (auto, fp32, bf16) allows on this CPU, by name. bf16 only where
+    the CPU multiplies it natively (emulated, it is slower than fp32); the fused unit only where it
+    builds and the model's unit has a shape it was written for."""
+    out: dict[str, Scorer] = {}
+    if wanted in ("auto", "fp32"):
+        out["fp32"] = Scorer(model, item_category, "fp32")
+    if wanted == "bf16" or (wanted == "auto" and bf16_supported()):
+        fused = Scorer(model, item_category, "bf16")
+        if fused.fused:
+            out["fused_bf16"] = fused
+        out["bf16"] = Scorer(model, item_category, "bf16", fused=False)
+    return out
+
+
+def _median_ms(scorers: dict[str, Scorer], probes: list, rounds: int) -> dict[str, float]:
+    """Median ms per probe request of each scorer, timed in interleaved rounds (each round times every
+    scorer once), so a burst of contention — the other workers of the replica starting up beside
+    this one — falls on all of them alike instead of on whichever was being timed."""
+    import time
+
+    for scorer in scorers.values():
+        for p in probes[:2]:  # first calls pay for allocation and dispatch set-up
+            scorer.score(*p)
+    per_round: dict[str, list[float]] = {name: [] for name in scorers}
+    for _ in range(rounds):
+        for name, scorer in scorers.items():
+            t0 = time.perf_counter()
+            for p in probes:
+                scorer.score(*p)
+            per_round[name].append((time.perf_counter() - t0) * 1000 / len(probes))
+    return {name: round(sorted(ms)[len(ms) // 2], 4) for name, ms in per_round.items()}
+
+
+def choose_scorer(model: DIN, item_category: torch.Tensor, wanted: str,
+                  probes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], tolerance: float = 1e-3,
+                  rounds: int = 9) -> tuple[Scorer, ScorerChoice]:
+    """Time every implementation ``wanted`` allows here on the ``probes`` (hist_items, hist_cats,
+    candidates) and keep the fastest whose probabilities stay within ``tolerance`` of fp32 (with
+    ``wanted="bf16"`` a bf16 one is kept whatever its difference). Measured on the live CPU, because the
+    fastest differs between machines: the fused kernel wins where AVX-512 BF16 is fast and oneDNN's
+    bf16 products where AMX is; on an AVX2-only CPU fp32 is all there is."""
+    scorers = candidate_scorers(model, item_category, wanted)
+    exact = scorers.get("fp32") or Scorer(model, item_category, "fp32")
+    reference = [torch.sigmoid(exact.score(*p).logits) for p in probes]
+    diffs, refused = {}, {}
+    for name, scorer in scorers.items():
+        if name != "fp32":
+            diffs[name] = round(max(float((torch.sigmoid(scorer.score(*p).logits) - r).abs().max())
+                                    for p, r in zip(probes, reference, strict=True)), 6)
+            if wanted != "bf16" and diffs[name] > tolerance:
+                refused[name] = f"probabilities {diffs[name]:.2g} from fp32 (tolerance {tolerance:g})"
+    timings = _median_ms({n: s for n, s in scorers.items() if n not in refused}, probes, rounds)
+    best = min(timings, key=timings.__getitem__)
+    return scorers[best], ScorerChoice(best, timings, diffs, refused)
 
 
 def choose_score_precision(model: DIN, item_category: torch.Tensor, wanted: str,

@@ -27,7 +27,9 @@ from serving.admin_experiments import watch_file as watch_experiments
 from serving.catalog import Catalog
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
+from serving.http_timeouts import READ_TIMEOUT_KEY
 from serving.impressions import ImpressionLog
+from serving.liveness import start_liveness
 from serving.loops import every, supervise
 from serving.metrics import ServiceMetrics
 from serving.middleware import RequestContext
@@ -45,10 +47,14 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     fs_settings = fs_settings or FeatureStoreSettings()
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[dict]:
         with ExitStack() as parts:  # each part registers its own stop; they stop in reverse start order
             app.state.dinrec = start_service(parts, settings, fs_settings, store, stream)
-            yield
+            if settings.health_port is not None:
+                app.state.liveness = start_liveness(parts, settings.host, settings.health_port,
+                                                    settings.liveness_max_stall_s)
+            # read by serving.http_timeouts' protocol (uvicorn hands it the lifespan's state)
+            yield {READ_TIMEOUT_KEY: settings.request_read_timeout_s}
 
     app = FastAPI(title="dinrec", version="0.1.0", lifespan=lifespan,
                   description="DIN recommendations: FAISS recall, DIN ranking, behaviour events.")
@@ -83,7 +89,8 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
         parts.callback(stream.close)
     metrics = ServiceMetrics()
     catalog = Catalog()  # new items the store knows and the models do not: every model loaded gets them
-    models = ModelManager(settings, on_swap=lambda rec: metrics.serving_model(rec.model_version, rec.precision),
+    models = ModelManager(settings,
+                          on_swap=lambda rec: metrics.serving_model(rec.model_version, rec.precision, rec.scorer.impl),
                           prepare=lambda rec: rec.set_cold_items(catalog.items))
     catalog.attach(models)
     state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics)
@@ -106,13 +113,14 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
                                 interval_s=settings.guardrail_interval_s,
                                 promote=models.promote if models.registry is not None else None)
     _start_loops(parts, state, catalog)
-    metrics.serving_model(state.recommender.model_version, state.recommender.precision)
+    rec = state.recommender
+    metrics.serving_model(rec.model_version, rec.precision, rec.scorer.impl)
     # The bundle's vocabularies are millions of long-lived objects: out of the collector's sight,
     # a full collection no longer walks them in the middle of a request.
     gc.collect()
     gc.freeze()
-    log.info("serving model %s (%s) from %s", state.recommender.model_version, state.recommender.precision,
-             settings.bundle_dir)
+    log.info("serving model %s (scorer %s, timed fastest here: %s) from %s", rec.model_version, rec.scorer.impl,
+             rec.scorer_choice.timings_ms, settings.bundle_dir)
     return state
 
 

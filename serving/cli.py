@@ -22,6 +22,7 @@ def serve(
     import uvicorn
 
     from serving.app import app_from_env
+    from serving.http_timeouts import PROTOCOL
 
     # Through the environment, so that every worker process builds the same settings.
     for name, value in {"BUNDLE_DIR": bundle, "HOST": host, "PORT": port, "WORKERS": workers}.items():
@@ -35,7 +36,7 @@ def serve(
         settings.workers = (os.cpu_count() or 1) if FeatureStoreSettings().store == "redis" else 1
         os.environ["DINREC_WORKERS"] = str(settings.workers)
     if settings.workers == 1:
-        uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None)
+        uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None, http=PROTOCOL)
     else:
         uvicorn.run("serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
-                    port=settings.port, log_config=None)
+                    port=settings.port, log_config=None, http=PROTOCOL)

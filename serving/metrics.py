@@ -2,8 +2,11 @@
 
 * ``dinrec_http_request_seconds{route,status}`` — whole requests, by route template;
 * ``dinrec_stage_seconds{stage}`` — features (the store read), recall (FAISS), rank (DIN + rules);
+* ``dinrec_recommend_cpu_seconds_total{stage}`` — the worker thread's CPU spent in /recommend's stages:
+  assign, features, recall, score, select, log, encode (``dinrec bench serve`` sets them beside the
+  processes' whole CPU: the rest is HTTP, middleware, the framework and background threads);
 * ``dinrec_degraded_responses_total{reason}`` — answers given without a dependency;
-* ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision}``,
+* ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision,scorer}``,
   ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream);
 * ``dinrec_shed_requests_total`` — refused for load (DINREC_MAX_IN_FLIGHT);
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
@@ -29,6 +32,8 @@ class ServiceMetrics:
                                   ["route", "status"], buckets=_BUCKETS, registry=r)
         self.stages = Histogram("dinrec_stage_seconds", "time per stage of a recommendation: features, recall, rank",
                                 ["stage"], buckets=_BUCKETS, registry=r)
+        self.recommend_cpu = Counter("dinrec_recommend_cpu_seconds", "CPU of the worker thread spent in /recommend's "
+                                     "stages", ["stage"], registry=r)
         self.degraded = Counter("dinrec_degraded_responses", "answers given without a dependency", ["reason"],
                                 registry=r)
         self.shed = Counter("dinrec_shed_requests", "requests refused with 503 because too many were in progress",
@@ -40,12 +45,13 @@ class ServiceMetrics:
                                        ["name"], registry=r)
         self.store_up = Gauge("dinrec_store_up", "1 when the feature store answered the last readiness check",
                               registry=r)
-        self.model = Gauge("dinrec_model_info", "the model being served (value 1)", ["version", "precision"],
-                           registry=r)
+        self.model = Gauge("dinrec_model_info", "the model being served (value 1), its scores' precision and the "
+                           "scorer implementation timed fastest on this CPU at load",
+                           ["version", "precision", "scorer"], registry=r)
 
-    def serving_model(self, version: str, precision: str) -> None:
+    def serving_model(self, version: str, precision: str, scorer: str) -> None:
         self.model.clear()
-        self.model.labels(version=version, precision=precision).set(1)
+        self.model.labels(version=version, precision=precision, scorer=scorer).set(1)
 
     def watch_threads(self, threads: Mapping[str, Callable[[], bool]]) -> None:
         gauge = Gauge("dinrec_thread_alive", "background threads the answers depend on: 1 while running",

@@ -17,7 +17,7 @@ from feature_store.features import HistoryItem
 from models.blend import candidate_signals
 from models.bundle import Bundle
 from models.recall import RecallSpace
-from models.scorer import Scorer, choose_score_precision
+from models.scorer import Scorer, choose_scorer
 from retrieval.index import FaissIndex, IndexSpec
 from serving.rerank import Reranker
 from serving.schemas import Because  # one of the user's behaviours that drew an item, and its weight
@@ -50,7 +50,10 @@ class Ranking:
     items: list[Scored]
     strategy: str  # "din" (recall + rank) or "popular" (no usable history)
     known_history: int  # behaviours the model recognised
-    seconds: dict[str, float] = field(default_factory=dict)  # per stage: recall, rank
+    seconds: dict[str, float] = field(default_factory=dict)  # per stage: recall, rank (wall time)
+    # The thread's CPU per stage: recall, score (DIN), select (rules, lanes, the list); the request runs
+    # inline on the worker's loop, so this is the worker's cost of the stage.
+    cpu_seconds: dict[str, float] = field(default_factory=dict)
 
 
 class Recommender:
@@ -73,8 +76,8 @@ class Recommender:
         if index.dim != self.recall.dim:
             raise ValueError(f"bundle {bundle.path}: its index has {index.dim}-d vectors, its {self.recall.kind} "
                              f"recall space {self.recall.dim}-d")
-        chosen, _ = choose_score_precision(self.model, self._item_cat, precision, self._probes())
-        self.scorer = Scorer(self.model, self._item_cat, chosen)
+        # the fastest implementation on this CPU whose scores stay within 1e-3 of fp32, timed now
+        self.scorer, self.scorer_choice = choose_scorer(self.model, self._item_cat, precision, self._probes())
         self.fresh_candidates = 0  # cold items every recall includes, however they score (a freshness lane)
         self.popular_candidates = 0  # the bundle's most popular items every recall includes (a popularity lane)
         self._popular_idx = [i for i in (self._item_idx.get(item) for item, _ in bundle.popularity) if i]
@@ -168,7 +171,8 @@ class Recommender:
         return out[out >= 0]
 
     def _probes(self, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """A few made-up requests over this bundle's vocabulary, to check a faster precision against fp32."""
+        """A few made-up requests of the served shape over this bundle's vocabulary: to time the scorer's
+        implementations and check the faster ones against fp32."""
         g = torch.Generator().manual_seed(0)
         n_items = len(self.bundle.vocab.items)
         out = []
@@ -209,19 +213,21 @@ class Recommender:
         if not known:
             return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown, seen=seen)
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         cold = self.cold  # read once: a catalog update swaps it whole
         cand, query = self._candidates(items, cats, candidates or self.recall_candidates, self._excluded(seen, cold),
                                        cold)  # (N,), (1, D)
-        t1 = time.perf_counter()
+        t1, c1 = time.perf_counter(), time.thread_time()
         if len(cand) == 0:
-            return self._filled(Ranking([], "din", len(known), {"recall": t1 - t0}), k, popular, rerank, shown, seen)
+            return self._filled(Ranking([], "din", len(known), {"recall": t1 - t0}, {"recall": c1 - c0}), k, popular,
+                                rerank, shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
         scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                               torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
         logits = (scored.logits if self.blend is None
                   else self._blended(scored.logits, cand, items, cats, query, cold, scorer))
         scores = torch.sigmoid(logits).tolist()  # (N,)
+        c2 = time.thread_time()
         cand_list = cand.tolist()
         candidates = [(item, cat, s) for (item, cat), s in zip(self._describe(cand_list, cold), scores, strict=True)]
         base = len(self.bundle.vocab.items)
@@ -237,7 +243,8 @@ class Recommender:
                 because = [Because(item_id=behaviours[t].item_id, category_id=behaviours[t].category_id,
                                    weight=float(weights[t])) for t in top]
             out.append(Scored(candidates[j][0], candidates[j][1], score, because))
-        ranking = Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1})
+        ranking = Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1},
+                          {"recall": c1 - c0, "score": c2 - c1, "select": time.thread_time() - c2})
         return self._filled(ranking, k, popular, rerank, shown, seen)
 
     def _filled(self, ranking: Ranking, k: int, popular: Callable[[int], list[tuple[str, float]]],
@@ -251,7 +258,8 @@ class Recommender:
                                        seen=taken | set(seen), listed=[x.category_id for x in ranking.items]).items
         floor = min((x.score for x in ranking.items), default=1.0)
         tail = [Scored(x.item_id, x.category_id, floor * x.score) for x in more]
-        return Ranking(ranking.items + tail, ranking.strategy, ranking.known_history, ranking.seconds)
+        return Ranking(ranking.items + tail, ranking.strategy, ranking.known_history, ranking.seconds,
+                       ranking.cpu_seconds)
 
     def rank_by_popularity(self, history: list[HistoryItem], k: int,
                            popular: Callable[[int], list[tuple[str, float]]], *, rerank: Reranker | None = None,

@@ -55,11 +55,16 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     if k > state.settings.max_k:
         raise InvalidRequest(f"k: must be <= {state.settings.max_k}", field="k")
     reasons: list[str] = []
+    cpu = state.metrics.recommend_cpu
+    c0 = time.thread_time()  # what each stage costs the worker (it runs them inline, one request at a time)
     experiment, variant, rec = _assign(state, user_id)
     overrides = variant.overrides if variant else None
     started = getattr(request.state, "started", None) or time.perf_counter()  # the deadline counts from here
+    c1 = time.thread_time()
     history, seen = _features(state, rec, user_id, overrides, context, reasons)
+    c2 = time.thread_time()
     ranking = _rank(state, started, rec, user_id, history, seen, k, overrides, explain, set(shown or ()), reasons)
+    c3 = time.thread_time()
     for stage, seconds in ranking.seconds.items():
         state.metrics.stages.labels(stage).observe(seconds)
     exp_name, variant_name = (experiment.name, variant.name) if experiment and variant else (None, None)
@@ -69,7 +74,13 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
                                          variant_name, rec.model_version, time.time()))
     for reason in reasons:
         state.metrics.degraded.labels(reason).inc()
-    return _render(request, user_id, rec, ranking, len(history), reasons, exp_name, variant_name)
+    c4 = time.thread_time()
+    response = _render(request, user_id, rec, ranking, len(history), reasons, exp_name, variant_name)
+    in_ranking = sum(ranking.cpu_seconds.values())
+    for stage, seconds in (("assign", c1 - c0), ("features", c2 - c1), *ranking.cpu_seconds.items(),
+                           ("select", c3 - c2 - in_ranking), ("log", c4 - c3), ("encode", time.thread_time() - c4)):
+        cpu.labels(stage).inc(max(seconds, 0.0))
+    return response
 
 
 def _assign(state: State, user_id: str) -> tuple[Experiment | None, Variant | None, Recommender]:

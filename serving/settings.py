@@ -67,10 +67,19 @@ class ServingSettings(SharedSettings):
     explain: Literal["admin", "public", "off"] = Field("admin", description=(
         "who may ask /recommend for explain=true, which names the user's own recent behaviours: callers with "
         "the admin token, anyone (behind a gateway that authenticates users), or nobody"))
-    max_in_flight: int = Field(32, ge=0, le=100_000, description=(
+    max_in_flight: int = Field(8, ge=0, le=100_000, description=(
         "requests one worker holds at once (probes aside); more are answered 503 with Retry-After at once, so "
-        "overload sheds instead of queueing without bound (0: no cap)"))
+        "overload sheds instead of queueing without bound (0: no cap). A worker ranks one request at a time, "
+        "so each one held adds its service time to the wait of every later one: keep it small"))
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused (413)")
+    request_read_timeout_s: float = Field(10.0, gt=0, le=600, description=(
+        "a connection whose request (headers and body) has not fully arrived this long after its first byte, "
+        "or after the connection opened, is closed: trickled or idle requests hold no connection"))
+    health_port: int | None = Field(None, ge=0, le=65535, description=(
+        "also answer GET /healthz on this port from a thread of its own, off the request loop, so a busy "
+        "worker is not mistaken for a dead one (point the liveness probe here); unset: only on the main port"))
+    liveness_max_stall_s: float = Field(30.0, gt=0, le=3600, description=(
+        "on the health port, a worker whose event loop has not turned for this long answers 503 (stalled)"))
     workers: int | None = Field(None, ge=1, le=64, description=(
         "uvicorn worker processes (`dinrec serve --workers`); default: one per CPU with Redis as the store, "
         "1 with the embedded store (it lives inside one process)"))

@@ -11,7 +11,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 
-def _fsync_dir(path: Path) -> None:
+def fsync_dir(path: Path) -> None:
+    """Make the folder's entries (files created, renamed or removed in it) survive a machine crash:
+    fsync on a file covers its data, not its name."""
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -34,7 +36,7 @@ def write_atomically(path: Path, data: bytes, durable: bool = False) -> None:
             os.fsync(fh.fileno())
     os.replace(tmp, path)
     if durable:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
 
 
 @contextmanager

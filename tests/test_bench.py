@@ -51,18 +51,42 @@ def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, 
     assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"]
 
 
-def test_bench_score_times_the_scorer_the_model_and_the_peer():
-    pytest.importorskip("deepctr_torch", reason="the peer is in the optional `bench` extra")
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "score", "--items", "3000",
-                          "--requests", "40", "--json"], cwd=REPO, capture_output=True, text=True, timeout=600)
+def _bench(*args: str, env: dict | None = None) -> dict:
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", *args, "--json"], cwd=REPO,
+                         capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
-    result = json.loads(out.stdout)
-    for side in ("dinrec", "dinrec_fp32", "dinrec_bf16", "torch", "deepctr"):
-        assert 0 < result[side]["p50_ms"] <= result[side]["p99_ms"]
-    assert result["dinrec"]["precision"] in ("fp32", "bf16")
+    return json.loads(out.stdout)
+
+
+def test_bench_score_times_each_implementation_against_the_machines_own_ceiling_and_the_peer():
+    pytest.importorskip("deepctr_torch", reason="the peer is in the optional `bench` extra")
+    result = _bench("score", "--items", "3000", "--requests", "40")
+    impls = result["implementations"]
+    assert "fp32" in impls and set(impls) <= {"fused_bf16", "bf16", "fp32"}
+    for side in [*impls.values(), result["torch"], result["deepctr"]]:
+        assert 0 < side["p50_ms"] <= side["p99_ms"]
+    # the chosen one is the fastest of those timed on the probes, and is what "dinrec" reports
+    choice = result["choice"]
+    assert choice["impl"] == min(choice["timings_ms"], key=choice["timings_ms"].get)
+    assert result["dinrec"]["impl"] == choice["impl"]
+    assert set(choice["timings_ms"]) | set(choice["refused"]) == set(impls)
+    m = result["machine"]
+    assert m["cpu"] and m["bf16_gemm_gflops"] > 0 and m["fp32_gemm_gflops"] > 0 and m["isa_limit"] == "native"
+    for side in impls.values():  # the share of the machine's own rate follows from the figures
+        rate = 2 * result["multiply_adds_per_request"] / (side["p50_ms"] / 1000) / 1e9
+        assert side["fraction_of_bf16_peak"] == pytest.approx(rate / m["bf16_gemm_gflops"], rel=0.02)
     assert result["speedup_vs_deepctr"] == pytest.approx(result["deepctr"]["p50_ms"] / result["dinrec"]["p50_ms"],
                                                          rel=1e-2)
     assert result["config"]["attention_hidden"] == [80, 40] and result["threads"] == 1
+
+
+def test_every_bench_can_run_as_on_an_avx2_only_machine():
+    result = _bench("--isa", "avx2", "score", "--items", "2000", "--requests", "20", "--vs", "none")
+    m = result["machine"]
+    assert m["isa_limit"] == "avx2" and not any(f.startswith(("avx512", "amx")) for f in m["flags"])
+    assert m["cpu_capability"] in ("AVX2", "DEFAULT")  # ATen dispatches to AVX2 kernels at most
+    assert set(result["implementations"]) == {"fp32"}  # no fused unit, no bf16 without native bf16
+    assert result["dinrec"]["impl"] == "fp32"
 
 
 @pytest.mark.redis
@@ -77,6 +101,11 @@ def test_bench_serve_drives_the_service_open_loop(redis_url):
     assert result["requests"] == 80 and result["errors"] == 0 and result["degraded"] == 0
     assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"]
     assert result["rps"] > 0
+    assert result["scorer"] in ("fused_bf16", "bf16", "fp32") and result["machine"]["cpu"]  # what ran, where
+    stages = result["cpu_ms_by_stage"]  # the server's CPU per request, by stage, adds up to its whole
+    assert {"assign", "features", "recall", "score", "select", "log", "encode", "other"} == set(stages)
+    assert stages["score"] > 0 and stages["recall"] > 0
+    assert sum(stages.values()) == pytest.approx(result["server_cpu_ms_per_request"], abs=0.01)
 
 
 @pytest.mark.redis

@@ -76,8 +76,10 @@ def test_the_api_probes_and_rollout_keep_serving_and_keep_accepted_events():
     pod = api["spec"]["template"]["spec"]
     (container,) = pod["containers"]
     assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
-    assert container["livenessProbe"]["timeoutSeconds"] >= 5  # a busy loop answers late, not never
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}  # off the request loop
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert {"name": "health", "containerPort": int(env["DINREC_HEALTH_PORT"])} in container["ports"]
+    assert container["livenessProbe"]["timeoutSeconds"] >= 5
     # The outbox (events answered 202) on the pod's own persistent volume, never an emptyDir.
     assert [t["metadata"]["name"] for t in api["spec"]["volumeClaimTemplates"]] == ["outbox"]
     assert "outbox" not in {v["name"] for v in pod["volumes"]}

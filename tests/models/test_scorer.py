@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from models.din import DIN, DINConfig
-from models.scorer import Scorer, bf16_supported, choose_score_precision
+from models.scorer import Scorer, bf16_supported, choose_scorer
 
 
 def random_model(attention_activation: str, mlp_activation: str, attention_hidden=(80, 40), mlp_hidden=(64, 32),
@@ -76,17 +76,45 @@ def test_attention_weights_are_the_activation_units_weights():
     assert weights.shape == (3, 4) and torch.allclose(weights, want, atol=1e-5)
 
 
-@pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bf16 (AVX-512 BF16 / AMX)")
-def test_bf16_stays_close_and_auto_checks_before_choosing_it():
-    model, item_cat = random_model("prelu", "relu")
+def _probes(item_cat, n: int = 3, length: int = 40, candidates: int = 50):
     g = torch.Generator().manual_seed(2)
-    probes = [(h, item_cat[h], torch.randperm(499, generator=g)[:50] + 1)
-              for h in (torch.randint(1, 500, (40,), generator=g) for _ in range(3))]
-    precision, worst = choose_score_precision(model, item_cat, "auto", probes)
-    assert worst is not None and worst < 0.05
-    assert precision == ("bf16" if worst <= 1e-3 else "fp32")
-    assert choose_score_precision(model, item_cat, "auto", probes, tolerance=0.0)[0] == "fp32" or worst == 0.0
-    assert choose_score_precision(model, item_cat, "fp32", probes) == ("fp32", None)
+    return [(h, item_cat[h], torch.randperm(499, generator=g)[:candidates] + 1)
+            for h in (torch.randint(1, 500, (length,), generator=g) for _ in range(n))]
+
+
+def test_the_scorer_is_the_fastest_implementation_that_stays_within_the_tolerance():
+    model, item_cat = random_model("prelu", "relu")
+    probes = _probes(item_cat)
+    scorer, choice = choose_scorer(model, item_cat, "auto", probes)
+    allowed = {"fp32", "bf16", "fused_bf16"} if bf16_supported() else {"fp32"}
+    assert set(choice.timings_ms) | set(choice.refused) <= allowed and "fp32" in choice.timings_ms
+    assert scorer.impl == choice.impl == min(choice.timings_ms, key=choice.timings_ms.get)
+    for name, diff in choice.max_prob_diff.items():  # timed only if close enough to fp32
+        assert (name in choice.timings_ms) == (diff <= 1e-3) and diff < 0.05
+    exact, _ = choose_scorer(model, item_cat, "fp32", probes)
+    assert exact.impl == "fp32"
+    strict, strict_choice = choose_scorer(model, item_cat, "auto", probes, tolerance=0.0)
+    assert strict.impl == "fp32" or strict_choice.max_prob_diff[strict.impl] == 0.0
+
+
+@pytest.mark.skipif(not bf16_supported(), reason="this CPU has no native bf16 (AVX-512 BF16 / AMX)")
+def test_bf16_is_kept_when_asked_for_whatever_its_difference():
+    model, item_cat = random_model("prelu", "relu")
+    scorer, choice = choose_scorer(model, item_cat, "bf16", _probes(item_cat), tolerance=0.0)
+    assert scorer.precision == "bf16" and "fp32" not in choice.timings_ms
+
+
+def test_an_avx2_only_machine_is_offered_fp32_alone(monkeypatch):
+    from models import kernels
+
+    monkeypatch.setenv(kernels.ISA_LIMIT_ENV, "avx2")
+    assert not bf16_supported() and not kernels.cpu_has("avx512f")
+    model, item_cat = random_model("prelu", "relu")
+    scorer, choice = choose_scorer(model, item_cat, "auto", _probes(item_cat, n=1))
+    assert scorer.impl == "fp32" and list(choice.timings_ms) == ["fp32"]
+    monkeypatch.setenv(kernels.ISA_LIMIT_ENV, "avx-9000")
+    with pytest.raises(ValueError, match="DINREC_CPU_ISA"):
+        kernels.cpu_has("avx2")
 
 
 def _fused_kernel_builds() -> bool:

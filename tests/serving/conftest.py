@@ -23,6 +23,7 @@ def live_server(settings, fs_settings=None, **deps):
     with serve_in_thread(app, port, start_timeout_s=30), \
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         client.service_state = lambda: app.state.dinrec
+        client.app_liveness = lambda: app.state.liveness
         yield client
 
 

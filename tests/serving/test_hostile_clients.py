@@ -361,3 +361,77 @@ def test_requests_queued_on_new_connections_are_shed_from_the_kernels_accept_que
         codes = [int(a.split()[1]) for a in answers]
         assert codes[0] == 200 and codes[-3:] == [200] * 3 and codes.count(503) >= 5, codes
         assert all(b"retry-after: 1" in a.lower() for a in answers if a.split()[1] == b"503")
+
+
+def _closed_by_server(sock: socket.socket, bound_s: float = 20.0) -> bool:
+    """Whether the server closes ``sock`` (recv reads EOF) before ``bound_s`` (read, not slept)."""
+    sock.settimeout(bound_s)
+    try:
+        while True:
+            data = sock.recv(4096)
+            if not data:
+                return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("sent", [
+    b"",                                                                       # connects, sends nothing
+    b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: a",                          # headers never finished
+    b"POST /events HTTP/1.1\r\nHost: x\r\ncontent-type: application/json\r\n"
+    b"content-length: 500\r\n\r\n{\"events\": [",                              # body never finished
+])
+def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(tiny_run, sent):
+    store = MemoryStore()
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="store", request_read_timeout_s=0.5),
+                     FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        port = c.base_url.port
+        with socket.create_connection(("127.0.0.1", port)) as slow:
+            slow.sendall(sent)
+            t0 = time.monotonic()
+            assert _closed_by_server(slow), "the server kept a request that never arrived whole"
+            assert time.monotonic() - t0 < 10
+        assert store.history("u", 10) == []
+        assert c.get("/healthz").status_code == 200  # the service itself carries on
+        # a slow-but-whole request within the bound is served (the timer stops once it has arrived)
+        with socket.create_connection(("127.0.0.1", port)) as ok:
+            ok.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n")
+            ok.sendall(b"\r\n")
+            ok.settimeout(10)
+            assert ok.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def test_liveness_is_answered_off_the_request_loop_and_says_when_the_loop_stalls(tiny_run):
+    import httpx
+
+    from serving.server import free_port
+
+    health = free_port()
+    with live_server(ServingSettings(bundle_dir=tiny_run[2], health_port=health, liveness_max_stall_s=0.5),
+                     FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        probe = httpx.Client(base_url=f"http://127.0.0.1:{health}", timeout=5)
+        r = probe.get("/healthz")
+        assert r.status_code == 200 and r.json()["status"] == "ok"
+        assert probe.get("/recommend").status_code == 404  # the liveness port serves nothing else
+        # Block the service's event loop (as a wedged handler would): the main port cannot answer,
+        # the liveness port still does, and says the loop has stalled.
+        release = threading.Event()
+        app_heartbeat = c.app_liveness()
+        app_heartbeat.loop.call_soon_threadsafe(release.wait, 30)
+        try:
+            stalled = {}
+
+            def reports_stall() -> bool:
+                r = probe.get("/healthz")
+                stalled.update(r.json())
+                return r.status_code == 503
+
+            wait_until(reports_stall, what="the liveness port reporting the blocked loop")
+            assert stalled["status"] == "stalled" and stalled["loop_stall_s"] >= 0.5
+        finally:
+            release.set()
+        wait_until(lambda: probe.get("/healthz").status_code == 200, what="liveness back once the loop turns")
+        assert c.get("/healthz").status_code == 200
+        probe.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -33,8 +34,12 @@ def test_metrics_show_requests_stages_and_the_model(tiny_run):
     assert 'dinrec_http_request_seconds_count{route="/recommend",status="200"} 4.0' in text
     for stage in ("features", "recall", "rank"):
         assert f'dinrec_stage_seconds_count{{stage="{stage}"}} 4.0' in text
-    version, precision = state.recommender.model_version, state.recommender.precision
-    assert f'dinrec_model_info{{precision="{precision}",version="{version}"}} 1.0' in text
+    cpu = {m[0]: float(m[1]) for m in re.findall(r'dinrec_recommend_cpu_seconds_total\{stage="(\w+)"\} (\S+)', text)}
+    assert set(cpu) == {"assign", "features", "recall", "score", "select", "log", "encode"} and cpu["score"] > 0
+    rec = state.recommender
+    assert rec.scorer.impl in rec.scorer_choice.timings_ms  # the one chosen was timed here
+    assert (f'dinrec_model_info{{precision="{rec.precision}",scorer="{rec.scorer.impl}",version="{rec.model_version}"}}'
+            ' 1.0') in text
     assert "dinrec_in_flight_requests 1.0" in text  # the scrape itself
     assert "dinrec_outbox_pending_bytes" in text
 

@@ -182,6 +182,24 @@ def test_the_supervisor_iam_policy_allows_every_ec2_and_sagemaker_call_the_code_
         assert action in allowed, f"{action} is used by spot but not in supervisor-policy.json"
 
 
+def test_the_supervisor_may_launch_only_catalog_instances_tagged_with_their_job():
+    from spot.backends import JOB_TAG
+    from spot.catalog import DEFAULT_CATALOG
+
+    policy = json.loads((Path(REPO) / "deploy" / "aws" / "supervisor-policy.json").read_text())
+    on_instances = [s for s in policy["Statement"] if "ec2:RunInstances" in s["Action"]
+                    and "instance/" in json.dumps(s["Resource"])]
+    assert len(on_instances) == 1, "one statement decides which instances may start"
+    (launch,) = on_instances
+    # the allowlist is the planner's catalog: a type it may choose can start, and no other
+    assert set(launch["Condition"]["StringEquals"]["ec2:InstanceType"]) == {t.name for t in DEFAULT_CATALOG}
+    assert launch["Condition"]["Null"] == {f"aws:RequestTag/{JOB_TAG}": "false"}
+    for statement in policy["Statement"]:  # no other statement lets an instance start unconditioned
+        if {"ec2:RunInstances", "ec2:CreateFleet"} & set(statement["Action"]) and statement is not launch:
+            resources = statement["Resource"] if isinstance(statement["Resource"], list) else [statement["Resource"]]
+            assert all(r != "*" and "instance/" not in r for r in resources), statement["Sid"]
+
+
 def test_job_data_keys_that_climb_out_of_the_dataset_are_never_written(aws_env, tmp_path):
     import uuid
 
