@@ -36,6 +36,16 @@ def onednn_version() -> str | None:
     return match.group(1) if match else None
 
 
+def faiss_simd() -> str | None:
+    """The SIMD level FAISS dispatches its scans to here (AVX512, AVX2, …)."""
+    try:
+        import faiss
+
+        return faiss.SIMDConfig.get_level_name()
+    except (ImportError, AttributeError):
+        return None
+
+
 def machine() -> dict:
     """CPU model and the flags that matter (those dinrec may use, and the CPU's own where an ISA limit
     hides some), cores this process may use, torch's threads, the vector unit ATen dispatches to and
@@ -44,7 +54,7 @@ def machine() -> dict:
     out = {"cpu": _cpu_model(), "flags": [f for f in ISA_FLAGS if cpu_has(f)], "cores": cores,
            "torch_threads": torch.get_num_threads(), "interop_threads": torch.get_num_interop_threads(),
            "cpu_capability": torch.backends.cpu.get_cpu_capability(), "torch": torch.__version__,
-           "onednn": onednn_version(), "isa_limit": isa_limit()}
+           "onednn": onednn_version(), "faiss_simd": faiss_simd(), "isa_limit": isa_limit()}
     if out["isa_limit"] != "native":
         out["cpu_flags"] = [f for f in ISA_FLAGS if cpu_flag_present(f)]
     return out

@@ -93,7 +93,7 @@ def _service(redis_url: str, *, items: int, categories: int, users: int, seq_len
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
-        yield port, {**index_info, "scorer": _served_scorer(f"http://127.0.0.1:{port}"), "pid": proc.pid}
+        yield port, {**index_info, **_served_paths(f"http://127.0.0.1:{port}"), "pid": proc.pid}
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -131,7 +131,7 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
                 r.failure or (f"status {r.status}" if r.status != 200 else "late") for r in results
                 if not (r.status == 200 and r.latency_s <= timeout_s))),
             "workers": workers or os.cpu_count(),  # dinrec serve's default with Redis: one per CPU
-            "index": index_info["kind"], "scorer": index_info["scorer"],
+            "index": index_info["kind"], "served_index": index_info["served_index"], "scorer": index_info["scorer"],
             "recall_at_200": index_info.get("recall_at_200", 1.0), "items": items, "users": users,
             "seq_len": seq_len, "cpus": os.cpu_count(),
             # The service's processes' CPU (workers, their threads, the supervisor) over the measured run, per
@@ -269,15 +269,19 @@ def _stage_cpu_ms(base: str, scrapes: int = 8) -> dict[str, float]:
     return {s: round(sum(m.get(s, 0.0) for m in means) / len(means), 3) for s in means[0]}
 
 
-def _served_scorer(base: str) -> str | None:
-    """The scoring implementation the service timed fastest at load (its dinrec_model_info metric);
-    one worker's answer: every worker times its own, on the same CPU."""
+def _served_paths(base: str) -> dict:
+    """The scoring implementation and recall index the service timed fastest at load (its
+    dinrec_model_info metric); one worker's answer: every worker times its own, on the same CPU."""
     import re
 
     import httpx
 
-    match = re.search(r'dinrec_model_info\{[^}]*scorer="([^"]+)"', httpx.get(base + "/metrics", timeout=5).text)
-    return match.group(1) if match else None
+    text = httpx.get(base + "/metrics", timeout=5).text
+    out = {}
+    for key, label in (("scorer", "scorer"), ("served_index", "recall_index")):
+        match = re.search(rf'dinrec_model_info\{{[^}}]*{label}="([^"]+)"', text)
+        out[key] = match.group(1) if match else None
+    return out
 
 
 def _wait_ready(base: str, proc: subprocess.Popen, log: Path, timeout_s: float = 180) -> None:

@@ -44,7 +44,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
     "DINREC_KERNEL_CACHE": ("models/kernels.py", "~/.cache/dinrec/kernels",
                             "where the fused C++ kernels are built and cached (keyed on source, torch and CPU)"),
     "DINREC_CPU_ISA": ("models/kernels.py", "native", "avx2: use no AVX-512 or AMX path (what `dinrec bench "
-                       "--isa avx2` sets, with ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA and MKL_ENABLE_INSTRUCTIONS)"),
+                       "--isa avx2` sets, with ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS "
+                       "and FAISS_SIMD_LEVEL)"),
     "DINREC_SPOT_SHUTDOWN_CMD": ("the spot job's shell script", "shutdown -h now",
                                  "run on the instance when training ends other than by an interruption"),
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),

@@ -49,7 +49,7 @@ def isa_environment(isa: str) -> dict[str, str]:
     if isa == "native":
         return {}
     return {ISA_LIMIT_ENV: isa, "ATEN_CPU_CAPABILITY": isa, "ONEDNN_MAX_CPU_ISA": isa.upper(),
-            "MKL_ENABLE_INSTRUCTIONS": isa.upper()}
+            "MKL_ENABLE_INSTRUCTIONS": isa.upper(), "FAISS_SIMD_LEVEL": isa.upper()}
 
 
 def cpu_flag_present(flag: str) -> bool:

@@ -89,8 +89,7 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
         parts.callback(stream.close)
     metrics = ServiceMetrics()
     catalog = Catalog()  # new items the store knows and the models do not: every model loaded gets them
-    models = ModelManager(settings,
-                          on_swap=lambda rec: metrics.serving_model(rec.model_version, rec.precision, rec.scorer.impl),
+    models = ModelManager(settings, on_swap=metrics.serving_model,
                           prepare=lambda rec: rec.set_cold_items(catalog.items))
     catalog.attach(models)
     state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics)
@@ -114,13 +113,13 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
                                 promote=models.promote if models.registry is not None else None)
     _start_loops(parts, state, catalog)
     rec = state.recommender
-    metrics.serving_model(rec.model_version, rec.precision, rec.scorer.impl)
+    metrics.serving_model(rec)
     # The bundle's vocabularies are millions of long-lived objects: out of the collector's sight,
     # a full collection no longer walks them in the middle of a request.
     gc.collect()
     gc.freeze()
-    log.info("serving model %s (scorer %s, timed fastest here: %s) from %s", rec.model_version, rec.scorer.impl,
-             rec.scorer_choice.timings_ms, settings.bundle_dir)
+    log.info("serving model %s from %s; timed fastest here: scorer %s (%s), recall index %s (%s)", rec.model_version,
+             settings.bundle_dir, rec.scorer.impl, rec.scorer_choice.timings_ms, rec.index.kind, rec.index_choice)
     return state
 
 

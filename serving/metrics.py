@@ -6,7 +6,7 @@
   assign, features, recall, score, select, log, encode (``dinrec bench serve`` sets them beside the
   processes' whole CPU: the rest is HTTP, middleware, the framework and background threads);
 * ``dinrec_degraded_responses_total{reason}`` — answers given without a dependency;
-* ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision,scorer}``,
+* ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision,scorer,recall_index}``,
   ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream);
 * ``dinrec_shed_requests_total`` — refused for load (DINREC_MAX_IN_FLIGHT);
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
@@ -45,13 +45,15 @@ class ServiceMetrics:
                                        ["name"], registry=r)
         self.store_up = Gauge("dinrec_store_up", "1 when the feature store answered the last readiness check",
                               registry=r)
-        self.model = Gauge("dinrec_model_info", "the model being served (value 1), its scores' precision and the "
-                           "scorer implementation timed fastest on this CPU at load",
-                           ["version", "precision", "scorer"], registry=r)
+        self.model = Gauge("dinrec_model_info", "the model being served (value 1), its scores' precision, and the "
+                           "scorer implementation and recall index timed fastest on this CPU at load",
+                           ["version", "precision", "scorer", "recall_index"], registry=r)
 
-    def serving_model(self, version: str, precision: str, scorer: str) -> None:
+    def serving_model(self, rec) -> None:
+        """``rec``: the serving.ranking.Recommender now serving."""
         self.model.clear()
-        self.model.labels(version=version, precision=precision, scorer=scorer).set(1)
+        self.model.labels(version=rec.model_version, precision=rec.precision, scorer=rec.scorer.impl,
+                          recall_index=rec.index.kind).set(1)
 
     def watch_threads(self, threads: Mapping[str, Callable[[], bool]]) -> None:
         gauge = Gauge("dinrec_thread_alive", "background threads the answers depend on: 1 while running",

@@ -18,7 +18,7 @@ from models.blend import candidate_signals
 from models.bundle import Bundle
 from models.recall import RecallSpace
 from models.scorer import Scorer, choose_scorer
-from retrieval.index import FaissIndex, IndexSpec
+from retrieval.index import FaissIndex, IndexSpec, choose_search_index
 from serving.rerank import Reranker
 from serving.schemas import Because  # one of the user's behaviours that drew an item, and its weight
 
@@ -78,6 +78,9 @@ class Recommender:
                              f"recall space {self.recall.dim}-d")
         # the fastest implementation on this CPU whose scores stay within 1e-3 of fp32, timed now
         self.scorer, self.scorer_choice = choose_scorer(self.model, self._item_cat, precision, self._probes())
+        # and the faster of the exact scan and its half-precision copy (the same top items), timed now
+        queries = np.concatenate([self.recall.query(h.tolist(), c.tolist()) for h, c, _ in self._probes(16)])
+        self.index, self.index_choice = choose_search_index(index, queries, recall_candidates + self.seq_len)
         self.fresh_candidates = 0  # cold items every recall includes, however they score (a freshness lane)
         self.popular_candidates = 0  # the bundle's most popular items every recall includes (a popularity lane)
         self._popular_idx = [i for i in (self._item_idx.get(item) for item, _ in bundle.popularity) if i]

@@ -85,6 +85,7 @@ def test_every_bench_can_run_as_on_an_avx2_only_machine():
     m = result["machine"]
     assert m["isa_limit"] == "avx2" and not any(f.startswith(("avx512", "amx")) for f in m["flags"])
     assert m["cpu_capability"] in ("AVX2", "DEFAULT")  # ATen dispatches to AVX2 kernels at most
+    assert m["faiss_simd"] in ("AVX2", "NONE")
     assert set(result["implementations"]) == {"fp32"}  # no fused unit, no bf16 without native bf16
     assert result["dinrec"]["impl"] == "fp32"
 

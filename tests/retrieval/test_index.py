@@ -91,3 +91,25 @@ def test_ef_search_is_the_smallest_step_that_reaches_the_recall_target():
     assert recall == round(recall_at_k(index, exact, queries, 100), 4)
     ef, recall, tried = tune_ef_search(index, exact, queries, k=100, target=1.01, steps=(100, 400))
     assert ef == 400 and list(tried) == [100, 400]  # unreachable: the largest step
+
+
+def test_the_half_precision_scan_returns_the_same_top_items_and_is_kept_only_if_faster():
+    from retrieval.index import choose_search_index, recall_at_k
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((20_000, 32)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    ids = np.arange(1, 20_001, dtype=np.int64)
+    flat = FaissIndex.build(x, ids)
+    half = flat.as_fp16()
+    assert half is not None and half.kind == "flat_fp16" and len(half) == len(flat)
+    queries = rng.standard_normal((16, 32)).astype(np.float32)
+    assert recall_at_k(half, flat, queries, 200) >= 0.999
+    got, _ = half.search(queries[:1], 10, exclude=[{int(flat.search(queries[:1], 1)[0][0, 0])}])
+    assert len(set(got[0])) == 10  # exclusion and ids work through the copy
+    assert choose_search_index(flat, queries, 200)[1] == {"kind": "flat"}  # 2.5 MB: it stays in cache
+    chosen, info = choose_search_index(flat, queries, 200, min_bytes=0)
+    assert chosen.kind == info["kind"] == min(info["timings_ms"], key=info["timings_ms"].get)
+    assert half.as_fp16() is None  # only the fp32 scan has a half-precision copy
+    refused, info = choose_search_index(flat, queries, 200, min_recall=1.01, min_bytes=0)
+    assert refused is flat and "flat_fp16" in info["refused"]

@@ -38,8 +38,9 @@ def test_metrics_show_requests_stages_and_the_model(tiny_run):
     assert set(cpu) == {"assign", "features", "recall", "score", "select", "log", "encode"} and cpu["score"] > 0
     rec = state.recommender
     assert rec.scorer.impl in rec.scorer_choice.timings_ms  # the one chosen was timed here
-    assert (f'dinrec_model_info{{precision="{rec.precision}",scorer="{rec.scorer.impl}",version="{rec.model_version}"}}'
-            ' 1.0') in text
+    assert rec.index.kind == rec.index_choice["kind"]
+    assert (f'dinrec_model_info{{precision="{rec.precision}",recall_index="{rec.index.kind}",'
+            f'scorer="{rec.scorer.impl}",version="{rec.model_version}"}} 1.0') in text
     assert "dinrec_in_flight_requests 1.0" in text  # the scrape itself
     assert "dinrec_outbox_pending_bytes" in text
 
