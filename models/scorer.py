@@ -12,11 +12,10 @@ per history). With W = [Wq | Wh | Wd | Wp] the activation unit's first layer (se
 The history is embedded once per request (the training path embeds it once per candidate), the
 rest of the unit and the MLP are the model's own modules in eval mode, so the function is the
 same; tests compare against the model within 1e-5 (fp32). ``precision="bf16"`` runs the matrix
-products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX); :func:`choose_score_precision` measures
-how far it is from fp32 on probe requests and keeps it only within a tolerance. With bf16, a unit of
-the default shape (Linear→PReLU→Linear→PReLU→Linear, D a multiple of 32) runs as one fused kernel
-(``csrc/din_score.cpp``: ~0.44 ms for 200 × 50 instead of ~0.9 ms of PyTorch ops on this project's
-2-core EPYC); other units keep the ops below.
+products in bfloat16 (fast on CPUs with AVX-512 BF16 or AMX). With bf16, a unit of the default shape
+(Linear→PReLU→Linear→PReLU→Linear, D a multiple of 32) can run as one fused kernel
+(``csrc/din_score.cpp``); other units keep the ops below. Which of these is fastest depends on the
+CPU: :func:`choose_scorer` times them on probe requests and keeps the fastest within a tolerance of fp32.
 """
 
 from __future__ import annotations
@@ -284,19 +283,3 @@ def choose_scorer(model: DIN, item_category: torch.Tensor, wanted: str,
     best = min(timings, key=timings.__getitem__)
     return scorers[best], ScorerChoice(best, timings, diffs, refused)
 
-
-def choose_score_precision(model: DIN, item_category: torch.Tensor, wanted: str,
-                     probes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]],
-                     tolerance: float = 1e-3) -> tuple[ScorePrecision, float | None]:
-    """``wanted``: fp32, bf16 or auto. Auto takes bf16 only where the CPU multiplies it natively and,
-    on the ``probes`` (hist_items, hist_cats, candidates), no probability moves by more than
-    ``tolerance`` from fp32. Returns the precision and the largest difference seen (None if not
-    measured)."""
-    if wanted == "fp32" or (wanted == "auto" and not bf16_supported()):
-        return "fp32", None
-    exact, fast = Scorer(model, item_category, "fp32"), Scorer(model, item_category, "bf16")
-    worst = max(float((torch.sigmoid(fast.score(*p).logits) - torch.sigmoid(exact.score(*p).logits)).abs().max())
-                for p in probes)
-    if wanted == "bf16" or worst <= tolerance:
-        return "bf16", worst
-    return "fp32", worst

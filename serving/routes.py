@@ -76,9 +76,10 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
         state.metrics.degraded.labels(reason).inc()
     c4 = time.thread_time()
     response = _render(request, user_id, rec, ranking, len(history), reasons, exp_name, variant_name)
-    in_ranking = sum(ranking.cpu_seconds.values())
+    # select: ranking's rules, lanes and list building — all of ranking but recall and scoring
     for stage, seconds in (("assign", c1 - c0), ("features", c2 - c1), *ranking.cpu_seconds.items(),
-                           ("select", c3 - c2 - in_ranking), ("log", c4 - c3), ("encode", time.thread_time() - c4)):
+                           ("select", c3 - c2 - sum(ranking.cpu_seconds.values())), ("log", c4 - c3),
+                           ("encode", time.thread_time() - c4)):
         cpu.labels(stage).inc(max(seconds, 0.0))
     return response
 
