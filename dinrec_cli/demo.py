@@ -119,8 +119,10 @@ def demo(
                 "name": "din-vs-popular", "status": "running", "seed": "demo",
                 "variants": [{"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]})
             users = 300 if smoke else 1000
-            served = simulate(httpx.Client(base_url=base, timeout=30), world, users=users, rounds=2, k=10)
-            wait_until_logged(open_state(store), "din-vs-popular", served)
+            ab = open_state(store)
+            served = simulate(httpx.Client(base_url=base, timeout=30), world, users=users, rounds=2, k=10,
+                              before_clicks=lambda so_far: wait_until_logged(ab, "din-vs-popular", so_far))
+            wait_until_logged(ab, "din-vs-popular", served)
             results = client.get(base + "/experiments/din-vs-popular/results").json()
             ctrs = ", ".join(f"{v} CTR {100 * s['ctr']:.2f}%" for v, s in results["results"]["variants"].items())
             lifts = "".join(f"; {c['variant']} lift {100 * c['lift']:+.1f}% (p = {c['p_value']:.2g}, "

@@ -98,8 +98,10 @@ def simulate(
     with serve_in_thread(app, port, name="dinrec-simulate-server"), \
             httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
         t0 = time.perf_counter()
-        served = run(client, world, users=users, rounds=rounds, k=k, seed=seed)
-        wait_until_logged(open_state(store), experiment, served)
+        state = open_state(store)
+        served = run(client, world, users=users, rounds=rounds, k=k, seed=seed,
+                     before_clicks=lambda so_far: wait_until_logged(state, experiment, so_far))
+        wait_until_logged(state, experiment, served)
         report = client.get(f"/experiments/{experiment}/results").json()
         say(f"simulated {sum(v['requests'] for v in served.values())} requests in {time.perf_counter() - t0:.0f}s")
     report["served"] = served

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,9 +31,14 @@ class ClickModel:
 
 
 def simulate(client, world: World, *, users: int, rounds: int, k: int = 10, seed: int = 0,
-             clicks: ClickModel = ClickModel()) -> dict:
+             clicks: ClickModel = ClickModel(), before_clicks: Callable[[dict], None] | None = None) -> dict:
     """``rounds`` requests per user (users u0 … u{users−1}, shuffled each round) against ``client``
-    (an httpx client with the service's base URL); returns what was served and clicked, per variant."""
+    (an httpx client with the service's base URL); returns what was served and clicked, per variant.
+
+    ``before_clicks(served_so_far)`` runs before each batch of clicks is sent: a person clicks seconds
+    after the list is shown, these users within a millisecond, before the service has logged the
+    list's impressions off the request path — and a click whose impression is not logged yet is
+    rightly counted apart (an orphan). Pass :func:`wait_until_logged` to click as people do."""
     rng = np.random.default_rng(seed)
     served: dict[str, dict[str, int]] = {}
     for _ in range(rounds):
@@ -53,11 +59,17 @@ def simulate(client, world: World, *, users: int, rounds: int, k: int = 10, seed
                                   "item_id": item["item_id"], "category_id": item["category_id"],
                                   "event_type": "click", "ts": time.time(), "request_id": body["request_id"]})
             if len(batch) >= 200:
-                client.post("/events", json={"events": batch}).raise_for_status()
+                _send(client, batch, served, before_clicks)
                 batch = []
         if batch:
-            client.post("/events", json={"events": batch}).raise_for_status()
+            _send(client, batch, served, before_clicks)
     return served
+
+
+def _send(client, batch: list[dict], served: dict, before_clicks: Callable[[dict], None] | None) -> None:
+    if before_clicks is not None:
+        before_clicks(served)
+    client.post("/events", json={"events": batch}).raise_for_status()
 
 
 def wait_until_logged(state: ExperimentState, experiment: str, served: dict, timeout_s: float = 60.0) -> None:

@@ -32,6 +32,7 @@ def test_an_aa_simulation_counts_every_impression_and_click_and_finds_nothing():
         assert variants[name]["impressions"] == served[name]["shown"]
         assert variants[name]["clicks"] == served[name]["clicked"] > 0
         assert variants[name]["users"] == served[name]["requests"] // 2
+    assert report["unattributed"]["orphan_clicks"] == 0  # every click joined its logged impression
     (comparison,) = report["results"]["comparisons"]
     assert comparison["sequential"] == "inconclusive" and report["stopped"] == {}
     assert not report["results"]["srm"]["flagged"]
