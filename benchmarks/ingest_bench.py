@@ -15,6 +15,7 @@ protocol. All processes (broker, Redis, bench) share this machine's cores.
 
 from __future__ import annotations
 
+import gc
 import os
 import random
 import statistics
@@ -149,6 +150,10 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     # Not kept: 200k live objects in this process would make every garbage collection during the
     # drains walk them, a cost no real consumer process has.
     del records
+    # As `dinrec ingest` does once started: this process's imports (torch among them) out of the
+    # collector's sight, or every full collection in the drains walks them (both sides alike).
+    gc.collect()
+    gc.freeze()
     store = RedisStore(redis_url, prefix=f"{run}-dinrec", history_cap=cap)
     try:
         time.sleep(settle_s)  # the broker flushes what was just produced; not the consumers' cost

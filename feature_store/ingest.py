@@ -74,6 +74,8 @@ class _Write:
     offsets: StreamOffsets
     result: Future[int]
     started: float
+    applied_s: float = 0.0     # perf_counter when the store answered (accounted for after)
+    applied_at: float = 0.0    # the same moment on the wall clock (records' ages end there)
 
 
 class Ingestor:
@@ -134,9 +136,15 @@ class Ingestor:
                         if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
                             break
                         continue
-                self._finish_write()
-                if self._queue:
-                    self._start_write()
+                # The next batch goes to the writer before the finished one is accounted for (its
+                # per-record bookkeeping would otherwise hold the writer idle between two writes).
+                done = self._settle_write()
+                try:
+                    if self._queue:
+                        self._start_write()
+                finally:
+                    if done is not None:
+                        self._account(*done)
                 self._maybe_commit()
                 self._backoff.reset()
             except (StoreUnavailable, StreamUnavailable) as exc:
@@ -191,11 +199,19 @@ class Ingestor:
         self._queue.popleft()
 
     def _finish_write(self) -> None:
-        """Wait for the write in flight and account for it; a failed one goes back to the head of
-        the queue (raising Store/StreamUnavailable), a refused one re-reads its partitions."""
+        """Wait for the write in flight and account for it (see :meth:`_settle_write`)."""
+        done = self._settle_write()
+        if done is not None:
+            self._account(*done)
+
+    def _settle_write(self) -> tuple[_Write, int] | None:
+        """Wait for the write in flight; return it and how many records it applied for
+        :meth:`_account`, the offsets it wrote already believed (the next write builds on them). A
+        failed one goes back to the head of the queue (raising Store/StreamUnavailable), a refused one
+        re-reads its partitions (None: nothing to account for)."""
         w, self._inflight = self._inflight, None
         if w is None:
-            return
+            return None
         try:
             applied = w.result.result()
         except OffsetConflict as exc:
@@ -205,14 +221,19 @@ class Ingestor:
                 self._rewind(p, stored)
             for b in self._queue:  # what was polled after the store's offset comes again after the seek
                 b.items = [d for d in b.items if d[0].partition not in exc.stored]
-            return
+            return None
         except BaseException:
             self._queue.appendleft(w.batch)
             raise
-        now = time.time()
+        w.applied_s, w.applied_at = time.perf_counter(), time.time()
+        self._believed.update({p: o for p, o in w.offsets.last.items() if self._believed.get(p) is not None})
+        return w, applied
+
+    def _account(self, w: _Write, applied: int) -> None:
+        now = w.applied_at
         items = w.batch.items
         with self.stats.lock:
-            self.stats.apply_s.observe(time.perf_counter() - w.started)
+            self.stats.apply_s.observe(w.applied_s - w.started)
             for r, _ in items:
                 if r.timestamp_ms is not None:
                     self.stats.age_s.observe(max(0.0, now - r.timestamp_ms / 1000))
@@ -220,7 +241,6 @@ class Ingestor:
             self.stats.consumed += len(items)
             self.stats.dead_lettered += sum(isinstance(e, InvalidEvent) for _, e in items)
             self.stats.batches += 1
-        self._believed.update({p: o for p, o in w.offsets.last.items() if self._believed.get(p) is not None})
         if self._on_applied is not None:
             self._on_applied([r for r, _ in items])
 

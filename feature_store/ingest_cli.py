@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import signal
@@ -60,6 +61,11 @@ def ingest(
         from feature_store.ingest_http import serve_stats
 
         server = serve_stats(ingestor.stats, settings.ingest_metrics_port, settings.ingest_metrics_host)
+    # What start-up made (this CLI's imports reach torch: ~190k objects) moves out of the collector's
+    # sight: every full collection walked it, a quarter of this loop's time on a 2-core box
+    # (docs/benchmarks.md#ingest). The serving app does the same once its model is loaded.
+    gc.collect()
+    gc.freeze()
     try:
         stats = ingestor.run(stop, max_records=max_records, idle_exit_s=idle_exit)
     finally:

@@ -81,6 +81,7 @@ for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
 end
+local RECORD = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$'
 local function split(s)
   local out, start = {}, 1
   while true do
@@ -129,7 +130,8 @@ for u = 1, (#KEYS - 2) / 3 do
   local n = tonumber(ARGV[i + 1]); i = i + 2
   redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
   for _ = 1, n do
-    local f = split(ARGV[i])
+    -- One pattern match, not a split loop: the eight fields of a record (Python joins them with SEP).
+    local f = {string.match(ARGV[i], RECORD)}
     local kind, eid, item = f[1], f[3], f[4]
     if redis.call('ZADD', seen, 'NX', now, eid) == 1 then
       if kind == 'I' then
