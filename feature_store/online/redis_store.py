@@ -128,6 +128,7 @@ for u = 1, (#KEYS - 2) / 3 do
   local hist, seen, items = KEYS[3 * u], KEYS[3 * u + 1], KEYS[3 * u + 2]
   local user = ARGV[i]
   local n = tonumber(ARGV[i + 1]); i = i + 2
+  local grew = false  -- did this user's history take a behaviour in this batch?
   redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
   for _ = 1, n do
     -- One pattern match, not a split loop: the eight fields of a record (Python joins them with SEP).
@@ -143,6 +144,7 @@ for u = 1, (#KEYS - 2) / 3 do
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
       elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
         redis.call('ZADD', items, 'GT', f[2], item)
+        grew = true
         if not increments[item] then categories[item] = f[5] end
         increments[item] = (increments[item] or 0) + 1
         applied = applied + 1
@@ -163,8 +165,12 @@ for u = 1, (#KEYS - 2) / 3 do
     end
     i = i + 1
   end
-  redis.call('ZREMRANGEBYRANK', hist, 0, -(cap + 1))
-  redis.call('ZREMRANGEBYRANK', items, 0, -(icap + 1))
+  -- Trimmed only where they grew (a batch of impressions or duplicates leaves both alone). Only the
+  -- trim removes history members, so a history that lost none holds every behaviour the user ever
+  -- had, at most cap: then the interacted items (at most one per behaviour) fit icap >= cap too.
+  if grew and redis.call('ZREMRANGEBYRANK', hist, 0, -(cap + 1)) + (icap < cap and 1 or 0) > 0 then
+    redis.call('ZREMRANGEBYRANK', items, 0, -(icap + 1))
+  end
   redis.call('EXPIRE', seen, ttl)
 end
 for item, n in pairs(increments) do

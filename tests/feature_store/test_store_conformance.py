@@ -75,6 +75,15 @@ def test_interacted_items_outlive_the_history_within_their_cap(items_store):
     assert "z" not in s.interacted(["u"])["u"]  # what is not a behaviour is not "taken"
 
 
+@pytest.mark.parametrize("backend", ["memory", "redis"])
+def test_an_interacted_cap_below_the_history_cap_still_holds(backend, request, unique, clock):
+    # Redis trims the interacted items only once the history overflows — unless their cap is the smaller.
+    for s in online_store(backend, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                          interacted_cap=2):
+        s.write([ev("u", "a", 1), ev("u", "b", 2), ev("u", "c", 3)])
+        assert len(s.history("u", 10)) == 3 and s.interacted(["u"])["u"] == frozenset("bc")
+
+
 def test_capped_to_newest_and_limit_takes_the_newest(store):
     store.write([ev("u", str(i), float(i)) for i in range(8)])
     assert [h.item_id for h in store.history("u", 100)] == ["3", "4", "5", "6", "7"]
