@@ -49,7 +49,7 @@ def config() -> None:
 def main() -> None:
     from dinrec_cli.config import unknown_warnings
     from feature_store.errors import FeatureStoreError
-    from models.bundle import BundleError
+    from models.errors import BundleError
     from retrieval.errors import RetrievalError
     from storage import CloudError
 

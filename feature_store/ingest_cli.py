@@ -61,9 +61,9 @@ def ingest(
         from feature_store.ingest_http import serve_stats
 
         server = serve_stats(ingestor.stats, settings.ingest_metrics_port, settings.ingest_metrics_host)
-    # What start-up made (this CLI's imports reach torch: ~190k objects) moves out of the collector's
-    # sight: every full collection walked it, a quarter of this loop's time on a 2-core box
-    # (docs/benchmarks.md#ingest). The serving app does the same once its model is loaded.
+    # What start-up made (~70k objects: the CLI, pydantic, the clients) moves out of the collector's
+    # sight, or every full collection walks it; with torch imported (~190k) that was a quarter of this
+    # loop's time on a 2-core box (docs/benchmarks.md#ingestion-throughput). Serving does the same.
     gc.collect()
     gc.freeze()
     try:

@@ -36,6 +36,7 @@ from feature_store.long_tail import long_tail_mask
 from feature_store.schema import SCHEMA_VERSION
 from models.blend import Blend
 from models.din import DIN, DINConfig
+from models.errors import BundleError
 from models.towers import Towers, TowersConfig
 from models.vocab import Vocab
 from retrieval.covisit import CoVisitation
@@ -49,10 +50,6 @@ ITEM_COUNTS_FILE = "item_counts.npy"
 COVISIT_FILE = "covisit.npz"
 BLEND_FILE = "ranking_blend.json"
 MANIFEST_FILE = "manifest.json"
-
-
-class BundleError(ValueError):
-    """A bundle is missing, of an unknown format, or fails its checksums."""
 
 
 def _sha256(path: Path) -> str:

@@ -22,3 +22,15 @@ def test_nothing_heavy_at_import_time():
             "print(sorted(m for m in ('torch', 'faiss', 'redis', 'kafka') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
+
+
+def test_a_command_that_loads_no_model_does_not_import_torch():
+    # `dinrec ingest` runs for weeks beside the broker: torch's ~120k objects would be walked by every
+    # full garbage collection of its loop (docs/benchmarks.md#ingestion-throughput). Its --help runs the
+    # CLI's whole start-up (main(): error mapping, the settings check) without consuming.
+    code = ("import sys; sys.argv = ['dinrec', 'ingest', '--help']\n"
+            "import dinrec_cli.main as m\n"
+            "try:\n    m.main()\nexcept SystemExit:\n    pass\n"
+            "print('torch' in sys.modules, file=sys.stderr)")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "Usage" in out.stdout and out.stderr.strip().endswith("False"), out.stderr
