@@ -168,8 +168,11 @@ for u = 1, (#KEYS - 2) / 3 do
   -- Trimmed only where they grew (a batch of impressions or duplicates leaves both alone). Only the
   -- trim removes history members, so a history that lost none holds every behaviour the user ever
   -- had, at most cap: then the interacted items (at most one per behaviour) fit icap >= cap too.
-  if grew and redis.call('ZREMRANGEBYRANK', hist, 0, -(cap + 1)) + (icap < cap and 1 or 0) > 0 then
-    redis.call('ZREMRANGEBYRANK', items, 0, -(icap + 1))
+  if grew then
+    local dropped = redis.call('ZREMRANGEBYRANK', hist, 0, -(cap + 1))
+    if dropped > 0 or icap < cap then
+      redis.call('ZREMRANGEBYRANK', items, 0, -(icap + 1))
+    end
   end
   redis.call('EXPIRE', seen, ttl)
 end
