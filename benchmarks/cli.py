@@ -114,14 +114,24 @@ def bench_serve_cmd(
     seq_len: Annotated[int, typer.Option("--seq-len")] = 50,
     workers: Annotated[int | None, typer.Option(help="dinrec serve workers (default: its own default)")] = None,
     index: Annotated[str, typer.Option(help="recall index: auto (by catalog size), flat or hnsw")] = "auto",
+    store: Annotated[str, typer.Option(help="redis: one server (DINREC_REDIS_URL); redis-cluster: that, then the "
+                                            "same load on the cluster at --cluster-url, with the ratio")] = "redis",
+    cluster_url: Annotated[str | None, typer.Option(
+        envvar="DINREC_REDIS_CLUSTER_URL", help="a node of the Redis Cluster (for --store redis-cluster)")] = None,
+    partitions: Annotated[int, typer.Option(help="shards of the store on the cluster (DINREC_STORE_PARTITIONS)")] = 8,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL)."""
     from benchmarks.serve_bench import bench_serve
     from feature_store.settings import FeatureStoreSettings
 
+    if store not in ("redis", "redis-cluster"):
+        raise typer.BadParameter(f"--store {store!r}: redis or redis-cluster")
+    if store == "redis-cluster" and not cluster_url:
+        raise typer.BadParameter("--store redis-cluster needs --cluster-url (or DINREC_REDIS_CLUSTER_URL)")
     result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
-                         seq_len=seq_len, workers=workers, index=index)
+                         seq_len=seq_len, workers=workers, index=index,
+                         cluster_url=cluster_url if store == "redis-cluster" else None, partitions=partitions)
     _print(result, as_json)
 
 

@@ -7,6 +7,9 @@ runs as its own process(es) with ``workers``; benchmarks/loadgen.py sends ``GET 
 fixed rate for ``seconds`` — open loop: each request leaves at its scheduled time whether or not the
 earlier ones have answered, and latency counts from that scheduled time (no coordinated omission).
 Errors are non-200 answers and requests that took longer than ``timeout_s``.
+
+With ``cluster_url`` the same load runs a second time, in the same run, against a Redis Cluster
+(``DINREC_STORE=redis-cluster``, the store sharded by ``partitions``): both results and their ratio.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -73,18 +77,33 @@ def _requests(port: int, users: int) -> list[bytes]:
     return [request_bytes("127.0.0.1", port, f"/recommend?user_id=u{u}&k=10") for u in range(users)]
 
 
+@dataclass(frozen=True)
+class StoreSpec:
+    """The Redis the service reads: one server (``cluster=False``) or a cluster, in ``partitions`` shards."""
+
+    url: str
+    cluster: bool = False
+    partitions: int = 1
+
+    @property
+    def kind(self) -> str:
+        return "redis-cluster" if self.cluster else "redis"
+
+
 @contextlib.contextmanager
-def _service(redis_url: str, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
+def _service(spec: StoreSpec | str, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
              index: str, env: dict[str, str] | None) -> Iterator[tuple[int, dict]]:
     """`dinrec serve` on a synthetic bundle and ``users`` histories in Redis; yields (port, index card)."""
+    spec = StoreSpec(spec) if isinstance(spec, str) else spec
     run = f"bench-serve-{os.getpid()}-{time.monotonic_ns()}"
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-serve-"))
     bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len, index=IndexSpec(kind=index))
     index_info = json.loads((bundle / ITEM_INDEX_INFO_FILE).read_text())
-    store = RedisStore(redis_url, prefix=run, history_cap=seq_len)
+    store = RedisStore(spec.url, prefix=run, history_cap=seq_len, partitions=spec.partitions, cluster=spec.cluster)
     load_histories(store, users, items, seq_len)
     port = free_port()
-    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_REDIS_URL": redis_url, "DINREC_REDIS_PREFIX": run,
+    env = {**os.environ, "DINREC_STORE": spec.kind, "DINREC_REDIS_URL": spec.url, "DINREC_REDIS_PREFIX": run,
+           "DINREC_STORE_PARTITIONS": str(spec.partitions),
            "DINREC_EVENTS_SINK": "store", "DINREC_LOG_FORMAT": "text", **(env or {})}
     if workers:
         env["DINREC_WORKERS"] = str(workers)
@@ -108,8 +127,29 @@ def _p(values: list[float], q: float) -> float | None:
 
 def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
                 categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
-                timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto") -> dict:
-    with _service(redis_url, items=items, categories=categories, users=users, seq_len=seq_len, workers=workers,
+                timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto", cluster_url: str | None = None,
+                partitions: int = 8) -> dict:
+    """The service on one Redis server; with ``cluster_url``, then on the cluster under the same load:
+    its result under ``redis_cluster`` and cluster/single ratios under ``cluster_vs_single``."""
+    shape = {"rps": rps, "seconds": seconds, "items": items, "categories": categories, "users": users,
+             "seq_len": seq_len, "workers": workers, "timeout_s": timeout_s, "warmup_s": warmup_s, "index": index}
+    single = {"store": "redis", **_serve_once(StoreSpec(redis_url), **shape)}
+    if cluster_url is None:
+        return single
+    cluster = {"store": "redis-cluster", "partitions": partitions,
+               **_serve_once(StoreSpec(cluster_url, cluster=True, partitions=partitions), **shape)}
+
+    def ratio(field: str) -> float | None:
+        a, b = cluster.get(field), single.get(field)
+        return round(a / b, 3) if a is not None and b else None
+
+    return {**single, "redis_cluster": cluster,
+            "cluster_vs_single": {f: ratio(f) for f in ("rps", "p50_ms", "p99_ms", "server_cpu_ms_per_request")}}
+
+
+def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, categories: int, users: int,
+                seq_len: int, workers: int | None, timeout_s: float, warmup_s: float, index: str) -> dict:
+    with _service(spec, items=items, categories=categories, users=users, seq_len=seq_len, workers=workers,
                   index=index, env=None) as (port, index_info):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, min(rps, 100), warmup_s, timeout_s)  # warm-up, not measured

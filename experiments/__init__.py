@@ -32,7 +32,7 @@ def _build(store: OnlineStore) -> ExperimentState:
         from experiments.state_memory import MemoryExperimentState
 
         return MemoryExperimentState(store)  # type: ignore[arg-type]
-    if backend == "redis":
+    if backend in ("redis", "redis-cluster"):
         from experiments.state_redis import RedisExperimentState
 
         return RedisExperimentState(store)  # type: ignore[arg-type]

@@ -38,3 +38,8 @@ class OffsetConflict(FeatureStoreError):
         super().__init__(f"offsets of {topic!r} differ from the store's: {stored}")
         self.topic = topic
         self.stored = stored
+
+
+class StoreLayoutError(FeatureStoreError, ValueError):
+    """The store's data is in another layout than this version reads (an older key layout, or
+    another partition count): a configuration error, refused rather than read or written wrongly."""

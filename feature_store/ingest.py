@@ -14,6 +14,11 @@ How a record is applied exactly once on an at-least-once stream:
 * A duplicate *event* (the same event id sent twice, e.g. a client retry) is absorbed by the
   store's per-user dedup window.
 
+A store sharded by partition (``store.partitions`` > 1, feature_store.partitioning) needs the topic to
+have as many partitions (checked at start) and each record on its user's partition: one that is not
+(a producer with another partitioner) is dead-lettered, since writing it beside the offsets of its
+partition would put it where serving never looks.
+
 Records that fail validation go to the dead-letter topic (``<topic>.dlq``) with the reason and the
 original bytes, before the offsets covering them are written; ingestion never stops on bad input.
 A store or stream failure is retried with backoff, holding the batch, for as long as it takes.
@@ -30,9 +35,10 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from feature_store.errors import InvalidEvent, OffsetConflict, StoreUnavailable, StreamUnavailable
+from feature_store.errors import InvalidEvent, OffsetConflict, StoreLayoutError, StoreUnavailable, StreamUnavailable
 from feature_store.ingest_stats import IngestStats
 from feature_store.online.base import OnlineStore, StreamOffsets
+from feature_store.partitioning import partition_of
 from feature_store.schema import BehaviourEvent
 from feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
 
@@ -106,7 +112,32 @@ class Ingestor:
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dinrec-ingest-write")
         self._committed: dict[int, int] = {}
         self._last_commit = time.monotonic()
+        self._shards = store.partitions
+        if self._shards > 1:
+            self._check_partition_count(stream)
         self.consumer = stream.consumer(group, on_assigned=self._changes.assigned, on_revoked=self._changes.revoked)
+
+    def _check_partition_count(self, stream: EventStream) -> None:
+        try:
+            have = len(stream.end_offsets())
+        except StreamUnavailable as exc:  # checked record by record meanwhile (_decode_routed)
+            log.warning("ingest: cannot count the partitions of %s yet (%s)", self.topic, exc)
+            return
+        if have and have != self._shards:
+            raise StoreLayoutError(
+                f"topic {self.topic!r} has {have} partitions and the store {self._shards} shards: they must be equal "
+                "(DINREC_STORE_PARTITIONS), or the store 1 shard")
+
+    def _decode_routed(self, record: Record) -> BehaviourEvent | InvalidEvent:
+        event = _decode(record)
+        if self._shards > 1 and isinstance(event, BehaviourEvent):
+            home = partition_of(event.user_id, self._shards)
+            if home != record.partition:
+                return InvalidEvent(
+                    f"user {event.user_id!r} belongs to partition {home} (CRC-32 of the user id, librdkafka's "
+                    f"consistent_random) but arrived on {record.partition}: its producer does not key events by "
+                    "user with that partitioner")
+        return event
 
     # -------------------------------------------------------------- the loop
     def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
@@ -130,7 +161,7 @@ class Ingestor:
                     self._take_assignment_changes()
                     if records:
                         last_data = time.monotonic()
-                        self._queue.append(_Batch([(r, _decode(r)) for r in records]))
+                        self._queue.append(_Batch([(r, self._decode_routed(r)) for r in records]))
                     elif self._inflight is None:
                         self._maybe_commit()
                         if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:

@@ -18,10 +18,16 @@ class FeatureStoreSettings(SharedSettings):
     model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True,
                                       populate_by_name=True)
 
-    store: Literal["memory", "redis"] = Field("memory", description=(
-        "the online store: memory (embedded, one process) or redis"))
+    store: Literal["memory", "redis", "redis-cluster"] = Field("memory", description=(
+        "the online store: memory (embedded, one process), redis (one server) or redis-cluster (Redis Cluster: "
+        "DINREC_REDIS_URL names any of its nodes)"))
     redis_url: str = Field("redis://127.0.0.1:6379/0", pattern=r"^rediss?://", description=(
-        "the Redis server (redis:// or rediss:// for TLS)"))
+        "the Redis server, or a node of the Redis Cluster (redis:// or rediss:// for TLS)"))
+    store_partitions: int = Field(1, ge=1, le=10_000, description=(
+        "shards of the Redis store's data, one per partition of the topic (a user's keys are tagged with the "
+        "partition its events go to, so a batch is one atomic script on one node): 1 keeps everything in one "
+        "hash slot, whatever the topic has; otherwise the topic's partition count (ingest refuses another), "
+        "the same in every process of a prefix"))
     redis_timeout_ms: int = Field(250, ge=1, le=60_000, description="per Redis call (connect, read, write)")
     redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$", description=(
         "prefix of every Redis key dinrec writes (several deployments can share one Redis)"))

@@ -13,6 +13,7 @@ from fastapi import FastAPI
 
 from experiments.guardrail import Guardrail
 from experiments.running import Experiments
+from feature_store.errors import StoreUnavailable
 from feature_store.ingest import Ingestor
 from feature_store.online import OnlineStore, open_store
 from feature_store.outbox import open_outbox
@@ -84,6 +85,10 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     if store is None:
         store = open_store(fs_settings)
         parts.callback(store.close)
+    try:  # data in another layout (an older one, another partition count) stops the start, loudly
+        store.check_layout()
+    except StoreUnavailable as exc:  # down at start: serve degraded; reads check it once it answers
+        log.warning("store layout not checked at start: %s", exc)
     if stream is None:
         stream = open_stream(fs_settings)
         parts.callback(stream.close)

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from feature_store.online import OnlineStore
+from feature_store.online.base import CatalogCursor
 from serving.loops import every
 
 if TYPE_CHECKING:
@@ -27,8 +28,9 @@ class Catalog:
         """``known(item)``: whether the serving model knows it; ``apply(items)``: give the models the
         current list of (item, category) they may not know (or :meth:`attach` a ModelManager)."""
         self.known, self.apply = known or (lambda item: False), apply or (lambda items: None)
-        self.cursor = 0
+        self.cursor: CatalogCursor = ()
         self.items: list[tuple[str, str]] = []  # replaced whole: read by model swaps
+        self._listed: set[str] = set()  # a sharded store may list an item once per shard: the first counts
 
     def attach(self, models: ModelManager) -> None:
         """Check items against the model serving now, and give the list to every model serving."""
@@ -42,7 +44,11 @@ class Catalog:
             page, cursor = store.catalog(self.cursor)
             if not page:
                 break
-            new += [(item, cat) for item, cat in page if not self.known(item)]
+            for item, cat in page:
+                if item not in self._listed:
+                    self._listed.add(item)
+                    if not self.known(item):
+                        new.append((item, cat))
             self.cursor = cursor
         if new:
             self.items = self.items + new

@@ -52,9 +52,15 @@ class Breaker:
 class GuardedStore:
     """The online store's reads, through a breaker: None instead of an exception when unavailable."""
 
-    def __init__(self, store: OnlineStore, cooldown_s: float = 1.0) -> None:
+    def __init__(self, store: OnlineStore, cooldown_s: float = 1.0, *, popular_cache_s: float = 0.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.store = store
         self.breaker = Breaker(cooldown_s)
+        # Popularity changes slowly and, on a sharded store, is merged from every shard on each read:
+        # the longest list read within popular_cache_s answers every shorter request (a prefix of the
+        # exact top n is the exact top of fewer).
+        self._popular_cache_s, self._clock = popular_cache_s, clock
+        self._popular: tuple[float, int, list[tuple[str, float]]] = (float("-inf"), 0, [])
 
     def _call(self, fn: Callable[[], T]) -> T | None:
         if not self.breaker.allow():
@@ -76,4 +82,11 @@ class GuardedStore:
         return self._call(lambda: self.store.history_and_interacted(user_id, limit))
 
     def popular(self, n: int) -> list[tuple[str, float]] | None:
-        return self._call(lambda: self.store.popular(n))
+        read_at, have, items = self._popular
+        now = self._clock()
+        if now - read_at < self._popular_cache_s and (have >= n or len(items) < have):  # short: all there is
+            return items[:n]
+        fresh = self._call(lambda: self.store.popular(n))
+        if fresh is not None:
+            self._popular = (now, n, fresh)
+        return fresh

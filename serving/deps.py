@@ -56,7 +56,7 @@ class ServiceState:
 
     def __post_init__(self) -> None:
         s = self.settings
-        self.features = GuardedStore(self.store, s.store_cooldown_s)
+        self.features = GuardedStore(self.store, s.store_cooldown_s, popular_cache_s=s.popular_cache_s)
         self.experiment_state = open_state(self.store)
         self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty,
                                  s.tail_share)

@@ -50,6 +50,9 @@ class ServingSettings(SharedSettings):
         "popularity instead, degraded with reason deadline"))
     store_cooldown_s: float = Field(
         1.0, gt=0, le=60, description="after a failed feature-store read, answer degraded this long before retrying")
+    popular_cache_s: float = Field(1.0, ge=0, le=60, description=(
+        "how long a worker reuses the store's live popularity (a sharded store merges its shards on every "
+        "read): 0 reads it on every request that needs it"))
     seen_policy: Literal["all", "recent", "none"] = Field("all", description=(
         "items never recommended to a user: all they interacted with (the store keeps DINREC_INTERACTED_CAP "
         "per user beyond the history), only the recent history the model reads, or none (catalogs of "

@@ -55,6 +55,12 @@ def redis_url() -> str:
 
 
 @pytest.fixture(scope="session")
+def redis_cluster_url() -> str:
+    """A node of the Redis Cluster deploy/local/services.sh starts (3 primaries + 3 replicas)."""
+    return _need("DINREC_REDIS_CLUSTER_URL")
+
+
+@pytest.fixture(scope="session")
 def kafka_bootstrap() -> str:
     return _need("DINREC_KAFKA_BOOTSTRAP")
 
@@ -72,16 +78,24 @@ def shared_dataset(name: str) -> Path:
     return path
 
 
+# The backends the store contract runs on: the embedded store; one Redis server with everything in one
+# shard, and with four (one per partition of a 4-partition topic); the Redis Cluster with four.
+STORE_KINDS = ["memory", "redis", "redis-4", "redis-cluster-4"]
+
+
 def online_store(kind: str, request, prefix: str, history_cap: int, **kw):
-    """A fresh online store of ``kind`` (memory, or redis under its own key prefix); close it after.
-    ``kw`` goes to the store (dedup_window_s, clock)."""
+    """A fresh online store of ``kind`` (one of STORE_KINDS; a Redis one under its own key prefix);
+    close it after. ``kw`` goes to the store (dedup_window_s, clock)."""
     from feature_store.online.memory import MemoryStore
     from feature_store.online.redis_store import RedisStore
 
     if kind == "memory":
         yield MemoryStore(history_cap=history_cap, **kw)
         return
-    store = RedisStore(request.getfixturevalue("redis_url"), prefix=prefix, history_cap=history_cap, **kw)
+    cluster = kind.startswith("redis-cluster")
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    store = RedisStore(url, prefix=prefix, history_cap=history_cap, partitions=4 if "-4" in kind else 1,
+                       cluster=cluster, **kw)
     yield store
     store.flush_prefix()
     store.close()
@@ -235,6 +249,110 @@ class RedisServer:
         client = redis.Redis.from_url(self.url)
         client.save()
         client.close()
+
+
+def cluster_port() -> int:
+    """A free loopback port whose cluster bus port (10,000 above it, so <= 55535) is free too."""
+    import random
+    import socket
+
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20_000, 55_535)
+        try:
+            with socket.socket() as a, socket.socket() as b:
+                a.bind(("127.0.0.1", port))
+                b.bind(("127.0.0.1", port + 10_000))
+        except OSError:
+            continue
+        return port
+    raise AssertionError("no free pair of loopback ports for a cluster node")
+
+
+class RedisClusterServers:
+    """A Redis Cluster of the test's own (3 primaries + 3 replicas on free loopback ports, made with
+    ``redis-cli --cluster create``), for killing primaries; a 2 s node timeout, so a replica takes over
+    a killed primary's slots within seconds."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.ports = folder, []
+        while len(self.ports) < 6:
+            port = cluster_port()
+            if not {port, port + 10_000} & {q for p in self.ports for q in (p, p + 10_000)}:
+                self.ports.append(port)
+        self.procs: dict[int, object] = {}
+        self.url = f"redis://127.0.0.1:{self.ports[0]}"
+
+    def start(self) -> None:
+        import subprocess
+
+        for port in self.ports:
+            (self.folder / f"node-{port}").mkdir(parents=True, exist_ok=True)
+            self.procs[port] = subprocess.Popen(
+                ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+                 "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000", "--save", "",
+                 "--appendonly", "no", "--repl-diskless-sync-delay", "0",
+                 "--dir", str(self.folder / f"node-{port}"), "--logfile", "redis.log"])
+        for port in self.ports:
+            wait_until(lambda p=port: self._answer(p, "PING"), timeout_s=20, what=f"node {port} up")
+        subprocess.run(["redis-cli", "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                        "--cluster-replicas", "1", "--cluster-yes"], check=True, capture_output=True, timeout=60)
+        wait_until(self.healthy, timeout_s=30, what="the cluster to agree")
+        # A replica that never finished its first sync refuses to take over ("disconnected from master for
+        # longer than allowed"): the drill starts once every replica holds its primary's data.
+        wait_until(self.replicas_in_sync, timeout_s=30, what="every replica to sync with its primary")
+
+    def replicas_in_sync(self) -> bool:
+        roles = [self._answer(p, "INFO", "replication") or {} for p in self.ports]
+        replicas = [r for r in roles if r.get("role") == "slave"]
+        return len(replicas) == 3 and all(r.get("master_link_status") == "up" for r in replicas)
+
+    def _answer(self, port: int, *command: str):
+        import redis
+
+        try:
+            client = redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+            try:
+                return client.execute_command(*command)
+            finally:
+                client.close()
+        except redis.RedisError:
+            return None
+
+    def healthy(self) -> bool:
+        """Every live node says cluster_state:ok."""
+        live = [p for p in self.ports if self.procs[p].poll() is None]  # type: ignore[attr-defined]
+        return all("cluster_state:ok" in (self._answer(p, "CLUSTER", "INFO") or "") for p in live)
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary serving ``key``'s slot now."""
+        live = next(p for p in self.ports if self.procs[p].poll() is None)  # type: ignore[attr-defined]
+        slot = self._answer(live, "CLUSTER", "KEYSLOT", key)
+        for start, end, primary, *_ in self._answer(live, "CLUSTER", "SLOTS"):
+            if start <= slot <= end:
+                return int(primary[1])
+        raise AssertionError(f"no node serves slot {slot}")
+
+    def kill(self, port: int) -> None:
+        proc = self.procs[port]
+        proc.kill()  # type: ignore[attr-defined]
+        proc.wait(timeout=10)  # type: ignore[attr-defined]
+
+    def stop(self) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:  # type: ignore[attr-defined]
+                proc.kill()  # type: ignore[attr-defined]
+                proc.wait(timeout=10)  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def own_cluster(tmp_path, redis_cluster_url):  # redis_cluster_url: only where the test services are
+    cluster = RedisClusterServers(tmp_path / "cluster")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
 
 
 @pytest.fixture

@@ -92,14 +92,18 @@ def test_every_bench_can_run_as_on_an_avx2_only_machine():
 
 @pytest.mark.redis
 @pytest.mark.slow
-def test_bench_serve_drives_the_service_open_loop(redis_url):
-    env = {**os.environ, "DINREC_REDIS_URL": redis_url}
+def test_bench_serve_drives_the_service_open_loop(redis_url, redis_cluster_url):
+    env = {**os.environ, "DINREC_REDIS_URL": redis_url, "DINREC_REDIS_CLUSTER_URL": redis_cluster_url}
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "serve", "--rps", "40", "--seconds", "2",
-                          "--items", "3000", "--users", "100", "--json"], cwd=REPO, env=env, capture_output=True,
-                         text=True, timeout=600)
+                          "--items", "3000", "--users", "100", "--store", "redis-cluster", "--partitions", "4",
+                          "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
-    assert result["requests"] == 80 and result["errors"] == 0 and result["degraded"] == 0
+    assert result["store"] == "redis" and result["redis_cluster"]["store"] == "redis-cluster"
+    for run in (result, result["redis_cluster"]):  # the same load on one server, then on the cluster
+        assert run["requests"] == 80 and run["errors"] == 0 and run["degraded"] == 0, run
+    ratio = result["cluster_vs_single"]
+    assert ratio["p99_ms"] == pytest.approx(result["redis_cluster"]["p99_ms"] / result["p99_ms"], abs=1e-3)
     assert 0 < result["p50_ms"] <= result["p95_ms"] <= result["p99_ms"]
     assert result["rps"] > 0
     assert result["scorer"] in ("fused_bf16", "bf16", "fp32") and result["machine"]["cpu"]  # what ran, where

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Local Redis + single-node Apache Kafka (KRaft) on loopback, for tests and demos, and AWS's
-# amazon-ec2-metadata-mock (built once with `go install`; tests start it per case).
+# Local Redis (a single node, and a Redis Cluster of 3 primaries + 3 replicas) + single-node Apache
+# Kafka (KRaft) on loopback, for tests and demos, and AWS's amazon-ec2-metadata-mock (built once with
+# `go install`; tests start it per case).
 #
 #   deploy/local/services.sh start|stop|status|env
 #   deploy/local/services.sh kafka-start|kafka-stop   (just the broker; tests run a second one with
 #       DINREC_SERVICES_RUN, DINREC_LOCAL_KAFKA_PORT and DINREC_LOCAL_KAFKA_CONTROLLER_PORT set)
 #
 # Idempotent: `start` on running services only checks them; it returns once each answers.
-# If DINREC_REDIS_URL / DINREC_KAFKA_BOOTSTRAP are already set, those servers are used and
-# nothing is started for them. `env` prints the export lines the tests read.
+# If DINREC_REDIS_URL / DINREC_REDIS_CLUSTER_URL / DINREC_KAFKA_BOOTSTRAP are already set, those
+# servers are used and nothing is started for them. `env` prints the export lines the tests read.
 #
 # Kafka is not downloaded as a tarball (no such host is reachable here): the broker's jars come
 # from Maven Central through pom.xml beside this file, and are cached outside the clone.
@@ -17,6 +18,7 @@ set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 STATE="${DINREC_SERVICES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dinrec/services}"
 REDIS_PORT="${DINREC_LOCAL_REDIS_PORT:-16379}"
+CLUSTER_BASE_PORT="${DINREC_LOCAL_REDIS_CLUSTER_PORT:-17000}"  # six nodes: this port and the five after it
 KAFKA_PORT="${DINREC_LOCAL_KAFKA_PORT:-19092}"
 CONTROLLER_PORT="${DINREC_LOCAL_KAFKA_CONTROLLER_PORT:-19093}"
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$HERE/pom.xml")"
@@ -64,6 +66,42 @@ redis_start() {
 redis_stop() {
   if pid_alive "$RUN/redis.pid"; then kill "$(cat "$RUN/redis.pid")"; log "redis stopped"; fi
   rm -f "$RUN/redis.pid"
+}
+
+# ---------------------------------------------------------------- redis cluster
+# Six redis-server processes with cluster-enabled on loopback, joined by `redis-cli --cluster create`
+# (three primaries, one replica each): the real cluster protocol (MOVED/ASK, slots, failover), not a proxy.
+cluster_ports() { seq "$CLUSTER_BASE_PORT" $((CLUSTER_BASE_PORT + 5)); }
+
+cluster_ok() { redis-cli -p "$CLUSTER_BASE_PORT" cluster info 2>/dev/null | grep -q 'cluster_state:ok'; }
+
+redis_cluster_start() {
+  if [[ -n "${DINREC_REDIS_CLUSTER_URL:-}" ]]; then
+    log "redis cluster: using DINREC_REDIS_CLUSTER_URL=$DINREC_REDIS_CLUSTER_URL"; return
+  fi
+  if cluster_ok; then log "redis cluster already running on $CLUSTER_BASE_PORT-$((CLUSTER_BASE_PORT + 5))"; return; fi
+  local port nodes=()
+  for port in $(cluster_ports); do
+    mkdir -p "$RUN/cluster-$port"
+    rm -f "$RUN/cluster-$port/nodes.conf"  # a fresh cluster each start: nothing to keep between runs
+    redis-server --port "$port" --bind 127.0.0.1 --cluster-enabled yes --cluster-config-file nodes.conf \
+      --cluster-node-timeout 2000 --save '' --appendonly no --daemonize yes \
+      --pidfile "$RUN/cluster-$port.pid" --logfile "$RUN/cluster-$port/redis.log" --dir "$RUN/cluster-$port"
+    nodes+=("127.0.0.1:$port")
+  done
+  for port in $(cluster_ports); do wait_for "redis cluster node $port" 20 redis-cli -p "$port" ping >/dev/null; done
+  redis-cli --cluster create "${nodes[@]}" --cluster-replicas 1 --cluster-yes >"$RUN/cluster-create.log" 2>&1 \
+    || { tail -20 "$RUN/cluster-create.log" >&2; return 1; }
+  wait_for "redis cluster" 30 cluster_ok
+}
+
+redis_cluster_stop() {
+  local port
+  for port in $(cluster_ports); do
+    if pid_alive "$RUN/cluster-$port.pid"; then kill "$(cat "$RUN/cluster-$port.pid")"; fi
+    rm -f "$RUN/cluster-$port.pid"
+  done
+  log "redis cluster stopped"
 }
 
 # ---------------------------------------------------------------- kafka
@@ -157,17 +195,19 @@ aemm_install() {
 # ---------------------------------------------------------------- commands
 print_env() {
   echo "export DINREC_REDIS_URL=${DINREC_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
+  echo "export DINREC_REDIS_CLUSTER_URL=${DINREC_REDIS_CLUSTER_URL:-redis://127.0.0.1:$CLUSTER_BASE_PORT}"
   echo "export DINREC_KAFKA_BOOTSTRAP=${DINREC_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
   echo "export DINREC_AEMM=${DINREC_AEMM:-$AEMM}"
 }
 
 case "${1:-}" in
-  start) redis_start; kafka_start; aemm_install; browser_install; print_env ;;
-  stop) kafka_stop; redis_stop ;;
+  start) redis_start; redis_cluster_start; kafka_start; aemm_install; browser_install; print_env ;;
+  stop) kafka_stop; redis_cluster_stop; redis_stop ;;
   kafka-start) kafka_start ;;
   kafka-stop) kafka_stop ;;
   status)
     if redis_ping; then echo "redis: up (127.0.0.1:$REDIS_PORT)"; else echo "redis: down"; fi
+    if cluster_ok; then echo "redis cluster: up (127.0.0.1:$CLUSTER_BASE_PORT-$((CLUSTER_BASE_PORT + 5)))"; else echo "redis cluster: down"; fi
     if port_open "$KAFKA_PORT"; then echo "kafka: up (127.0.0.1:$KAFKA_PORT)"; else echo "kafka: down"; fi ;;
   env) print_env ;;
   *) echo "usage: $0 start|stop|status|env|kafka-start|kafka-stop" >&2; exit 2 ;;

@@ -1,7 +1,8 @@
 """Online stores: a user's recent behaviours and item popularity, read on every request.
 
 The interface is feature_store.online.base; the backend is chosen here by its type string and
-imported only when chosen (``memory``: feature_store.online.memory, ``redis``: .redis_store).
+imported only when chosen (``memory``: feature_store.online.memory, ``redis`` and ``redis-cluster``:
+.redis_store).
 """
 
 from __future__ import annotations
@@ -26,14 +27,15 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
 
         return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s,
                            interacted_cap=settings.interacted_cap)
-    if settings.store == "redis":
+    if settings.store in ("redis", "redis-cluster"):
         try:
             from feature_store.online.redis_store import RedisStore
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
         store = RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
                            dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
-                           interacted_cap=settings.interacted_cap)
+                           interacted_cap=settings.interacted_cap, partitions=settings.store_partitions,
+                           cluster=settings.store == "redis-cluster")
         problem = store.eviction_problem()
         if problem:
             log.error("%s", problem)

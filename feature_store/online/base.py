@@ -11,6 +11,8 @@ from typing import NamedTuple
 from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem, is_behaviour
 from feature_store.schema import BehaviourEvent
 
+CatalogCursor = tuple[int, ...]  # where a catalog read stopped; opaque to callers: () is the beginning
+
 
 class StoreRecord(NamedTuple):
     """One event as a store applies it.
@@ -67,6 +69,8 @@ class OnlineStore(ABC):
     """Per-user capped behaviour histories plus item popularity.
 
     Contract (tests/feature_store/test_store_conformance.py runs it on every backend):
+    * Atomic steps are per shard (``partitions``; one shard per stream partition): a write's users and
+      the offsets of their partition change together, and the shards of one write independently.
     * ``write`` keeps only behaviours (impressions are not history) and orders by (ts, event_id)
       whatever the arrival order.
     * Exactly-once effect: an event id is applied once per user within ``dedup_window_s`` of its
@@ -82,6 +86,10 @@ class OnlineStore(ABC):
     * Experiments: the write also keeps the A/B counters (experiments.state reads them) in the
       same atomic step as everything else, so they are exactly once like the histories.
     """
+
+    # Shards of the store's data, one per stream partition (feature_store.partitioning); a write is
+    # atomic within a shard. 1: one atomic step for everything, whatever the topic's partition count.
+    partitions: int = 1
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
@@ -131,14 +139,18 @@ class OnlineStore(ABC):
         """The ``k`` items with the most behaviours, most popular first."""
 
     @abstractmethod
-    def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
-        """Items in the order they were first seen in a behaviour, from position ``since``: up to
-        ``limit`` (item id, category id) pairs and the position after them (the next ``since``).
-        How serving learns of items that arrived after its model was trained."""
+    def catalog(self, cursor: CatalogCursor = (), limit: int = 10_000) -> tuple[list[tuple[str, str]], CatalogCursor]:
+        """Items in the order they were first seen in a behaviour, from ``cursor`` (``()``: the
+        beginning): up to ``limit`` (item id, category id) pairs per shard, each once, and the cursor
+        after them. An item first seen in two shards may come again in a later page (readers keep the
+        first). How serving learns of items that arrived after its model was trained."""
 
     @abstractmethod
     def ping(self) -> None:
         """Raise StoreUnavailable if the store cannot serve."""
+
+    def check_layout(self) -> None:  # noqa: B027 - optional hook
+        """Raise StoreLayoutError if the store holds data in a layout this version does not read."""
 
     def eviction_problem(self) -> str | None:
         """Why this store could lose what it must keep (a server that evicts keys), or None."""

@@ -11,6 +11,7 @@ from feature_store.errors import OffsetConflict
 from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem, merge_history
 from feature_store.long_tail import head_of
 from feature_store.online.base import (
+    CatalogCursor,
     OnlineStore,
     StoreRecord,
     StreamOffsets,
@@ -168,10 +169,11 @@ class MemoryStore(OnlineStore):
             return {"orphan_clicks": self._unattributed["orphan_clicks"],
                     "variant_conflicts": self._unattributed["variant_conflicts"]}
 
-    def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
+    def catalog(self, cursor: CatalogCursor = (), limit: int = 10_000) -> tuple[list[tuple[str, str]], CatalogCursor]:
+        since = cursor[0] if cursor else 0
         with self._lock:
             items = self._catalog_order[since:since + limit]
-            return [(i, self._catalog[i]) for i in items], since + len(items)
+            return [(i, self._catalog[i]) for i in items], (since + len(items),)
 
     def ping(self) -> None:
         return None

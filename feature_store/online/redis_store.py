@@ -1,67 +1,85 @@
-"""Redis online store.
+"""Redis online store: one Redis server or a Redis Cluster (redis-py's cluster client).
 
-Layout (prefix ``dinrec`` by default; pinned by tests/golden/redis_layout.json):
+Layout 2 (prefix ``dinrec`` by default; pinned by tests/golden/redis_layout.json). Every key that
+one ingest batch of one stream partition changes carries that partition's hash tag, so it is one
+hash slot — one atomic Lua script on one node, in a cluster too. A user's partition is
+:func:`feature_store.partitioning.partition_of` (the Kafka producer's own rule), so serving finds the
+user's keys from the id alone. With ``partitions=1`` every key is in the one slot ``{0}``; with
+``partitions=N`` (the topic's partition count) the data spreads over N slots. ``{s}`` below is the
+shard (the partition) in braces, e.g. ``dinrec:{3}:hist:u42``:
 
-* ``{prefix}:hist:{user_id}`` — a sorted set, one member per behaviour
+* ``{prefix}:{s}:hist:{user_id}`` — a sorted set, one member per behaviour
   ``"{event_id}\\x1f{item_id}\\x1f{category_id}"`` scored by its timestamp, trimmed to the newest
   ``history_cap``. A sorted set (not a list) makes the newest event time win whatever the
   arrival order. Ids cannot contain control characters (the schema refuses them), so the
   separator cannot be forged.
-* ``{prefix}:seen:{user_id}`` — a sorted set of the user's event ids scored by when they were first
-  applied; entries older than the dedup window are dropped on the user's next write, and the key
-  expires a window after the last one. It decides "new or redelivered" independently of the
+* ``{prefix}:{s}:seen:{user_id}`` — a sorted set of the user's event ids scored by when they were
+  first applied; entries older than the dedup window are dropped on the user's next write, and the
+  key expires a window after the last one. It decides "new or redelivered" independently of the
   history cap, so a late duplicate of a trimmed event is not counted again.
-* ``{prefix}:items:{user_id}`` — a sorted set of the items the user took, each scored by its newest
-  behaviour's time, trimmed to the newest ``interacted_cap``: what the seen-item policy excludes,
-  kept beyond the history cap.
-* ``{prefix}:pop`` — a sorted set of item_id → behaviour count.
-* ``{prefix}:offsets:{topic}`` — a hash partition → last applied offset, written by the same
-  script as the events it covers.
+* ``{prefix}:{s}:items:{user_id}`` — a sorted set of the items the user took, each scored by its
+  newest behaviour's time, trimmed to the newest ``interacted_cap``: what the seen-item policy
+  excludes, kept beyond the history cap.
+* ``{prefix}:{s}:pop`` — a sorted set of item_id → behaviour count among the shard's users; the
+  store's :meth:`RedisStore.popular` sums the shards (no hot key takes every write).
+* ``{prefix}:{s}:offsets:{topic}`` — a hash partition → last applied offset, written by the same
+  script as the events it covers (so a failover that loses acknowledged writes loses their offsets
+  with them, and the consumer re-reads them).
+* ``{prefix}:{s}:catalog`` / ``{prefix}:{s}:catalog:order`` — item → category as first seen in the
+  shard, and the order they were: :meth:`RedisStore.catalog` merges the shards.
+* A/B counters, per shard (summed on read): see the script's comment below.
+* ``{prefix}:layout`` — a hash ``version``, ``partitions``, written by the first store to open the
+  prefix; a store with another partition count, or a prefix holding layout 1's keys, is refused
+  (StoreLayoutError) instead of reading and writing where the data is not.
+* ``{prefix}:ab:{exp}:{table}`` — the experiment ledger (experiments.state_redis), single keys.
 
-A write is one Lua script (atomic in Redis: all of it or none of it, also in the AOF and on
-replicas), so a crash of the writer, or of Redis with persistence, can never leave a history
-updated without its popularity, or data without the offsets that say it is there.
-Reads for many users go out in one pipeline.
+A write is one Lua script per shard it touches (atomic in Redis: all of it or none of it, also in
+the AOF and on replicas), so a crash of the writer, or of Redis with persistence, can never leave a
+history updated without its popularity, or data without the offsets that say it is there.
+Reads for many users go out in one pipeline (per node, in a cluster).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.exceptions import RedisError
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
-from feature_store.errors import OffsetConflict, StoreUnavailable
+from feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
 from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem
 from feature_store.long_tail import HEAD_SHARE
-from feature_store.online.base import (
-    OnlineStore,
-    StoreRecord,
-    StreamOffsets,
-)
+from feature_store.online.base import CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
+from feature_store.partitioning import partition_of
 
 log = logging.getLogger(__name__)
 
 SEP = "\x1f"
+LAYOUT_VERSION = "2"
+# What a redis-py client raises: its cluster client's own errors are not RedisErrors.
+REDIS_ERRORS = (RedisError, RedisClusterException)
 
-# KEYS: offsets hash, popularity, then (history, seen, items) per user.
-# ARGV: now, dedup window (s), cap, prefix, interacted cap, n_partitions, (partition, expected, last)*,
-#       then per user: user id, n_events, then one record per event, fields joined by \31:
-#       kind (B/C/I, see online.base.StoreRecord), ts, event_id, item_id, category_id, request_id,
-#       experiment, variant (one argument per event, not eight: packing arguments is most of the
-#       client's cost per event).
+# KEYS: the shard's offsets hash, its popularity, then (history, seen, items) per user of the shard.
+# ARGV: now, dedup window (s), cap, the shard's key base ("{prefix}:{s}"), interacted cap, n_partitions,
+#       (partition, expected, last)*, then per user: user id, n_events, then one record per event, fields
+#       joined by \31: kind (B/C/I, see online.base.StoreRecord), ts, event_id, item_id, category_id,
+#       request_id, experiment, variant (one argument per event, not eight: packing arguments is most of
+#       the client's cost per event).
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
 # A raw string: Lua, not Python, reads the \31 escapes (decimal 31, the separator).
-# Experiment keys are built here from the prefix (one Redis node, like every multi-user write):
-#   {prefix}:att:{request}           hash item -> "experiment\31variant\31user" until clicked (expires with the
-#                                    dedup window)
-#   {prefix}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
-#   {prefix}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the variant's users), tail_c
-#                                    (clicks on long-tail items by popularity at the time: feature_store.long_tail)
-#   {prefix}:ab:{exp}:variants       set;  {prefix}:ab:experiments  set;  {prefix}:ab:unattributed  hash
-#   {prefix}:catalog                 hash item -> category (first seen); {prefix}:catalog:order  list of items
+# Experiment and catalog keys are built here from the shard's base, so they share the slot of KEYS:
+#   {base}:att:{request}           hash item -> "experiment\31variant\31user" until clicked (expires with the
+#                                  dedup window); a click is the clicking user's, so it is in their shard
+#   {base}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
+#   {base}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the shard's users of the variant),
+#                                  tail_c (clicks on long-tail items by the shard's popularity at the time:
+#                                  feature_store.long_tail)
+#   {base}:ab:{exp}:variants       set;  {base}:ab:experiments  set;  {base}:ab:unattributed  hash
+#   {base}:catalog                 hash item -> category (first seen); {base}:catalog:order  list of items
 _WRITE_SCRIPT = r"""
 local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local icap = tonumber(ARGV[5])
@@ -197,22 +215,88 @@ def redacted(url: str) -> str:
 
 
 class RedisStore(OnlineStore):
+    """The online store on one Redis server (``cluster=False``) or a Redis Cluster (``url`` names any
+    of its nodes). ``partitions``: the stream topic's partition count (or 1: everything in one slot,
+    whatever the topic has), the same for every process sharing ``prefix``."""
+
     backend = "redis"
 
     def __init__(self, url: str, *, prefix: str = "dinrec", history_cap: int = 50,
                  dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S, socket_timeout_s: float = 2.0,
-                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
+                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
+                 partitions: int = 1, cluster: bool = False) -> None:
         super().__init__(history_cap, dedup_window_s, clock, interacted_cap)
-        self.prefix = prefix
-        self._r = redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
-                                       socket_connect_timeout=socket_timeout_s, decode_responses=True)
+        if not prefix or any(c in prefix for c in "{}*?[]"):
+            raise ValueError(f"redis key prefix {prefix!r}: empty, or a brace or glob character (braces are hash tags)")
+        if partitions < 1:
+            raise ValueError("partitions must be >= 1")
+        self.prefix, self.partitions, self.cluster = prefix, partitions, cluster
+        if cluster:
+            self.backend = "redis-cluster"
         self._url = redacted(url)  # what messages and logs name: never the password
-        self._script = self._r.register_script(_WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
+        self._connect_url, self._timeout_s = url, socket_timeout_s
+        self._r_client: redis.Redis | RedisCluster | None = None
+        self._connect_lock = threading.Lock()
+        self._layout_checked = False
+
+    # -------------------------------------------------------------- connection and layout
+    def _client(self) -> redis.Redis | RedisCluster:
+        """The client, made on first use: a cluster client asks a node for the slot map as it is made,
+        and a service must be able to start (degraded) while Redis is down."""
+        if self._r_client is None:
+            with self._connect_lock:
+                if self._r_client is None:
+                    kind = RedisCluster if self.cluster else redis.Redis
+                    try:
+                        self._r_client = kind.from_url(self._connect_url, socket_timeout=self._timeout_s,
+                                                       socket_connect_timeout=self._timeout_s,
+                                                       decode_responses=True)
+                    except REDIS_ERRORS as exc:
+                        raise StoreUnavailable(f"redis not reachable ({self._url}): {exc}") from exc
+                    self._script = self._r_client.register_script(
+                        _WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
+        return self._r_client
 
     @property
-    def client(self) -> redis.Redis:
-        """The connection (experiments.state_redis reads the A/B counters this store's script keeps)."""
+    def _r(self) -> redis.Redis | RedisCluster:
+        client = self._client()
+        if not self._layout_checked:
+            self._check_layout(client)
+        return client
+
+    @property
+    def client(self) -> redis.Redis | RedisCluster:
+        """The connection (experiments.state_redis keeps the experiment ledger on it)."""
         return self._r
+
+    def _check_layout(self, client: redis.Redis | RedisCluster) -> None:
+        key = f"{self.prefix}:layout"
+        want = {"version": LAYOUT_VERSION, "partitions": str(self.partitions)}
+        try:
+            have = client.hgetall(key)
+            if not have:
+                if client.exists(f"{self.prefix}:pop"):
+                    raise StoreLayoutError(
+                        f"redis {self._url} prefix {self.prefix!r} holds layout 1 (dinrec before hash-tagged keys); "
+                        "this version reads and writes layout 2: ingest the topic again into a new prefix "
+                        "(DINREC_REDIS_PREFIX, `dinrec ingest` from the earliest offset) and switch serving to it "
+                        "(docs/operations.md)")
+                for field, value in want.items():  # the first store to open the prefix decides
+                    client.hsetnx(key, field, value)
+                have = client.hgetall(key)
+        except REDIS_ERRORS as exc:
+            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+        if have != want:
+            raise StoreLayoutError(
+                f"redis {self._url} prefix {self.prefix!r} has layout {have.get('version')} with "
+                f"{have.get('partitions')} partitions; this store is configured for layout {LAYOUT_VERSION} with "
+                f"{self.partitions} (DINREC_STORE_PARTITIONS must be the same in every process of a prefix)")
+        self._layout_checked = True
+
+    def check_layout(self) -> None:
+        """Raise StoreLayoutError if the prefix's data is not in this store's layout (StoreUnavailable if
+        Redis cannot say); a service calls it at start."""
+        self._r  # noqa: B018 - the property checks
 
     def eviction_problem(self) -> str | None:
         """Why this Redis could lose data the store needs, or None. Stream offsets, dedup, A/B counters
@@ -221,76 +305,102 @@ class RedisStore(OnlineStore):
         (a full Redis refuses writes, which ingestion retries) keeps them. Managed Redis may hide CONFIG:
         then nothing is known and nothing is said."""
         try:
-            policy = (self._r.config_get("maxmemory-policy") or {}).get("maxmemory-policy")
-        except RedisError:
+            client = self._client()
+            if self.cluster:
+                answers = client.config_get("maxmemory-policy", target_nodes=RedisCluster.PRIMARIES)
+                policies = {a.get("maxmemory-policy") for a in answers.values()}
+            else:
+                policies = {(client.config_get("maxmemory-policy") or {}).get("maxmemory-policy")}
+        except (*REDIS_ERRORS, StoreUnavailable):
             return None
-        if policy in (None, "noeviction"):
+        bad = sorted(p for p in policies if p not in (None, "noeviction"))
+        if not bad:
             return None
-        return (f"redis {self._url} evicts keys (maxmemory-policy {policy}): offsets, dedup and A/B counters can be "
-                "lost; set maxmemory-policy noeviction and size maxmemory for the data (docs/operations.md)")
+        return (f"redis {self._url} evicts keys (maxmemory-policy {', '.join(bad)}): offsets, dedup and A/B counters "
+                "can be lost; set maxmemory-policy noeviction and size maxmemory for the data (docs/operations.md)")
 
     @property
     def url(self) -> str:
         """The server, as messages name it: scheme://host:port/db, without credentials."""
         return self._url
 
+    # -------------------------------------------------------------- keys
+    def shard_of(self, user_id: str) -> int:
+        return partition_of(user_id, self.partitions) if self.partitions > 1 else 0
+
+    def _base(self, shard: int) -> str:
+        return f"{self.prefix}:{{{shard}}}"
+
+    def _user_key(self, kind: str, user_id: str) -> str:
+        return f"{self._base(self.shard_of(user_id))}:{kind}:{user_id}"
+
     def experiment_key(self, experiment: str) -> str:
-        """Where ``experiment``'s keys start (the script's ``{prefix}:ab:{exp}``)."""
+        """Where ``experiment``'s ledger keys start (experiments.state_redis: single keys, no shard)."""
         return f"{self.prefix}:ab:{experiment}"
 
-    def _hist_key(self, user_id: str) -> str:
-        return f"{self.prefix}:hist:{user_id}"
+    def _offsets_key(self, shard: int, topic: str) -> str:
+        return f"{self._base(shard)}:offsets:{topic}"
 
-    def _items_key(self, user_id: str) -> str:
-        return f"{self.prefix}:items:{user_id}"
+    def _shards(self) -> range:
+        return range(self.partitions)
 
-    @property
-    def _pop_key(self) -> str:
-        return f"{self.prefix}:pop"
-
-    def _offsets_key(self, topic: str) -> str:
-        return f"{self.prefix}:offsets:{topic}"
-
+    # -------------------------------------------------------------- writes
     def _write(self, items: list[tuple[str, StoreRecord]], offsets: StreamOffsets | None, now: float) -> int:
-        by_user: dict[str, list[StoreRecord]] = {}
+        """One script per shard the batch touches. Each is atomic with its partitions' offsets; of a
+        batch spanning partitions, the shards that agree are applied and the others refused together
+        (OffsetConflict names them), which a consumer resolves from the store's offsets as always."""
+        by_shard: dict[int, dict[str, list[StoreRecord]]] = {}
         for user, r in items:
-            by_user.setdefault(user, []).append(r)
-        keys = [self._offsets_key(offsets.topic if offsets else ""), self._pop_key]
-        args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, self.prefix,
-                                         self.interacted_cap]
-        parts = sorted(offsets.last) if offsets else []
-        args.append(len(parts))
+            by_shard.setdefault(self.shard_of(user), {}).setdefault(user, []).append(r)
+        parts_of: dict[int, list[int]] = {}
+        for p in sorted(offsets.last) if offsets else []:
+            if self.partitions > 1 and not 0 <= p < self.partitions:
+                raise ValueError(f"partition {p} of {offsets.topic!r} is outside this store's "  # type: ignore[union-attr]
+                                 f"{self.partitions} partitions: the topic must have as many as the store")
+            parts_of.setdefault(p if self.partitions > 1 else 0, []).append(p)
+        applied, conflicts = 0, {}
+        for shard in sorted(set(by_shard) | set(parts_of)):
+            result = self._write_shard(shard, by_shard.get(shard, {}), offsets, parts_of.get(shard, []), now)
+            if int(result[0]) == 0:
+                flat = result[1:]
+                conflicts.update({int(flat[j]): int(flat[j + 1]) for j in range(0, len(flat), 2)})
+            else:
+                applied += int(result[1])
+        if conflicts:
+            raise OffsetConflict(offsets.topic, conflicts)  # type: ignore[union-attr]
+        return applied
+
+    def _write_shard(self, shard: int, by_user: dict[str, list[StoreRecord]], offsets: StreamOffsets | None,
+                     parts: list[int], now: float) -> list:
+        base = self._base(shard)
+        keys = [self._offsets_key(shard, offsets.topic if offsets else ""), f"{base}:pop"]
+        args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, base, self.interacted_cap,
+                                         len(parts)]
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
         for user, rs in by_user.items():
-            keys += [self._hist_key(user), f"{self.prefix}:seen:{user}", self._items_key(user)]
+            keys += [f"{base}:hist:{user}", f"{base}:seen:{user}", f"{base}:items:{user}"]
             args += [user, len(rs)]
             args += [SEP.join((r.kind, repr(r.item.ts), r.item.event_id, r.item.item_id, r.item.category_id,
                                r.request_id, r.experiment, r.variant)) for r in rs]
         try:
-            result = self._script(keys=keys, args=args)
-        except RedisError as exc:
+            self._r  # noqa: B018 - connects and checks the layout first
+            return self._script(keys=keys, args=args)
+        except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
-        if int(result[0]) == 0:
-            flat = result[1:]
-            raise OffsetConflict(offsets.topic, {int(flat[j]): int(flat[j + 1])  # type: ignore[union-attr]
-                                                 for j in range(0, len(flat), 2)})
-        return int(result[1])
 
-    def stream_offsets(self, topic: str) -> dict[int, int]:
-        try:
-            raw = self._r.hgetall(self._offsets_key(topic))
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return {int(p): int(o) for p, o in raw.items()}
-
+    # -------------------------------------------------------------- reads
     def _read(self, queue: Callable[[redis.client.Pipeline], None]) -> list:
         try:
             pipe = self._r.pipeline(transaction=False)
             queue(pipe)
             return pipe.execute()
-        except RedisError as exc:
+        except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
+
+    def stream_offsets(self, topic: str) -> dict[int, int]:
+        rows = self._read(lambda pipe: [pipe.hgetall(self._offsets_key(s, topic)) for s in self._shards()])
+        return {int(p): int(o) for raw in rows for p, o in raw.items()}
 
     def _parse_history(self, user: str, rows: list) -> list[HistoryItem]:
         hist = []
@@ -305,52 +415,101 @@ class RedisStore(OnlineStore):
     def histories(self, user_ids: Sequence[str], limit: int) -> dict[str, list[HistoryItem]]:
         if limit <= 0:
             return {u: [] for u in user_ids}
-        results = self._read(lambda pipe: [pipe.zrange(self._hist_key(u), -limit, -1, withscores=True)
+        results = self._read(lambda pipe: [pipe.zrange(self._user_key("hist", u), -limit, -1, withscores=True)
                                            for u in user_ids])
         return {u: self._parse_history(u, rows) for u, rows in zip(user_ids, results, strict=True)}
 
     def interacted(self, user_ids: Sequence[str]) -> dict[str, frozenset[str]]:
-        results = self._read(lambda pipe: [pipe.zrange(self._items_key(u), 0, -1) for u in user_ids])
+        results = self._read(lambda pipe: [pipe.zrange(self._user_key("items", u), 0, -1) for u in user_ids])
         return {u: frozenset(items) for u, items in zip(user_ids, results, strict=True)}
 
     def history_and_interacted(self, user_id: str, limit: int) -> tuple[list[HistoryItem], frozenset[str]]:
-        def queue(pipe: redis.client.Pipeline) -> None:
-            pipe.zrange(self._hist_key(user_id), -max(limit, 1), -1, withscores=True)
-            pipe.zrange(self._items_key(user_id), 0, -1)
+        def queue(pipe: redis.client.Pipeline) -> None:  # one slot: one node, one round trip
+            pipe.zrange(self._user_key("hist", user_id), -max(limit, 1), -1, withscores=True)
+            pipe.zrange(self._user_key("items", user_id), 0, -1)
 
         rows, items = self._read(queue)
         return (self._parse_history(user_id, rows) if limit > 0 else []), frozenset(items)
 
     def popular(self, k: int) -> list[tuple[str, float]]:
-        try:
-            rows = self._r.zrange(self._pop_key, 0, k - 1, desc=True, withscores=True)
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        # Redis breaks score ties by member descending under desc=True; re-sort to match memory.
-        return sorted(((m, float(s)) for m, s in rows), key=lambda kv: (-kv[1], kv[0]))
+        """The exact top ``k`` of the shards' summed counts, by the threshold algorithm (Fagin et al.):
+        read each shard's ranking a page at a time, total every item met over all shards, and stop once
+        the k-th total beats what any item not met yet could reach (the sum of each shard's last score
+        read). Ties by item id, as the embedded store."""
+        if k <= 0:
+            return []
+        keys = [f"{self._base(s)}:pop" for s in self._shards()]
+        step = max(k, 64)
+        totals: dict[str, float] = {}
+        pos = 0
+        while True:
+            pages = self._read(lambda pipe, at=pos: [pipe.zrange(key, at, at + step - 1, desc=True, withscores=True)
+                                                     for key in keys])
+            if len(keys) == 1:
+                totals.update((m, float(s)) for m, s in pages[0])
+            else:
+                met = sorted({m for page in pages for m, _ in page} - totals.keys())
+                if met:
+                    scores = self._read(lambda pipe, names=met: [pipe.zmscore(key, names) for key in keys])
+                    totals.update((m, sum(float(col[j] or 0) for col in scores)) for j, m in enumerate(met))
+            ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
+            bound = sum(float(page[-1][1]) for page in pages if len(page) == step)  # 0 where a shard ran out
+            if all(len(page) < step for page in pages) or (len(ranked) >= k and ranked[k - 1][1] > bound):
+                return ranked[:k]
+            pos += step
 
-    def catalog(self, since: int = 0, limit: int = 10_000) -> tuple[list[tuple[str, str]], int]:
-        try:
-            items = self._r.lrange(f"{self.prefix}:catalog:order", since, since + limit - 1)
-            cats = self._r.hmget(f"{self.prefix}:catalog", items) if items else []
-        except RedisError as exc:
-            raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        return list(zip(items, cats, strict=True)), since + len(items)
+    def catalog(self, cursor: CatalogCursor = (), limit: int = 10_000) -> tuple[list[tuple[str, str]], CatalogCursor]:
+        """Up to ``limit`` items per shard; an item first seen in several shards is listed by each (with the
+        category that shard saw first) and once per call: readers keep the first (serving.catalog)."""
+        pos = list(cursor) or [0] * self.partitions
+        if len(pos) != self.partitions:
+            raise ValueError(f"a catalog cursor of {len(pos)} shards, for a store of {self.partitions}")
+        orders = self._read(lambda pipe: [pipe.lrange(f"{self._base(s)}:catalog:order", pos[s], pos[s] + limit - 1)
+                                          for s in self._shards()])
+        cats = self._read(lambda pipe: [pipe.hmget(f"{self._base(s)}:catalog", order)
+                                        for s, order in enumerate(orders) if order])
+        out: dict[str, str] = {}
+        for s, order in enumerate(o for o in orders if o):
+            for item, cat in zip(order, cats[s], strict=True):
+                out.setdefault(item, cat)
+        return list(out.items()), tuple(p + len(o) for p, o in zip(pos, orders, strict=True))
 
+    # -------------------------------------------------------------- experiment counters (experiments.state_redis)
+    def experiment_sums(self, experiment: str) -> dict[str, dict[str, float]]:
+        """Per variant, the script's counters summed over the shards (fields: users n c n2 c2 nc tail_c)."""
+        sets = self._read(lambda pipe: [pipe.smembers(f"{self._base(s)}:ab:{experiment}:variants")
+                                        for s in self._shards()])
+        pairs = sorted((s, v) for s, vs in enumerate(sets) for v in vs)
+        rows = self._read(lambda pipe: [pipe.hgetall(f"{self._base(s)}:ab:{experiment}:v:{v}") for s, v in pairs])
+        out: dict[str, dict[str, float]] = {}
+        for (_, v), row in zip(pairs, rows, strict=True):
+            sums = out.setdefault(v, {})
+            for field, value in row.items():
+                sums[field] = sums.get(field, 0.0) + float(value)
+        return out
+
+    def unattributed_counts(self) -> dict[str, int]:
+        rows = self._read(lambda pipe: [pipe.hgetall(f"{self._base(s)}:ab:unattributed") for s in self._shards()])
+        return {k: sum(int(r.get(k, 0)) for r in rows) for k in ("orphan_clicks", "variant_conflicts")}
+
+    # -------------------------------------------------------------- lifecycle
     def ping(self) -> None:
         try:
-            self._r.ping()
-        except RedisError as exc:
+            self._client().ping()
+        except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis not reachable ({self._url}): {exc}") from exc
 
     def close(self) -> None:
-        self._r.close()
+        if self._r_client is not None:
+            self._r_client.close()
 
     def flush_prefix(self) -> None:
-        """Delete every key under this store's prefix (tests, demo resets)."""
+        """Delete every key under this store's prefix, on every node (tests, demo resets)."""
         try:
-            keys = list(self._r.scan_iter(f"{self.prefix}:*", count=1000))
-            if keys:
-                self._r.delete(*keys)
-        except RedisError as exc:
+            client = self._client()
+            keys = list(client.scan_iter(f"{self.prefix}:*", count=1000))
+            for i in range(0, len(keys), 1000):
+                client.delete(*keys[i:i + 1000])
+        except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis delete failed ({self._url}): {exc}") from exc
+        self._layout_checked = False

@@ -41,9 +41,10 @@ class KafkaStream(EventStream):
 
     def _get_producer(self) -> Producer:
         if self._producer is None:
-            # acks=all + the idempotent producer: a retried send is never written twice.
+            # acks=all + the idempotent producer: a retried send is never written twice. The partitioner
+            # named, not left to the default: the store tags users' keys by it (feature_store.partitioning).
             self._producer = Producer(self._conf(**{
-                "enable.idempotence": True, "acks": "all", "linger.ms": 5,
+                "enable.idempotence": True, "acks": "all", "linger.ms": 5, "partitioner": "consistent_random",
                 "delivery.timeout.ms": int(self._timeout_s * 1000)}))
         return self._producer
 

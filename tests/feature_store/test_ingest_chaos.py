@@ -1,6 +1,7 @@
 """`dinrec ingest` under kill -9, against a real Kafka broker and a real Redis server that is itself
-killed and restarted from an older snapshot mid-stream: every history and every popularity count
-must come out exactly as computed independently from what was sent (0 lost, 0 applied twice)."""
+killed and restarted from an older snapshot mid-stream, and a real Redis Cluster whose primaries are
+killed mid-stream (their replicas take over): every history, every popularity count and every A/B
+sum must come out exactly as computed independently from what was sent (0 lost, 0 applied twice)."""
 
 from __future__ import annotations
 
@@ -121,9 +122,11 @@ def expected_ab(events: list[BehaviourEvent]) -> tuple[dict[str, tuple], int]:
 class Ingesters:
     """`dinrec ingest` subprocesses on one topic, group and store, each logging to its own file."""
 
-    def __init__(self, folder: Path, redis_url: str, kafka_bootstrap: str, topic: str, **extra: str) -> None:
+    def __init__(self, folder: Path, redis_url: str, kafka_bootstrap: str, topic: str, *, store: str = "redis",
+                 store_partitions: int = 1, **extra: str) -> None:
         self.folder, self.logs = folder, []
-        self.env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
+        self.env = {**os.environ, "DINREC_STORE": store, "DINREC_STORE_PARTITIONS": str(store_partitions),
+                    "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
                     "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": topic, "DINREC_REDIS_PREFIX": topic,
                     "DINREC_CONSUMER_GROUP": f"{topic}-ingest", "DINREC_HISTORY_LEN": str(CAP), **extra}
 
@@ -142,6 +145,19 @@ class Ingesters:
         out, _ = proc.communicate(timeout=60)
         assert proc.returncode == 0, self.log_of(n)[-3000:]
         assert "consumed" in json.loads(out.strip().splitlines()[-1])  # a clean exit prints its stats
+
+    def kill_and_start(self, proc: subprocess.Popen) -> subprocess.Popen:
+        """SIGKILL ``proc`` (no handler runs, nothing is flushed) and start the next consumer."""
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=30)
+        return self.start()
+
+    def drain(self, proc: subprocess.Popen, store: RedisStore, stream: KafkaStream, produced: threading.Event) -> None:
+        """Once everything is produced, wait until the store holds every partition's end, then stop the
+        last consumer (the ``len(logs) - 1``-th) gracefully."""
+        wait_until(produced.is_set, timeout_s=120, what="the producer to finish")
+        wait_for_the_end(store, stream, self.env["DINREC_TOPIC"])
+        self.stop_gracefully(proc, len(self.logs) - 1)
 
     def close(self, *procs: subprocess.Popen) -> None:
         for proc in procs:
@@ -199,7 +215,7 @@ def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka
     done = produce_in_background(stream, sent.events, chunk=400, pause_s=0.25)
     store = RedisStore(own_redis.url, prefix=unique, history_cap=CAP)
     rng = random.Random(3)
-    kills, n = 0, 0
+    kills = 0
     proc = ingest.start()
     redis_restarted = lost = False
     try:
@@ -223,14 +239,9 @@ def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka
                 # The same consumer process must notice that Redis is behind and catch up by itself.
                 wait_until(lambda a=ahead: _applied(store, unique) > a, timeout_s=60, what="recovery after the restart")
                 redis_restarted = True
-            proc.send_signal(signal.SIGKILL)
-            proc.communicate(timeout=30)
+            proc = ingest.kill_and_start(proc)
             kills += 1
-            n += 1
-            proc = ingest.start()
-        wait_until(done.is_set, timeout_s=120, what="the producer to finish")
-        wait_for_the_end(store, stream, unique)
-        ingest.stop_gracefully(proc, n)
+        ingest.drain(proc, store, stream, done)
     finally:
         ingest.close(proc)
         stream.close()
@@ -241,15 +252,21 @@ def test_kill_minus_nine_loses_nothing_and_counts_nothing_twice(own_redis, kafka
     store.close()
 
 
-def test_consumers_joining_leaving_and_stalling_apply_each_event_once(redis_url, kafka_bootstrap, unique, tmp_path):
+@pytest.mark.parametrize("kind", ["redis", "redis-cluster"])
+def test_consumers_joining_leaving_and_stalling_apply_each_event_once(kind, request, kafka_bootstrap, unique, tmp_path):
     """Two consumers share the group (dynamic membership): B joins, A stalls past its session
     timeout holding a batch (a zombie: B owns its partitions when it wakes) and rejoins, B is
-    killed and A takes everything back. Rebalances hand partitions over mid-stream each time."""
+    killed and A takes everything back. Rebalances hand partitions over mid-stream each time. On one
+    Redis in one shard; on the Redis Cluster in one shard per partition."""
     sent = make_events(seed=11, n_users=80, per_user_n=60)
     stream = KafkaStream(kafka_bootstrap, unique)
     stream.ensure_topic(PARTITIONS)
-    ingest = Ingesters(tmp_path, redis_url, kafka_bootstrap, unique, DINREC_INGEST_BATCH="50")
-    store = RedisStore(redis_url, prefix=unique, history_cap=CAP)
+    cluster = kind == "redis-cluster"
+    url = request.getfixturevalue("redis_cluster_url" if cluster else "redis_url")
+    shards = PARTITIONS if cluster else 1
+    ingest = Ingesters(tmp_path, url, kafka_bootstrap, unique, store=kind, store_partitions=shards,
+                       DINREC_INGEST_BATCH="50")
+    store = RedisStore(url, prefix=unique, history_cap=CAP, partitions=shards, cluster=cluster)
     done = produce_in_background(stream, sent.events, chunk=100, pause_s=0.5)  # ~25 s of traffic
     a = ingest.start()
     b = None
@@ -277,6 +294,52 @@ def test_consumers_joining_leaving_and_stalling_apply_each_event_once(redis_url,
     assert ingest.log_of(0).rsplit("] assigned", 1)[0].endswith("[0, 1, 2, 3")
     assert_store_holds_exactly(store, sent.events)
     store.flush_prefix()
+    store.close()
+
+
+def test_a_cluster_primary_killed_mid_stream_loses_nothing_and_counts_nothing_twice(own_cluster, kafka_bootstrap,
+                                                                                    unique, tmp_path):
+    """The failover drill: consumers SIGKILLed, and the primaries of two partitions' slots SIGKILLed
+    mid-stream, one after the other; each replica takes over (automatically, after the node timeout)
+    and the consumer carries on through the cluster client's slot-map refresh. Whatever the dead primary
+    had acknowledged and not yet replicated is lost together with the offsets in its slot, so the
+    consumer re-reads it: after the drain the store equals the expectation exactly."""
+    sent = make_events(seed=5, n_users=120, per_user_n=80)
+    stream = KafkaStream(kafka_bootstrap, unique)
+    assert stream.ensure_topic(PARTITIONS) == PARTITIONS
+    ingest = Ingesters(tmp_path, own_cluster.url, kafka_bootstrap, unique, store="redis-cluster",
+                       store_partitions=PARTITIONS, DINREC_CONSUMER_INSTANCE_ID="ingest-0")
+    store = RedisStore(own_cluster.url, prefix=unique, history_cap=CAP, partitions=PARTITIONS, cluster=True)
+    done = produce_in_background(stream, sent.events, chunk=100, pause_s=0.5)  # ~50 s: both failovers mid-stream
+    rng = random.Random(5)
+    failovers: list[tuple[int, int]] = []  # (killed primary, new primary)
+    kills = 0
+    proc = ingest.start()
+    try:
+        while kills < 4 or not done.is_set():
+            time.sleep(rng.uniform(0.5, 2.5))
+            if kills in (1, 2) and len(failovers) < kills:
+                tag = f"{unique}:{{{kills - 1}}}:pop"  # partition 0's slot, then partition 1's
+                before = _applied(store, unique)
+                wait_until(lambda b=before: _applied(store, unique) > b + 300, timeout_s=60,
+                           what="ingestion to move on")
+                dead = own_cluster.primary_of(tag)
+                own_cluster.kill(dead)
+                wait_until(lambda d=dead, t=tag: own_cluster.healthy() and own_cluster.primary_of(t) != d, timeout_s=60,
+                           interval_s=0.2, what="a replica to take over the killed primary's slots")
+                failovers.append((dead, own_cluster.primary_of(tag)))
+                after = _applied(store, unique)
+                wait_until(lambda a=after: _applied(store, unique) > a, timeout_s=60,
+                           what="ingestion to carry on after the failover")
+            proc = ingest.kill_and_start(proc)
+            kills += 1
+        ingest.drain(proc, store, stream, done)
+    finally:
+        ingest.close(proc)
+        stream.close()
+    assert len(failovers) == 2 and all(old != new for old, new in failovers), failovers
+    assert kills >= 4
+    assert_store_holds_exactly(store, sent.events)
     store.close()
 
 

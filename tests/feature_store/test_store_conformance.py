@@ -8,8 +8,9 @@ from experiments import open_state
 from feature_store.errors import OffsetConflict, StoreUnavailable
 from feature_store.online.base import StreamOffsets
 from feature_store.online.redis_store import RedisStore
+from feature_store.partitioning import partition_of
 from feature_store.schema import BehaviourEvent
-from tests.conftest import online_store
+from tests.conftest import STORE_KINDS, online_store
 
 
 class Clock:
@@ -27,12 +28,12 @@ def clock() -> Clock:
     return Clock()
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=STORE_KINDS)
 def store(request, unique, clock):
     yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock)
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=STORE_KINDS)
 def small_store(request, unique, clock):
     """History cap 3, as in the report that found late duplicates counted twice."""
     yield from online_store(request.param, request, unique, history_cap=3, dedup_window_s=3600, clock=clock)
@@ -52,7 +53,7 @@ def test_history_is_time_ordered_whatever_the_arrival_order(store):
     assert [h.ts for h in hist] == [10.0, 20.0, 30.0]
 
 
-@pytest.fixture(params=["memory", "redis"])
+@pytest.fixture(params=STORE_KINDS)
 def items_store(request, unique, clock):
     """History cap 3, interacted cap 4: the seen-item set outlives the history, within its own cap."""
     yield from online_store(request.param, request, unique, history_cap=3, dedup_window_s=3600, clock=clock,
@@ -75,7 +76,7 @@ def test_interacted_items_outlive_the_history_within_their_cap(items_store):
     assert "z" not in s.interacted(["u"])["u"]  # what is not a behaviour is not "taken"
 
 
-@pytest.mark.parametrize("backend", ["memory", "redis"])
+@pytest.mark.parametrize("backend", STORE_KINDS)
 def test_an_interacted_cap_below_the_history_cap_still_holds(backend, request, unique, clock):
     # Redis trims the interacted items only once the history overflows — unless their cap is the smaller.
     for s in online_store(backend, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
@@ -155,22 +156,28 @@ def test_same_event_id_within_one_batch_counts_once(store):
 
 
 def test_offsets_are_written_with_the_events_or_not_at_all(store):
-    first = StreamOffsets("topic-a", expected={0: -1, 1: -1}, last={0: 4, 1: 9})
+    # "u"'s events are of its partition; "other" is another one (another shard where the store has several).
+    mine = partition_of("u", store.partitions) if store.partitions > 1 else 0
+    other, never = (mine + 1) % max(store.partitions, 3), (mine + 2) % max(store.partitions, 3)
+    first = StreamOffsets("topic-a", expected={mine: -1, other: -1}, last={mine: 4, other: 9})
     assert store.write([ev("u", "a", 1)], first) == 1
-    assert store.stream_offsets("topic-a") == {0: 4, 1: 9}
+    assert store.stream_offsets("topic-a") == {mine: 4, other: 9}
     assert store.stream_offsets("topic-b") == {}
-    # A writer that believes partition 1 is at 7 (the store says 9) is refused, and nothing it sent lands.
+    # A writer that believes u's partition is at 3 (the store says 4) is refused, and nothing it sent lands.
     with pytest.raises(OffsetConflict) as info:
-        store.write([ev("u", "b", 2)], StreamOffsets("topic-a", expected={0: 4, 1: 7}, last={0: 6, 1: 12}))
-    assert info.value.stored == {1: 9}
+        store.write([ev("u", "b", 2)],
+                    StreamOffsets("topic-a", expected={mine: 3, other: 9}, last={mine: 6, other: 12}))
+    assert info.value.stored == {mine: 4}
     assert [h.item_id for h in store.history("u", 10)] == ["a"]
-    assert store.stream_offsets("topic-a") == {0: 4, 1: 9}
+    # The other partition is in the same atomic step on a one-shard store (refused with it), in its own on a
+    # sharded one (applied: a consumer learns it from the store's offsets, as after any conflict).
+    assert store.stream_offsets("topic-a") == {mine: 4, other: 9 if store.partitions == 1 else 12}
     # A batch of only invalid records still moves the offsets.
-    assert store.write([], StreamOffsets("topic-a", expected={0: 4}, last={0: 5})) == 0
-    assert store.stream_offsets("topic-a") == {0: 5, 1: 9}
+    assert store.write([], StreamOffsets("topic-a", expected={mine: 4}, last={mine: 5})) == 0
+    assert store.stream_offsets("topic-a")[mine] == 5
     with pytest.raises(OffsetConflict) as info:
-        store.write([ev("u", "c", 3)], StreamOffsets("topic-a", expected={2: 0}, last={2: 1}))
-    assert info.value.stored == {2: -1}
+        store.write([ev("u", "c", 3)], StreamOffsets("topic-a", expected={never: 0}, last={never: 1}))
+    assert info.value.stored == {never: -1}
 
 
 def test_stream_offsets_must_move_forward():
@@ -187,7 +194,7 @@ def test_a_corrupt_member_is_skipped_not_fatal(redis_url, unique):
     try:
         s.write([ev("u", "good", 2.0)])
         r = redis.Redis.from_url(redis_url)
-        r.zadd(f"{unique}:hist:u", {b"e\x1fbad\x1fsep\x1fc": 1.0})  # as an unvalidated old writer could
+        r.zadd(f"{unique}:{{0}}:hist:u", {b"e\x1fbad\x1fsep\x1fc": 1.0})  # as an unvalidated old writer could
         r.close()
         assert [h.item_id for h in s.history("u", 10)] == ["good"]
     finally:
@@ -206,7 +213,8 @@ def test_unreachable_redis_raises_the_projects_error_without_the_password():
 
 
 def test_redis_layout_matches_golden_file(redis_url, unique):
-    """Pins the storage format: a change here breaks every running deployment's data."""
+    """Pins the storage format: a change here breaks every running deployment's data. Four partitions:
+    user u1 is partition 2 (CRC-32), so every key of its batch carries the hash tag {2}."""
     import json
     from pathlib import Path
 
@@ -214,15 +222,16 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
 
     golden = json.loads((Path(__file__).parents[1] / "golden" / "redis_layout.json").read_text()
                         .replace("PREFIX", unique))
-    s = RedisStore(redis_url, prefix=unique, clock=lambda: 1700000100.0)
+    assert partition_of("u1", golden["partitions"]) == 2
+    s = RedisStore(redis_url, prefix=unique, clock=lambda: 1700000100.0, partitions=golden["partitions"])
     try:
         s.write([BehaviourEvent(event_id="e-2", user_id="u1", item_id="i3", category_id="c1", ts=1700000005.0),
                  BehaviourEvent(event_id="e-1", user_id="u1", item_id="i9", category_id="c2", ts=1700000000.0)],
-                StreamOffsets("dinrec.events", expected={3: -1}, last={3: 41}))
+                StreamOffsets("dinrec.events", expected={2: -1}, last={2: 41}))
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         assert sorted(r.scan_iter(f"{unique}:*")) == sorted(
             [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["items_key"], golden["offsets_key"],
-             golden["catalog_key"], golden["catalog_order_key"]])
+             golden["catalog_key"], golden["catalog_order_key"], golden["layout_key"]])
         assert [list(x) for x in r.zrange(golden["hist_key"], 0, -1, withscores=True)] == golden["hist_members"]
         assert [list(x) for x in r.zrange(golden["pop_key"], 0, -1, withscores=True)] == golden["pop_members"]
         assert [list(x) for x in r.zrange(golden["seen_key"], 0, -1, withscores=True)] == golden["seen_members"]
@@ -230,11 +239,35 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
         assert r.hgetall(golden["offsets_key"]) == golden["offsets"]
         assert r.hgetall(golden["catalog_key"]) == golden["catalog"]
         assert sorted(r.lrange(golden["catalog_order_key"], 0, -1)) == sorted(golden["catalog"])
+        assert r.hgetall(golden["layout_key"]) == golden["layout"]
         assert 0 < r.ttl(golden["seen_key"]) <= 24 * 3600
         r.close()
     finally:
         s.flush_prefix()
         s.close()
+
+
+def test_a_prefix_in_another_layout_is_refused_not_read(redis_url, unique):
+    import redis
+
+    from feature_store.errors import StoreLayoutError
+
+    r = redis.Redis.from_url(redis_url, decode_responses=True)
+    four = RedisStore(redis_url, prefix=unique, partitions=4)
+    try:
+        four.write([ev("u", "a", 1.0)])
+        with pytest.raises(StoreLayoutError, match="4 partitions.*configured for layout 2 with 1"):
+            RedisStore(redis_url, prefix=unique).history("u", 5)  # would look in the wrong shard
+        r.zadd(f"{unique}-old:pop", {"a": 1.0})  # what dinrec wrote before hash tags (layout 1)
+        old = RedisStore(redis_url, prefix=f"{unique}-old")
+        with pytest.raises(StoreLayoutError, match="holds layout 1"):
+            old.write([ev("u", "b", 2.0)])
+        assert r.zcard(f"{unique}-old:pop") == 1 and not r.exists(f"{unique}-old:layout")  # nothing written
+        old.flush_prefix()
+    finally:
+        four.flush_prefix()
+        four.close()
+        r.close()
 
 
 def imp(user: str, item: str, req: str, variant: str, ts: float = 1.0, exp: str = "exp1") -> BehaviourEvent:
@@ -310,15 +343,24 @@ def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     assert state.conclusion("exp1") == {"winner": "B"} and state.conclusion("exp2") is None
 
 
+def one_shard(store, name: str) -> str:
+    """``name``, suffixed until it is in shard 0: a sharded store judges a click's long tail by the popularity
+    among the users of the clicking user's shard, so these tests put every user in one."""
+    if store.partitions == 1:
+        return name
+    return next(f"{name}.{k}" for k in range(1000) if partition_of(f"{name}.{k}", store.partitions) == 0)
+
+
 def test_clicks_on_long_tail_items_are_counted_per_variant(store):
     state = open_state(store)
+    u = lambda name: one_shard(store, name)  # noqa: E731
     # 20 items; the head is the top fifth (4 items, feature_store.long_tail): "h" (10 behaviours), "g" (5),
     # then of the 18 tied at one behaviour the last two by id, "t" and "s".
-    store.write([BehaviourEvent(event_id=f"pop-{i}-{j}", user_id=f"p{j}", item_id=item, ts=1.0)
+    store.write([BehaviourEvent(event_id=f"pop-{i}-{j}", user_id=u(f"p{j}"), item_id=item, ts=1.0)
                  for i, item in enumerate([*"abcdefghijklmnopqrs", "t"]) for j in range(1 + 9 * (item == "h")
                                                                                      + 4 * (item == "g"))])
-    store.write([imp("u1", "h", "r1", "A"), imp("u1", "z", "r1", "A"), imp("u2", "g", "r2", "A"),
-                 click("u1", "h", "r1"), click("u1", "z", "r1"), click("u2", "g", "r2")])
+    store.write([imp(u("u1"), "h", "r1", "A"), imp(u("u1"), "z", "r1", "A"), imp(u("u2"), "g", "r2", "A"),
+                 click(u("u1"), "h", "r1"), click(u("u1"), "z", "r1"), click(u("u2"), "g", "r2")])
     a = state.sums("exp1")["A"]
     assert a.clicks == 3 and a.tail_clicks == 1  # only "z" (never seen before) is in the long tail
 
@@ -329,12 +371,13 @@ def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
 
     from feature_store.long_tail import long_tail_mask
 
+    u = lambda name: one_shard(store, name)  # noqa: E731
     counts = [6, 5, 5, 3, 3, 2, 1, 1, 1, 1]  # i0..i9: the head is 2 items, i0 and (ties by id, last) i2
-    store.write([BehaviourEvent(event_id=f"pop-{j}-{n}", user_id=f"p{n}", item_id=f"i{j}", ts=1.0)
+    store.write([BehaviourEvent(event_id=f"pop-{j}-{n}", user_id=u(f"p{n}"), item_id=f"i{j}", ts=1.0)
                  for j, c in enumerate(counts) for n in range(c)])
     clicked = ["i0", "i1", "i3"]
-    store.write([e for j, item in enumerate(clicked) for e in (imp(f"u{j}", item, f"r{j}", "A"),
-                                                               click(f"u{j}", item, f"r{j}"))])
+    store.write([e for j, item in enumerate(clicked) for e in (imp(u(f"u{j}"), item, f"r{j}", "A"),
+                                                               click(u(f"u{j}"), item, f"r{j}"))])
     tail = long_tail_mask(np.array([0, *counts]))  # by item index: 0 is padding, i0 is index 1
     expected = sum(bool(tail[1 + int(item[1:])]) for item in clicked)
     assert expected == 2 and state.sums("exp1")["A"].tail_clicks == expected  # i1 and i3
@@ -344,11 +387,56 @@ def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(
     store.write([ev("u1", "a", 1.0, category_id="c1"), ev("u2", "b", 2.0, category_id="c2"),
                  imp("u1", "shown-only", "r1", "A")])  # an impression is no behaviour: not in the catalog
     first, cursor = store.catalog()
-    assert sorted(first) == [("a", "c1"), ("b", "c2")] and cursor == 2
-    store.write([ev("u3", "a", 3.0, category_id="c9"), ev("u3", "d", 4.0, category_id="c4")])
-    store.write([ev("u3", "d", 4.0, category_id="c4")])  # redelivered: nothing new
-    assert store.catalog(cursor) == ([("d", "c4")], 3)  # a keeps its first category and its place
-    assert store.catalog(3) == ([], 3) and len(store.catalog(0, limit=2)[0]) == 2
+    assert sorted(first) == [("a", "c1"), ("b", "c2")]
+    store.write([ev("u1", "a", 3.0, category_id="c9"), ev("u1", "d", 4.0, category_id="c4")])
+    store.write([ev("u1", "d", 4.0, category_id="c4")])  # redelivered: nothing new
+    page, cursor = store.catalog(cursor)
+    assert page == [("d", "c4")]  # a keeps its first category and its place
+    assert store.catalog(cursor) == ([], cursor)
+    assert len(store.catalog(limit=1)[0]) == (1 if store.partitions == 1 else 2)  # the limit is per shard
+
+
+def test_serving_lists_an_item_first_seen_in_two_shards_once(store):
+    from serving.catalog import Catalog
+
+    assert store.partitions == 1 or partition_of("u1", 4) != partition_of("u2", 4)
+    catalog = Catalog()
+    store.write([ev("u1", "x", 1.0, category_id="c1"), ev("u1", "y", 1.5, category_id="c1")])
+    store.write([ev("u2", "x", 2.0, category_id="c1"), ev("u2", "z", 2.5, category_id="c2")])
+    assert catalog.poll(store) == 3 and sorted(catalog.items) == [("x", "c1"), ("y", "c1"), ("z", "c2")]
+    store.write([ev("u3", "x", 3.0, category_id="c1"), ev("u3", "w", 3.5, category_id="c3")])
+    assert catalog.poll(store) == 1 and catalog.items[-1] == ("w", "c3")
+
+
+def test_a_sharded_store_judges_the_long_tail_by_the_clicking_users_shard(store):
+    if store.partitions == 1:
+        pytest.skip("one shard: every click is judged by all the popularity (the tests above)")
+    state = open_state(store)
+    fans = [n for n in (f"p{k}" for k in range(200)) if partition_of(n, store.partitions) == 0][:10]
+    stranger = next(n for n in (f"s{k}" for k in range(200)) if partition_of(n, store.partitions) == 1)
+    store.write([BehaviourEvent(event_id=f"pop-{n}-{i}", user_id=n, item_id=i, ts=1.0)
+                 for n in fans for i in ("hit", *(f"x{j}" for j in range(fans.index(n))))])
+    assert store.popular(1) == [("hit", 10.0)]  # summed over the shards: the head of everything
+    store.write([imp(stranger, "hit", "r1", "A"), click(stranger, "hit", "r1")])
+    assert state.sums("exp1")["A"].tail_clicks == 1  # its shard has never seen "hit": tail there
+
+
+def test_popular_is_the_exact_top_of_the_summed_shards(store):
+    import random
+
+    rng = random.Random(7)
+    items = [f"i{j:03d}" for j in range(300)]  # more than a page (64) per shard: the threshold is reached in steps
+    events = [BehaviourEvent(event_id=f"e{n}", user_id=f"u{rng.randrange(300)}",
+                             item_id=items[min(int(rng.paretovariate(0.8)) - 1, 299)], ts=float(n))
+              for n in range(4000)]
+    store.write(events)
+    counts: dict[str, float] = {}
+    for e in events:
+        counts[e.item_id] = counts.get(e.item_id, 0.0) + 1
+    want = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    assert len(want) > 64
+    for k in (1, 3, 10, 65, len(want), 1000):
+        assert store.popular(k) == want[:k]
 
 
 def test_the_embedded_store_forgets_attributions_after_the_window(clock):
