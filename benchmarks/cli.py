@@ -135,6 +135,28 @@ def bench_serve_cmd(
     _print(result, as_json)
 
 
+@bench_app.command("store-size")
+def bench_store_size_cmd(
+    users: Annotated[int, typer.Option(help="synthetic users written through the store's script")] = 5000,
+    behaviours: Annotated[int, typer.Option(help="behaviours per user (the history cap)")] = 50,
+    items: Annotated[int, typer.Option(help="the catalog the behaviours are drawn from (Zipf-like)")] = 20_000,
+    impressions: Annotated[int, typer.Option(help="impressions per user in an experiment (A/B keys)")] = 10,
+    node_gb: Annotated[float, typer.Option(help="memory of one Redis node, for the projection")] = 26.0,
+    fill: Annotated[float, typer.Option(help="the share of a node's memory the data may take")] = 0.6,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """Redis memory per user and per item (MEMORY USAGE of real keys, DINREC_REDIS_URL), and the cluster
+    that 1M / 10M / 100M users with 1M items need."""
+    from benchmarks.store_size import measure, project
+    from feature_store.settings import FeatureStoreSettings
+
+    measured = measure(FeatureStoreSettings().redis_url, users=users, behaviours=behaviours, items=items,
+                       impressions=impressions)
+    measured["projection"] = project(measured, users=[1_000_000, 10_000_000, 100_000_000], items=1_000_000,
+                                     node_gb=node_gb, fill=fill)
+    _print(measured, as_json)
+
+
 @bench_app.command("overload")
 def bench_overload_cmd(
     seconds: Annotated[float, typer.Option(help="how long the overload lasts")] = 30,

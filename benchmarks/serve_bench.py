@@ -104,7 +104,10 @@ def _service(spec: StoreSpec | str, *, items: int, categories: int, users: int, 
     port = free_port()
     env = {**os.environ, "DINREC_STORE": spec.kind, "DINREC_REDIS_URL": spec.url, "DINREC_REDIS_PREFIX": run,
            "DINREC_STORE_PARTITIONS": str(spec.partitions),
-           "DINREC_EVENTS_SINK": "store", "DINREC_LOG_FORMAT": "text", **(env or {})}
+           # The lists' impressions go straight to the store: no stream to ingest (the in-process one has a
+           # single partition, which a sharded store refuses to ingest from).
+           "DINREC_EVENTS_SINK": "store", "DINREC_INGEST_IN_APP": "false", "DINREC_LOG_FORMAT": "text",
+           **(env or {})}
     if workers:
         env["DINREC_WORKERS"] = str(workers)
     log = (folder / "serve.log").open("w")

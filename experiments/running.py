@@ -1,32 +1,37 @@
-"""The experiments a service runs: loaded from ``DINREC_EXPERIMENTS_FILE`` at start-up, assigned per
-request (experiments.spec: deterministic, so every replica agrees)."""
+"""The experiments a service runs: read from the experiments document (experiments.document,
+``DINREC_EXPERIMENTS_FILE``), assigned per request (experiments.spec: deterministic, so every replica
+agrees)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
 
+from experiments.document import ExperimentsDocument
 from experiments.spec import Experiment, ExperimentFile, Variant
 
 
 class Experiments:
-    """An immutable set of experiments (the service swaps in a new one when the file changes)."""
+    """An immutable set of experiments (the service swaps in a new one when the document changes)."""
 
-    def __init__(self, experiments: list[Experiment], version: int = 0, mtime_ns: int | None = None) -> None:
+    def __init__(self, experiments: list[Experiment], version: int = 0) -> None:
         self.all = experiments
-        self.version, self.mtime_ns = version, mtime_ns
+        self.version = version
 
     def models(self) -> set[str]:
         """The registry aliases or versions running experiments' variants serve."""
         return {v.model for e in self.all if e.status == "running" for v in e.variants if v.model}
 
     @classmethod
-    def load(cls, path: str | Path | None) -> Experiments:
-        if not path or not Path(path).exists():  # none yet: the admin API creates it
+    def of(cls, document: ExperimentFile) -> Experiments:
+        return cls(document.experiments, document.version)
+
+    @classmethod
+    def load(cls, location: str | Path | None) -> Experiments:
+        """The experiments document at ``location`` (none yet, or no location: no experiments)."""
+        if not location:
             return cls([])
-        mtime = Path(path).stat().st_mtime_ns
-        loaded = ExperimentFile.load(path)
-        return cls(loaded.experiments, loaded.version, mtime)
+        return cls.of(ExperimentsDocument.open(location).read()[0])
 
     def as_file(self) -> ExperimentFile:
         return ExperimentFile(version=self.version, experiments=self.all)

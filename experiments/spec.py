@@ -25,7 +25,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from feature_store.schema import ExternalId
-from storage import write_atomically
 
 _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
 
@@ -148,20 +147,17 @@ class ExperimentFile(BaseModel):
     def _distinct(cls, experiments: list[Experiment]) -> list[Experiment]:
         return _distinct_names(experiments, "experiment")
 
-    def save(self, path: str | Path) -> ExperimentFile:
-        """Write the next version atomically (temp file, then rename): a reader never sees half a file."""
-        nxt = self.model_copy(update={"version": self.version + 1})
-        write_atomically(Path(path), nxt.model_dump_json(indent=1).encode())
-        return nxt
+    @classmethod
+    def parse(cls, data: bytes, where: str) -> ExperimentFile:
+        """The document from its bytes; a ValueError naming ``where`` if it is not valid."""
+        try:
+            return cls.model_validate(json.loads(data))
+        except ValueError as exc:  # JSON or schema: say which document
+            raise ValueError(f"{where}: not a valid experiments file: {exc}") from exc
 
     @classmethod
     def load(cls, path: str | Path) -> ExperimentFile:
-        try:
-            return cls.model_validate(json.loads(Path(path).read_text()))
-        except FileNotFoundError:
-            raise
-        except ValueError as exc:  # JSON or schema: say which file
-            raise ValueError(f"{path}: not a valid experiments file: {exc}") from exc
+        return cls.parse(Path(path).read_bytes(), str(path))
 
     def running(self) -> list[Experiment]:
         return [e for e in self.experiments if e.status == "running"]

@@ -20,6 +20,10 @@ stale. :func:`open_registry` picks one by the location's form.
 Every alias move first writes its history record, then the pointer: a move that dies between the two
 leaves a record the pointer does not follow, and the pointer stays the truth. ``rollback`` points the
 alias back at the version it held before its current one (a rollback is itself a recorded move).
+The pointer is written only if it still holds what the mover read (the storage layer's
+compare-and-swap: S3's conditional writes, a lock beside the file in a folder), so of two moves racing
+exactly one lands and the other raises :class:`AliasConflict`; a mover can also name the version it
+expects the alias to hold (``expected``), as the retrain job does with the champion it gated against.
 """
 
 from __future__ import annotations
@@ -31,13 +35,29 @@ from pathlib import Path
 
 from models.bundle import MANIFEST_FILE as MANIFEST
 from models.bundle import BundleError, listed_files, read_manifest, verify_bundle
-from storage import LocalStorage, S3Storage, Storage, folder_written_atomically, open_storage, reraise_as
+from storage import (
+    LocalStorage,
+    S3Storage,
+    Storage,
+    WriteConflict,
+    folder_written_atomically,
+    open_storage,
+    reraise_as,
+)
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 class RegistryError(ValueError):
     """An unknown alias or version, a bad name, or a version that already exists."""
+
+
+class AliasConflict(RegistryError):
+    """The alias did not hold the version its mover expected, or moved while it was being moved:
+    nothing moved. Read it again and decide again."""
+
+
+ANY = "*"  # set_alias(expected=ANY): whatever the alias holds now (the move is still conditional on it)
 
 
 def _name(kind: str, value: str) -> str:
@@ -119,26 +139,34 @@ class _StoredRegistry:
         keys = self._call("list history", self.storage.keys, f"alias-history/{_name('alias', alias)}/")
         return [json.loads(self._get(k) or b"{}") for k in keys if k.endswith(".json")]
 
-    def set_alias(self, alias: str, version: str, reason: str = "set") -> None:
-        """Point ``alias`` at ``version`` (which must exist), recording the move."""
-        _name("alias", alias)
-        try:
-            previous: str | None = self.resolve(alias)
-        except RegistryError:
-            previous = None
+    def set_alias(self, alias: str, version: str, reason: str = "set", *, expected: str | None = ANY) -> None:
+        """Point ``alias`` at ``version`` (which must exist), recording the move. ``expected``: the version
+        the caller believes the alias holds (None: not set); if it holds another, :class:`AliasConflict`
+        and nothing moves. Either way the pointer is replaced only if it is still what was read here."""
+        key = f"aliases/{_name('alias', alias)}"
+        current = self._call(f"get {key}", self.storage.get_versioned, key)
+        previous = current.data.decode().strip() if current else None
+        if expected != ANY and expected != previous:
+            raise AliasConflict(f"alias {alias!r} holds {previous or 'nothing'}, not {expected or 'nothing'} as "
+                                f"expected: not moved to {version}")
         self._require(version)
         now = time.time_ns()
         record = {"version": version, "previous": previous, "at": now / 1e9, "reason": reason}
         self._call("record", self.storage.put_bytes, f"alias-history/{alias}/{now:020d}.json",
                    json.dumps(record).encode())
-        self._call("move alias", self.storage.put_bytes, f"aliases/{alias}", (version + "\n").encode())
+        try:
+            self._call("move alias", self.storage.put_if, key, (version + "\n").encode(),
+                       current.version if current else None)
+        except WriteConflict as exc:
+            raise AliasConflict(f"alias {alias!r} moved while it was being moved to {version} (it held "
+                                f"{previous or 'nothing'}): not moved") from exc
 
     def rollback(self, alias: str) -> str:
         """Point ``alias`` back at the version it held before the current one; returns that version."""
         current = self.resolve(alias)
         for record in reversed(self.history(alias)):
             if record["version"] == current and record.get("previous"):
-                self.set_alias(alias, record["previous"], reason=f"rollback from {current}")
+                self.set_alias(alias, record["previous"], reason=f"rollback from {current}", expected=current)
                 return record["previous"]
         raise RegistryError(f"alias {alias!r} has no earlier version to roll back to")
 

@@ -29,15 +29,14 @@ from datetime import UTC, datetime
 import numpy as np
 
 from models.bundle import Bundle, code_version, load_bundle
-from registry.store import RegistryError, open_registry
+from registry.store import ANY, AliasConflict, RegistryError, open_registry
 from retrain.drills import DRILLS, degrade_model, degrade_samples
 from retrain.events import read_window
 from retrain.gate import checks_json, decide
-from retrain.lock import Locked, RunLock
 from retrain.settings import RetrainSettings
 from retrain.spot import SpotFailed, train_on_spot
 from spot.protocol import EXIT_INTERRUPTED
-from storage import LocalStorage, folder_written_atomically
+from storage import Lease, LeaseHeld, LeaseLost, LocalStorage, folder_written_atomically
 from training.evaluation import baseline_differences, baselines, holdout_rows, measure, paired_differences
 from training.pipeline import samples_for
 from training.samples import SampleSet, is_sample_dir
@@ -46,6 +45,7 @@ from training.settings import TrainSettings
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT = 0, 1, 2, 3, 4, 5
+LEASE_KEY = "leases/retrain.json"  # in the registry: every run that could move its aliases takes turns
 
 # What changes the model a window yields: a run under other values is another run.
 _RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negatives", "negative_power", "item_dim",
@@ -88,11 +88,14 @@ class RetrainJob:
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Outcome:
+        """One run at a time per registry (the lease; another run holding it: exit 4 at once)."""
+        self.lease = Lease(self.registry.storage, LEASE_KEY, ttl_s=self.s.lease_s)
         try:
-            with RunLock(self.s.work_dir / "retrain.lock"):
+            with self.lease:
                 return self._run_locked()
-        except Locked as exc:
-            return Outcome("locked", EXIT_LOCKED, {"status": "locked", "reason": str(exc), "holder": exc.holder})
+        except LeaseHeld as exc:
+            why = f"another retrain holds the lease: {exc}"
+            return Outcome("locked", EXIT_LOCKED, {"status": "locked", "reason": why, "holder": exc.holder})
 
     def _run_locked(self) -> Outcome:
         t0 = time.time()
@@ -159,7 +162,17 @@ class RetrainJob:
                                  for c in checks if not c.passed})
             report["reason"] = f"the candidate is worse than {' and '.join(worse_than)}: {failures}"
             return self._finish(report, "refused", EXIT_REFUSED, t0)
-        report["rolled_out"] = self._roll_out(candidate.model_version)
+        try:
+            self.lease.check()  # a run that stalled past its lease may have been overtaken: it moves nothing
+        except LeaseLost as exc:
+            report["reason"] = f"passed the gate, but this run lost its lease: not rolled out: {exc}"
+            return self._finish(report, "locked", EXIT_LOCKED, t0)
+        try:
+            report["rolled_out"] = self._roll_out(candidate.model_version, champion_version)
+        except AliasConflict as exc:  # the champion moved (a rollback, an A/B winner) while this one was gated
+            report["reason"] = (f"passed the gate against champion {champion_version}, which is no longer the "
+                                f"champion: not rolled out (the next run gates against the new one): {exc}")
+            return self._finish(report, "refused", EXIT_REFUSED, t0)
         report["reason"] = "passed the gate" + ("" if champion else " (first model: no champion to compare with)")
         return self._finish(report, "promoted", EXIT_OK, t0)
 
@@ -257,10 +270,11 @@ class RetrainJob:
             "candidate_minus": versus,  # {"difference", "se"} per comparison, paired over the same behaviours
             "failed_checks": [c["metric"] for c in report["checks"] if not c["passed"]]})
 
-    def _roll_out(self, version: str) -> dict:
+    def _roll_out(self, version: str, champion: str | None) -> dict:
+        """Move the alias; the champion only if it is still the one the candidate was gated against."""
         reason = f"retrain {self.run_id}: passed the gate"
         if self.s.rollout == "champion":
-            self._move("champion", version, reason)
+            self._move("champion", version, reason, expected=champion)
             return {"alias": "champion", "version": version}
         self._move("challenger", version, reason)
         from retrain.rollout import start_challenger_experiment
@@ -268,13 +282,13 @@ class RetrainJob:
         name = start_challenger_experiment(self.s, version)
         return {"alias": "challenger", "version": version, "experiment": name}
 
-    def _move(self, alias: str, version: str, reason: str) -> None:
+    def _move(self, alias: str, version: str, reason: str, expected: str | None = ANY) -> None:
         try:
             if self.registry.resolve(alias) == version:
                 return  # a resumed run that already moved it
         except RegistryError:
             pass
-        self.registry.set_alias(alias, version, reason=reason)
+        self.registry.set_alias(alias, version, reason=reason, expected=expected)
 
 
 def _train_summary(metrics: dict) -> dict:

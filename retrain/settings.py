@@ -22,7 +22,10 @@ class RetrainSettings(SharedSettings):
     archive_dir: str = Field("runs/archive", description=(
         "the event archive (`dinrec ingest archive --out`): a folder or s3://bucket/prefix"))
     work_dir: Path = Field(Path("runs/retrain"), description=(
-        "the job's own state: the lock, and one folder per data window (samples, checkpoints, candidate, report)"))
+        "the job's own state: one folder per data window (samples, checkpoints, candidate, report)"))
+    lease_s: float = Field(60.0, ge=1, le=3600, description=(
+        "one retrain per registry at a time: a lease in the registry (leases/retrain.json) renewed every third "
+        "of this; a run that dies frees it this long after its last renewal"))
     history_days: float = Field(30.0, gt=0, le=3650, description="the data window: this many days up to its end")
     align_s: int = Field(3600, ge=1, le=7 * 86_400, description=(
         "the window ends at the latest multiple of this before now, so runs within one period share a window "

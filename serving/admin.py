@@ -1,4 +1,12 @@
-"""Operator endpoints, off unless DINREC_ADMIN_TOKEN is set: which model serves, hot reload, rollback."""
+"""Operator endpoints, off unless DINREC_ADMIN_TOKEN is set: which model serves, hot reload, rollback.
+
+``POST /admin/reload`` and ``POST /admin/rollback`` act on the fleet: they move the registry alias
+every replica and worker follows (by compare-and-swap: a move racing another is refused with 409),
+after checking here that the version they move it to serves; this worker swaps at once, the others
+within ``DINREC_RELOAD_POLL_S``. Without a registry there is no fleet-wide pointer, and they refuse.
+``POST /admin/instance/reload`` and ``/admin/instance/rollback`` change this one worker process only
+(pinned until the alias moves), and say so in their answer (``"scope": "instance"``).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +18,7 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.exceptions import HTTPException
 
+from registry.store import AliasConflict, RegistryError
 from serving.deps import ServiceState, State
 from serving.models import ReloadFailed
 
@@ -23,6 +32,8 @@ class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     version: str | None = Field(None, description="serve this registry version (default: where the alias points)")
+    expected: str | None = Field(None, description=(
+        "fleet reload only: move the alias only if it still names this version (what the caller looked at)"))
 
 
 class ModelStatus(BaseModel):
@@ -35,6 +46,8 @@ class ModelStatus(BaseModel):
         "a version the alias names that does not serve (refused, or rolled back from): the watcher leaves it "
         "until the alias moves"))
     watch_checks: int = Field(0, description="how often the watcher has checked the alias (it is alive if this grows)")
+    scope: str = Field("instance", description=(
+        "what a change acted on: fleet (the alias every replica follows) or instance (this worker process)"))
 
 
 def is_admin(state: ServiceState, authorization: str | None) -> bool:
@@ -64,13 +77,13 @@ def audit(request: Request, action: str, **change) -> None:
                       " ".join(f"{k}={v!r}" for k, v in change.items()) or "-")
 
 
-def _status(state: ServiceState, changed: bool = False) -> ModelStatus:
+def _status(state: ServiceState, changed: bool = False, scope: str = "instance") -> ModelStatus:
     models = state.models
     assert models is not None
     previous = models.previous[1].model_version if models.previous else None
     return ModelStatus(model_version=models.current.model_version, version=models.version,
                        alias=state.settings.model_alias if models.registry else None, previous=previous,
-                       changed=changed, held=models.held, watch_checks=models.watch_checks)
+                       changed=changed, held=models.held, watch_checks=models.watch_checks, scope=scope)
 
 
 Auth = Annotated[str | None, Header()]
@@ -82,25 +95,76 @@ def model(state: State, authorization: Auth = None) -> ModelStatus:
     return _status(state)
 
 
+def _fleet(state: ServiceState):
+    models = state.models
+    assert models is not None
+    if models.registry is None:
+        raise HTTPException(409, "no registry (DINREC_REGISTRY): there is no alias for the fleet to follow; "
+                                 "/admin/instance/reload and /admin/instance/rollback change this worker only")
+    return models, models.registry, state.settings.model_alias
+
+
 @router.post("/reload", response_model=ModelStatus)
 def reload(state: State, request: Request, body: ReloadRequest | None = None,
            authorization: Auth = None) -> ModelStatus:
-    """Load the alias' (or the given) version in the background of this request, smoke-score it and
-    swap it in; 409 (still serving the old one) if it cannot be served."""
+    """Fleet-wide. With a ``version``: check it serves here (loaded, verified, smoke-scored), then move the
+    alias to it — every replica follows; 409 and nothing moved if it cannot be served or the alias moved
+    meanwhile (or is not at ``expected``). Without one: serve where the alias points now, here at once."""
     _authorize(state, authorization)
-    before = state.models.current.model_version  # type: ignore[union-attr]
+    models, registry, alias = _fleet(state)
+    before = models.current.model_version
+    version, expected = (body.version, body.expected) if body else (None, None)
     try:
-        changed = state.models.reload(body.version if body else None)  # type: ignore[union-attr]
-    except ReloadFailed as exc:
-        audit(request, "reload refused", version=body.version if body else None, reason=str(exc))
+        if version is not None:
+            current = registry.resolve(alias)
+            models.reload(version)  # refused here (ReloadFailed) before anything moves
+            registry.set_alias(alias, version, reason="admin reload", expected=expected or current)
+        changed = models.reload() or version is not None  # follow the alias: nothing held back
+    except (ReloadFailed, AliasConflict) as exc:
+        audit(request, "reload refused", version=version, reason=str(exc))
         raise HTTPException(409, str(exc)) from exc
-    status = _status(state, changed)
-    audit(request, "reload", asked=body.version if body else None, before=before, now=status.model_version)
+    status = _status(state, changed, scope="fleet")
+    audit(request, "reload", alias=alias, asked=version, before=before, now=status.model_version)
     return status
 
 
 @router.post("/rollback", response_model=ModelStatus)
 def rollback(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
+    """Fleet-wide: move the alias back to the version it held before (a recorded move, by compare-and-swap),
+    and serve it here at once; every replica follows. 409 and nothing moved if there is none or it raced."""
+    _authorize(state, authorization)
+    models, registry, alias = _fleet(state)
+    before = models.current.model_version
+    try:
+        back = registry.rollback(alias)
+        models.reload()
+    except (RegistryError, ReloadFailed) as exc:  # AliasConflict is a RegistryError
+        raise HTTPException(409, str(exc)) from exc
+    status = _status(state, changed=True, scope="fleet")
+    audit(request, "rollback", alias=alias, version=back, before=before, now=status.model_version)
+    return status
+
+
+@router.post("/instance/reload", response_model=ModelStatus)
+def reload_instance(state: State, request: Request, body: ReloadRequest | None = None,
+                    authorization: Auth = None) -> ModelStatus:
+    """This worker process only: load the alias' (or the given) version, smoke-score it and swap it in
+    (a given version stays pinned until the alias moves); 409 (still serving the old one) if it cannot."""
+    _authorize(state, authorization)
+    before = state.models.current.model_version  # type: ignore[union-attr]
+    try:
+        changed = state.models.reload(body.version if body else None)  # type: ignore[union-attr]
+    except ReloadFailed as exc:
+        audit(request, "instance reload refused", version=body.version if body else None, reason=str(exc))
+        raise HTTPException(409, str(exc)) from exc
+    status = _status(state, changed)
+    audit(request, "instance reload", asked=body.version if body else None, before=before, now=status.model_version)
+    return status
+
+
+@router.post("/instance/rollback", response_model=ModelStatus)
+def rollback_instance(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
+    """This worker process only: swap back to the model it served before (held until the alias moves)."""
     _authorize(state, authorization)
     before = state.models.current.model_version  # type: ignore[union-attr]
     try:
@@ -108,5 +172,5 @@ def rollback(state: State, request: Request, authorization: Auth = None) -> Mode
     except ReloadFailed as exc:
         raise HTTPException(409, str(exc)) from exc
     status = _status(state, changed=True)
-    audit(request, "rollback", before=before, now=status.model_version)
+    audit(request, "instance rollback", before=before, now=status.model_version)
     return status

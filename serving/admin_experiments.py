@@ -1,10 +1,14 @@
-"""Experiments by API (token-protected, like the other /admin endpoints) and by file.
+"""Experiments by API (token-protected, like the other /admin endpoints) and by document.
 
-``DINREC_EXPERIMENTS_FILE`` is the versioned source of truth: ``PUT /admin/experiments/{name}`` and
-``POST /admin/experiments/{name}/status`` rewrite it (the next version, atomically) and apply it;
-every replica watches the file and applies a new version within ``DINREC_RELOAD_POLL_S``. A change
+The experiments document (experiments.document, ``DINREC_EXPERIMENTS_FILE``: a file or an S3 object)
+is the versioned source of truth: ``PUT /admin/experiments/{name}`` and ``POST
+/admin/experiments/{name}/status`` write its next version by compare-and-swap and apply it; every
+replica polls it and applies a new version within ``DINREC_RELOAD_POLL_S``. A change made while
+another replica (or the retrain job) wrote is refused with 409 and the version now, and nothing is
+written: the client reads and retries, and neither change is lost. A client may send ``If-Match:
+<version>`` to have its change refused unless the document is still at the version it read. A change
 that does not validate — or names a model that cannot be loaded — is refused and nothing is written.
-Assignment is a pure function of (seed, user), so replicas agree as soon as they hold the same file.
+Assignment is a pure function of (seed, user), so replicas agree as soon as they hold the same version.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
+from experiments.document import DocumentConflict
 from experiments.running import Experiments
 from experiments.spec import Experiment, ExperimentFile
 from serving.admin import _authorize, audit
@@ -25,7 +30,7 @@ from serving.loops import every
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])
-_write_lock = threading.Lock()  # one writer per process; replicas sharing a file: the last write wins
+_apply_lock = threading.Lock()  # one swap at a time in this process (a request's and the poller's)
 
 
 class StatusChange(BaseModel):
@@ -42,31 +47,51 @@ def apply(state: ServiceState, new: Experiments) -> None:
         state.guardrail.experiments = new
 
 
-def _update(state: ServiceState, change) -> dict:
-    path = state.settings.experiments_file
-    if path is None:
+def _expected_version(if_match: str | None) -> int | None:
+    if if_match is None:
+        return None
+    try:
+        return int(if_match.strip().strip('"'))
+    except ValueError:
+        raise HTTPException(400, "If-Match: the experiments document version the change was made against "
+                                 "(an integer)") from None
+
+
+def _update(state: ServiceState, change, if_match: str | None) -> dict:
+    doc = state.experiments_doc
+    if doc is None:
         raise HTTPException(409, "no DINREC_EXPERIMENTS_FILE to keep experiments in")
-    with _write_lock:
-        current = Experiments.load(path)
+
+    def checked(exps: list[Experiment]) -> list[Experiment]:
+        new = change(exps)  # may raise HTTPException (404): nothing written
         try:
-            candidate = ExperimentFile(version=current.version, experiments=change(list(current.all)))
-            if state.models is not None:
-                state.models.load_variants(Experiments(candidate.experiments).models() - set(state.models.variants))
+            if state.models is not None:  # every model a variant names loads here, or nothing is written
+                state.models.load_variants(Experiments(new).models() - set(state.models.variants))
         except (ValueError, RuntimeError) as exc:
             raise HTTPException(409, f"refused, nothing changed: {exc}") from exc
-        saved = candidate.save(path)
-        apply(state, Experiments.load(path))
+        return new
+
+    try:
+        saved = doc.update(checked, expected=_expected_version(if_match))
+    except DocumentConflict as exc:
+        raise HTTPException(409, str(exc)) from exc
+    except ValueError as exc:  # the new experiments do not validate together (names, …)
+        raise HTTPException(409, f"refused, nothing changed: {exc}") from exc
+    with _apply_lock:
+        if saved.version > state.experiments.version:
+            apply(state, Experiments.of(saved))
     return {"version": saved.version, "experiments": [e.name for e in saved.experiments]}
 
 
 @router.put("/experiments/{name}")
 def put_experiment(state: State, request: Request, name: str, body: Experiment,
-                   authorization: Annotated[str | None, Header()] = None) -> dict:
-    """Create or replace one experiment."""
+                   authorization: Annotated[str | None, Header()] = None,
+                   if_match: Annotated[str | None, Header()] = None) -> dict:
+    """Create or replace one experiment (``If-Match``: only if the document is still at that version)."""
     _authorize(state, authorization)
     if body.name != name:
         raise HTTPException(409, f"the body names experiment {body.name!r}, the path {name!r}")
-    saved = _update(state, lambda exps: [e for e in exps if e.name != name] + [body])
+    saved = _update(state, lambda exps: [e for e in exps if e.name != name] + [body], if_match)
     audit(request, "experiment put", experiment=name, status=body.status, version=saved["version"],
           variants=[v.name for v in body.variants])
     return saved
@@ -74,7 +99,8 @@ def put_experiment(state: State, request: Request, name: str, body: Experiment,
 
 @router.post("/experiments/{name}/status")
 def set_status(state: State, request: Request, name: str, body: StatusChange,
-               authorization: Annotated[str | None, Header()] = None) -> dict:
+               authorization: Annotated[str | None, Header()] = None,
+               if_match: Annotated[str | None, Header()] = None) -> dict:
     """Start (running), pause (draft) or end (stopped) an experiment."""
     _authorize(state, authorization)
 
@@ -83,32 +109,37 @@ def set_status(state: State, request: Request, name: str, body: StatusChange,
             raise HTTPException(404, f"no experiment {name!r}")
         return [e.model_copy(update={"status": body.status}) if e.name == name else e for e in exps]
 
-    saved = _update(state, change)
+    saved = _update(state, change, if_match)
     audit(request, "experiment status", experiment=name, status=body.status, version=saved["version"])
     return saved
 
 
-def watch_file(state: ServiceState, stop: threading.Event) -> threading.Thread | None:
-    """Apply the experiments file whenever it changes on disk (another replica, an operator's edit)."""
-    path = state.settings.experiments_file
-    if path is None:
+def watch_document(state: ServiceState, stop: threading.Event) -> threading.Thread | None:
+    """Apply the experiments document whenever a newer version is written (another replica, the retrain
+    job, an operator)."""
+    doc = state.experiments_doc
+    if doc is None:
         return None
-    failed_mtime: list[int | None] = [None]
+    failed: list[str | None] = [None]  # the storage version last refused: logged once, not every poll
 
     def poll() -> None:
-        mtime = None
+        token = None
         try:
-            if not path.exists():  # not written yet (the admin API creates it)
+            found = doc.storage.get_versioned(doc.key)
+            if found is None:  # not written yet (the admin API creates it)
                 return
-            mtime = path.stat().st_mtime_ns
-            if mtime in (state.experiments.mtime_ns, failed_mtime[0]):
+            token = found.version
+            if token == failed[0]:
                 return
-            with _write_lock:
-                apply(state, Experiments.load(path))
-            log.info("experiments file %s: now serving version %d", path, state.experiments.version)
-        except Exception as exc:  # noqa: BLE001 - a bad file: the old set serves until the file changes
-            failed_mtime[0] = mtime
-            log.error("experiments file %s not applied; keeping version %d: %s", path,
+            new = ExperimentFile.parse(found.data, doc.uri)
+            with _apply_lock:
+                if new.version == state.experiments.version:
+                    return
+                apply(state, Experiments.of(new))
+            log.info("experiments document %s: now serving version %d", doc.uri, state.experiments.version)
+        except Exception as exc:  # noqa: BLE001 - a bad document: the old set serves until it changes
+            failed[0] = token
+            log.error("experiments document %s not applied; keeping version %d: %s", doc.uri,
                       state.experiments.version, exc)
 
     return every(state.settings.reload_poll_s, stop, poll, name="dinrec-experiments-watch")

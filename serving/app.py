@@ -24,7 +24,7 @@ from serving import logs
 from serving.ab_routes import router as ab_router
 from serving.admin import router as admin_router
 from serving.admin_experiments import router as admin_experiments_router
-from serving.admin_experiments import watch_file as watch_experiments
+from serving.admin_experiments import watch_document
 from serving.catalog import Catalog
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
@@ -111,7 +111,8 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     parts.callback(state.impressions.close)  # into the outbox (or store) before the outbox drains
     state.threads["dinrec-impressions"] = lambda: state.impressions.alive
     metrics.watch_threads(state.threads)
-    state.experiments = Experiments.load(settings.experiments_file)
+    if state.experiments_doc is not None:
+        state.experiments = Experiments.of(state.experiments_doc.read()[0])
     models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
     state.guardrail = Guardrail(state.experiment_state, state.experiments, min_users=settings.guardrail_min_users,
                                 interval_s=settings.guardrail_interval_s,
@@ -161,6 +162,6 @@ def _start_loops(parts: ExitStack, state: ServiceState, catalog: Catalog) -> Non
         except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
             log.warning("guardrail: first check failed: %s", exc)
         every(settings.guardrail_interval_s, stop, state.guardrail.check, name="dinrec-guardrail")
-    watch_experiments(state, stop)
+    watch_document(state, stop)
     if settings.catalog_poll_s > 0:
         catalog.run(state.store, stop, settings.catalog_poll_s)

@@ -33,7 +33,7 @@ def serve(
 
     settings = ServingSettings()
     if settings.workers is None:  # a request is CPU work: one process per core, if they can share the store
-        settings.workers = (os.cpu_count() or 1) if FeatureStoreSettings().store == "redis" else 1
+        settings.workers = (os.cpu_count() or 1) if FeatureStoreSettings().store != "memory" else 1
         os.environ["DINREC_WORKERS"] = str(settings.workers)
     if settings.workers == 1:
         uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None, http=PROTOCOL)

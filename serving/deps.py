@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from experiments import open_state
+from experiments.document import ExperimentsDocument
 from experiments.guardrail import Guardrail
 from experiments.running import Experiments
 from experiments.state import ExperimentState
@@ -39,6 +40,7 @@ class ServiceState:
     reranker: Reranker = field(init=False)
     models: ModelManager | None = None  # what serves, and hot reloads
     experiments: Experiments = field(default_factory=lambda: Experiments([]))
+    experiments_doc: ExperimentsDocument | None = field(init=False)  # where they are kept (DINREC_EXPERIMENTS_FILE)
     guardrail: Guardrail | None = None  # stops a significantly worse variant (set at start-up)
     impressions: ImpressionLog | None = None  # every served list, one event per item (set at start-up)
     ingest_stop: threading.Event = field(default_factory=threading.Event)
@@ -58,6 +60,7 @@ class ServiceState:
         s = self.settings
         self.features = GuardedStore(self.store, s.store_cooldown_s, popular_cache_s=s.popular_cache_s)
         self.experiment_state = open_state(self.store)
+        self.experiments_doc = ExperimentsDocument.open(s.experiments_file) if s.experiments_file else None
         self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty,
                                  s.tail_share)
 

@@ -147,6 +147,7 @@ class ModelManager:
         with self._lock:
             target = version or self._target_version()
             if target == self.version and version is None and self.registry is not None:
+                self._hold = None  # serving what the alias names: following it, nothing held back
                 return False
             old_version, old = self.version, self.current
             try:

@@ -144,11 +144,18 @@ def spot_run(
                                  max_relaunches=max_relaunches)
         typer.echo(json.dumps({"job_id": spec.job_id, "job_uri": store.uri}), err=True)
         job_id = spec.job_id
+    from storage import LeaseHeld
+
     store, spec, supervisor = job_supervisor(settings, job_id, imds_url)
-    if detach:
-        typer.echo(json.dumps({"job_id": job_id, "status": supervisor.start().status}))
-        return
-    state = supervisor.run()
+    try:
+        if detach:
+            typer.echo(json.dumps({"job_id": job_id, "status": supervisor.start().status}))
+            return
+        state = supervisor.run()
+    except LeaseHeld as exc:  # another supervisor has the job: it keeps it, this one does nothing
+        typer.echo(json.dumps({"job_id": job_id, "status": "supervised elsewhere", "reason": str(exc),
+                               "holder": exc.holder}))
+        raise typer.Exit(4) from None
     typer.echo(json.dumps(cost_report(spec, state)))
     if state.status != "done":
         raise typer.Exit(1)

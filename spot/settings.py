@@ -30,6 +30,9 @@ class SpotSettings(BaseSettings):
     max_relaunches: int = Field(20, ge=0, description="give up after this many interrupted attempts")
     budget_usd: float | None = Field(None, gt=0, description="stop relaunching once this much is spent")
     poll_s: float = Field(15.0, gt=0, description="supervisor poll interval")
+    lease_s: float = Field(60.0, ge=1, le=3600, description=(
+        "one supervisor per job: the job's lease (lease.json in its store), renewed every third of this; a "
+        "supervisor that dies frees the job this long after its last renewal"))
     imds_url: str = Field("http://169.254.169.254", description="instance metadata (IMDSv2); 'none' = do not watch")
     imds_poll_s: float = Field(5.0, gt=0, description="how often the agent checks for an interruption notice")
     workdir: str = Field("~/.cache/dinrec/spot", description="local backend: where attempts run")

@@ -5,6 +5,11 @@ until the agent reports the job done, it fails, the budget is spent, the relaunc
 someone cancels it. Every decision is written to the job store before it is acted on the next
 time round, so a supervisor that is itself restarted (``dinrec spot run --job-id …``) picks up the
 same job, including an attempt still running.
+
+One supervisor per job: it holds the job's lease (``lease.json`` in the job store, storage.Lease —
+S3's conditional writes) while it supervises, so a second one started on the same job (a second
+operator, a restarted pod beside a live one) raises :class:`storage.LeaseHeld` before it launches
+anything; a supervisor that dies frees the job ``lease_s`` after its last renewal.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ from spot.backends import Backend, Liveness
 from spot.catalog import InstanceType
 from spot.job import FINAL, Attempt, JobSpec, JobState, now
 from spot.jobstore import JobStore
-from storage import CloudError
+from storage import CloudError, Lease
+
+LEASE = "lease.json"
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +42,7 @@ def request_cancel(store: JobStore) -> None:
 
 class Supervisor:
     def __init__(self, store: JobStore, spec: JobSpec, backend: Backend, catalog: dict[str, InstanceType],
-                 spot_prices: dict[str, float] | None = None, *, poll_s: float = 15.0,
+                 spot_prices: dict[str, float] | None = None, *, poll_s: float = 15.0, lease_s: float = 60.0,
                  sleep: Callable[[float], None] = time.sleep) -> None:
         unknown = [t for t in spec.instance_types if t not in catalog]
         if unknown:
@@ -43,6 +50,7 @@ class Supervisor:
         self.store, self.spec, self.backend, self.catalog = store, spec, backend, catalog
         self.spot_prices, self.poll_s, self.sleep = spot_prices or {}, poll_s, sleep
         self.state = load_state(store)
+        self.lease = Lease(store, LEASE, ttl_s=lease_s)
 
     def save(self) -> None:
         self.state.updated = now()
@@ -87,12 +95,16 @@ class Supervisor:
         return self._finish("cancelled", "cancel requested")
 
     def start(self) -> JobState:
-        """Launch the first attempt unless one is running; return without supervising."""
-        if self.state.current is None and self.state.status not in FINAL:
-            self._launch()
+        """Launch the first attempt unless one is running; return without supervising (raises LeaseHeld
+        while another supervisor has the job)."""
+        with self.lease:
+            self.state = load_state(self.store)  # as the last holder left it
+            if self.state.current is None and self.state.status not in FINAL:
+                self._launch()
         return self.state
 
     def _launch(self) -> None:
+        self.lease.check()  # a supervisor that lost the job (stalled past its lease) launches nothing
         n = len(self.state.attempts) + 1
         types, avoid_zone = self._candidates()
         launched = self.backend.launch(self.spec, n, types, avoid_zone)
@@ -125,6 +137,12 @@ class Supervisor:
         return reported
 
     def run(self) -> JobState:
+        """Supervise the job to its end, holding its lease (raises LeaseHeld while another supervisor has it)."""
+        with self.lease:
+            self.state = load_state(self.store)  # as the last holder left it
+            return self._supervise()
+
+    def _supervise(self) -> JobState:
         if self.state.status in FINAL:
             return self.state
         failed_launches = 0

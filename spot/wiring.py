@@ -75,5 +75,6 @@ def job_supervisor(settings, job_id: str, imds_url: list[str] | None = None):
     if settings.live_prices and spec.backend == "ec2":  # an EC2 job needs working AWS access anyway: errors stop it
         prices = live_spot_prices(aws_for(settings), spec.instance_types)
     supervisor = Supervisor(store, spec, backend_for(spec.backend, settings, imds_url),
-                            {t.name: t for t in load_catalog()}, prices, poll_s=settings.poll_s)
+                            {t.name: t for t in load_catalog()}, prices, poll_s=settings.poll_s,
+                            lease_s=settings.lease_s)
     return store, spec, supervisor

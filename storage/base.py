@@ -1,11 +1,25 @@
-"""The storage interface: keys → bytes, a key written whole or not at all."""
+"""The storage interface: keys → bytes, a key written whole or not at all, and written only if it is
+still what the writer read (compare-and-swap) where two writers may race."""
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
+
+
+class WriteConflict(Exception):
+    """A conditional write found the key changed (or created, or removed) since its writer read it:
+    nothing was written. Read it again and decide again."""
+
+
+class Versioned(NamedTuple):
+    """A key's bytes and its version: an opaque token that changes whenever the bytes do (S3's ETag;
+    a digest of the file locally)."""
+
+    data: bytes
+    version: str
 
 
 class Storage(ABC):
@@ -18,6 +32,16 @@ class Storage(ABC):
     @abstractmethod
     def get_bytes(self, key: str) -> bytes | None:
         """The bytes of ``key``, or None if there is no such key."""
+
+    @abstractmethod
+    def get_versioned(self, key: str) -> Versioned | None:
+        """The bytes of ``key`` with their version, or None if there is no such key."""
+
+    @abstractmethod
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """Write ``key`` only if it is still at ``version`` (None: only if it does not exist), atomically
+        with the check, and return the new version; raise :class:`WriteConflict` (nothing written) if not.
+        Of two writers that read the same version, exactly one succeeds."""
 
     @abstractmethod
     def keys(self, prefix: str) -> list[str]:

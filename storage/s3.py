@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from storage.aws import CloudError, call, s3_client
-from storage.base import Storage
+from storage.base import Storage, Versioned, WriteConflict
 
 
 class S3Storage(Storage):
@@ -26,13 +26,31 @@ class S3Storage(Storage):
         call(f"s3 put {self.child_uri(key)}", self.s3.put_object, Bucket=self.bucket, Key=self._key(key), Body=data)
 
     def get_bytes(self, key: str) -> bytes | None:
+        found = self.get_versioned(key)
+        return None if found is None else found.data
+
+    def get_versioned(self, key: str) -> Versioned | None:
         try:
             resp = call(f"s3 get {self.child_uri(key)}", self.s3.get_object, Bucket=self.bucket, Key=self._key(key))
         except CloudError as exc:
             if exc.code in ("NoSuchKey", "404"):
                 return None
             raise
-        return resp["Body"].read()
+        return Versioned(resp["Body"].read(), resp["ETag"])
+
+    def put_if(self, key: str, data: bytes, version: str | None) -> str:
+        """S3's conditional writes: ``If-None-Match: *`` to create, ``If-Match: <ETag>`` to replace."""
+        condition = {"IfNoneMatch": "*"} if version is None else {"IfMatch": version}
+        try:
+            resp = call(f"s3 conditional put {self.child_uri(key)}", self.s3.put_object, Bucket=self.bucket,
+                        Key=self._key(key), Body=data, **condition)
+        except CloudError as exc:
+            # 412: the key changed; 409 ConditionalRequestConflict: another conditional write to it is in
+            # flight; NoSuchKey: If-Match on a key removed since it was read.
+            if exc.code in ("PreconditionFailed", "412", "ConditionalRequestConflict", "409", "NoSuchKey", "404"):
+                raise WriteConflict(f"{self.child_uri(key)} changed since it was read ({exc.code})") from exc
+            raise
+        return resp["ETag"]
 
     def exists(self, key: str) -> bool:
         try:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -24,8 +24,15 @@ class SharedSettings(BaseSettings):
         "publishes to it (required there)"))
     registry_cache: Path | None = Field(None, validation_alias="DINREC_REGISTRY_CACHE", description=(
         "where versions from an S3 registry are downloaded (default ~/.cache/dinrec/registry/…)"))
-    experiments_file: Path | None = Field(None, validation_alias="DINREC_EXPERIMENTS_FILE", description=(
-        "the A/B experiments (JSON, experiments.spec.ExperimentFile): the service runs them, retrain's "
-        "rollout=challenger adds to them; none by default"))
+    experiments_file: str | None = Field(None, validation_alias="DINREC_EXPERIMENTS_FILE", description=(
+        "the A/B experiments document (JSON, experiments.spec.ExperimentFile), a file or "
+        "s3://bucket/prefix/experiments.json: the service runs them, the admin API and retrain's "
+        "rollout=challenger change them (compare-and-swap: a change made against an older version is refused); "
+        "none by default"))
     topic: str = Field("dinrec.events", pattern=r"^[A-Za-z0-9._-]{1,245}$", validation_alias="DINREC_TOPIC",
                        description="the events topic (its dead letters go to <topic>.dlq); the archive keeps it")
+
+    @field_validator("experiments_file", mode="before")
+    @classmethod
+    def _location(cls, value: object) -> object:
+        return str(value) if isinstance(value, Path) else value  # a Path from Python callers, a string from the env

@@ -114,6 +114,23 @@ def test_bench_serve_drives_the_service_open_loop(redis_url, redis_cluster_url):
 
 
 @pytest.mark.redis
+def test_bench_store_size_measures_real_keys_and_projects_a_cluster(redis_url):
+    env = {**os.environ, "DINREC_REDIS_URL": redis_url}
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "store-size", "--users", "200",
+                          "--behaviours", "20", "--items", "500", "--json"], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    result = json.loads(out.stdout)
+    per_user = result["memory_usage_per_user"]
+    assert result["keys"] >= 200 * 3 and all(per_user[f] > 0 for f in ("hist", "seen", "items", "ab_and_attribution"))
+    assert per_user["hist"] > 20 * 20  # 20 behaviours of ~20+ bytes each (ids, separators, scores)
+    assert result["bytes_per_user"] >= result["memory_usage_per_user_total"] and result["bytes_per_item"] > 0
+    small, _, big = result["projection"]
+    assert (small["users"], big["users"]) == (1_000_000, 100_000_000) and big["primaries"] >= small["primaries"]
+    assert big["gb"] == pytest.approx((1e8 * result["bytes_per_user"] + 1e6 * result["bytes_per_item"]) / 1e9, abs=0.1)
+
+
+@pytest.mark.redis
 @pytest.mark.slow
 def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_without(redis_url):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url}

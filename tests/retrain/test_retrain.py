@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -18,9 +19,9 @@ from models.bundle import load_bundle
 from models.vocab import Vocab
 from registry.store import Registry
 from retrain.gate import decide
-from retrain.job import _iso
-from retrain.lock import RunLock
+from retrain.job import LEASE_KEY, _iso
 from retrain.settings import RetrainSettings
+from storage import Lease, LocalStorage
 from tests.conftest import REPO, wait_until
 from tests.retrain.retrain_world import DAY, END, FAST, archive, chain_world, drifting_world, retrain
 from training.metrics import paired_difference
@@ -171,12 +172,12 @@ def test_two_runs_started_at_once_one_runs_and_one_says_it_is_locked(world, tmp_
     (code_a, ran), (code_b, locked) = results
     assert (code_a, ran["status"]) == (0, "promoted")
     assert (code_b, locked["status"]) == (4, "locked") and "another retrain holds" in locked["reason"]
-    assert locked["holder"]["pid"] in {p.pid for p in procs}
+    assert int(locked["holder"]["holder"].split(":")[1]) in {p.pid for p in procs}  # host:pid:nonce
 
-    # While a lock is held (here by this process), a run exits 4 at once and changes nothing.
-    with RunLock(root / "work" / "retrain.lock"):
+    # While the lease is held (here by this process), a run exits 4 at once and changes nothing.
+    with Lease(LocalStorage(root / "registry"), LEASE_KEY, holder=f"test:{os.getpid()}:x"):
         code, report = retrain(root, "--until", str(END + 3600))
-    assert code == 4 and report["holder"]["pid"] == os.getpid()
+    assert code == 4 and report["holder"]["holder"] == f"test:{os.getpid()}:x"
 
 
 @pytest.mark.slow
@@ -186,7 +187,8 @@ def test_a_killed_run_resumes_from_its_checkpoint(world, tmp_path):
             # What is tested is the resume, not the model: small batches for many checkpoints overfit
             # (logloss and calibration past the gate's tolerances on this holdout), so the gate is loosened.
             "DINREC_RETRAIN_LOGLOSS_TOLERANCE": "1", "DINREC_RETRAIN_CALIBRATION_TOLERANCE": "10",
-            "DINREC_RETRAIN_BASELINE_TOLERANCE": "1"}
+            "DINREC_RETRAIN_BASELINE_TOLERANCE": "1",
+            "DINREC_RETRAIN_LEASE_S": "3"}  # a killed run's lease frees itself 3 s after its last renewal
     p = retrain(root, "--until", str(END), env=slow, wait=False)
     runs = root / "work" / "runs"
     this_window = f"*_{_iso(END)}_*"  # the copied world holds the champion's (finished) run too
@@ -198,6 +200,9 @@ def test_a_killed_run_resumes_from_its_checkpoint(world, tmp_path):
     (run_dir,) = runs.glob(this_window)
     assert not (run_dir / "report.json").exists() and (run_dir / "samples" / "samples.json").is_file()
     data = (run_dir / "data.json").read_text()
+    lease = Lease(LocalStorage(root / "registry"), LEASE_KEY)
+    assert lease.read()["expires"] > 0  # the killed run could not release it
+    wait_until(lambda: lease.read()["expires"] < time.time(), timeout_s=30, what="the killed run's lease to expire")
     code, report = retrain(root, "--until", str(END), env=slow)
     assert code == 0 and report["status"] == "promoted" and report["run"] == run_dir.name, report["reason"]
     assert report["candidate"]["train"]["resumed_from"] is not None  # from the checkpoint, not from scratch

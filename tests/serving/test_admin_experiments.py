@@ -48,3 +48,30 @@ def test_put_and_status_rewrite_the_file_and_every_replica_follows(tiny_run, tmp
                    timeout_s=10, what="the other replica to stop the experiment")
         assert one.post("/admin/experiments/nope/status", json={"status": "running"},
                         headers=ADMIN).status_code == 404
+
+
+def test_two_admin_writers_racing_one_wins_the_other_gets_409_and_nothing_is_lost(tiny_run, tmp_path):
+    """Two replicas, each with a client that read version 1: both send their change against it. The first
+    lands (version 2); the second is refused with 409 naming version 2, writes nothing, and lands once
+    resent against version 2: the document holds both changes. Without If-Match, a change made while
+    another replica wrote is refused the same way (the compare-and-swap under every write)."""
+    path = tmp_path / "experiments.json"
+    store = MemoryStore()
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, admin_token=ADMIN_TOKEN,
+                               events_sink="store", reload_poll_s=0.1, score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as one, \
+            live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as two:
+        assert one.put("/admin/experiments/late", json=EXP, headers=ADMIN).json()["version"] == 1
+        first = {**EXP, "name": "first"}
+        second = {**EXP, "name": "second", "status": "draft"}
+        r1 = one.put("/admin/experiments/first", json=first, headers={**ADMIN, "If-Match": "1"})
+        r2 = two.put("/admin/experiments/second", json=second, headers={**ADMIN, "If-Match": "1"})
+        assert r1.status_code == 200 and r1.json()["version"] == 2
+        assert r2.status_code == 409 and "at version 2, not 1" in r2.json()["message"], r2.text
+        assert json.loads(path.read_text())["version"] == 2  # the refused change wrote nothing
+        r2 = two.put("/admin/experiments/second", json=second, headers={**ADMIN, "If-Match": "2"})
+        assert r2.status_code == 200 and r2.json() == {"version": 3, "experiments": ["late", "first", "second"]}
+        assert [e["name"] for e in json.loads(path.read_text())["experiments"]] == ["late", "first", "second"]
+        wait_until(lambda: [e["name"] for e in one.get("/experiments").json()["experiments"]] ==
+                   ["late", "first", "second"], timeout_s=10, what="the first replica to follow")
+        assert one.put("/admin/experiments/late", json=EXP, headers={**ADMIN, "If-Match": "x"}).status_code == 400

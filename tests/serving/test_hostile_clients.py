@@ -196,10 +196,13 @@ def test_every_admin_change_leaves_an_audit_line(tiny_run, caplog):
     with live_server(ServingSettings(bundle_dir=tiny_run[2], admin_token=ADMIN_TOKEN), FeatureStoreSettings(),
                      store=MemoryStore(), stream=InProcessStream()) as c:
         with caplog.at_level("WARNING", logger="dinrec.audit"):
-            r = c.post("/admin/reload", headers=ADMIN_HEADERS)
-        assert r.status_code == 200, r.text
+            r = c.post("/admin/instance/reload", headers=ADMIN_HEADERS)
+        assert r.status_code == 200 and r.json()["scope"] == "instance", r.text
         (line,) = [rec.getMessage() for rec in caplog.records if rec.name == "dinrec.audit"]
-        assert line.startswith("admin reload /admin/reload from 127.0.0.1:") and "now=" in line
+        assert line.startswith("admin instance reload /admin/instance/reload from 127.0.0.1:") and "now=" in line
+        # Without a registry there is no alias for a fleet to follow: the fleet-wide routes say so.
+        fleet = c.post("/admin/rollback", headers=ADMIN_HEADERS)
+        assert fleet.status_code == 409 and "/admin/instance/rollback" in fleet.json()["message"]
 
 
 class Stalls(MemoryStore):

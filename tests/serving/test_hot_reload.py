@@ -67,7 +67,8 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
         checks = c.get("/admin/model", headers=ADMIN).json()["watch_checks"]
         wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["watch_checks"] >= checks + 2,
                    what="the watcher to see the alias back on v2")
-        back = c.post("/admin/rollback", headers=ADMIN).json()
+        back = c.post("/admin/instance/rollback", headers=ADMIN).json()
+        assert back["scope"] == "instance"
         assert back["model_version"] == v1["model_version"]
         assert c.get("/recommend", params={"user_id": users[0]}).json()["model_version"] == v1["model_version"]
         checks = c.get("/admin/model", headers=ADMIN).json()["watch_checks"]
@@ -76,7 +77,7 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
         assert after["model_version"] == v1["model_version"] and after["held"] == "v2"  # it sticks
         assert c.post("/admin/reload").status_code == 401
         assert c.post("/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
-        pinned = c.post("/admin/reload", headers=ADMIN, json={"version": "v2"}).json()
+        pinned = c.post("/admin/instance/reload", headers=ADMIN, json={"version": "v2"}).json()
         assert pinned["version"] == "v2" and pinned["changed"]
         registry.set_alias("champion", "v1")  # the alias moves on: the watcher follows it again
         wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["version"] == "v1", timeout_s=30)
@@ -172,3 +173,34 @@ def test_experiment_variants_serve_the_models_they_name_and_follow_their_alias(r
         user = next(u for u, a in answers.items() if a["variant"] == "challenger")
         wait_until(lambda: c.get("/recommend", params={"user_id": user, "k": 3}).json()["model_version"] == v1,
                    timeout_s=30, what="the challenger arm to follow its alias")
+
+
+def test_fleet_reload_and_rollback_move_the_alias_and_every_replica_follows(registry, tiny_run):
+    """Two replicas on one registry: `POST /admin/reload {"version"}` through one moves the alias (after
+    checking the version serves there) and both serve it; `POST /admin/rollback` through the other moves
+    it back, recorded; a reload made against a version the alias no longer names is refused (409)."""
+    store = MemoryStore()
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
+                               events_sink="store", score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as one, \
+            live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as two:
+        def versions() -> tuple[str, str]:
+            return tuple(c.get("/admin/model", headers=ADMIN).json()["version"] for c in (one, two))
+
+        assert versions() == ("v1", "v1")
+        moved = one.post("/admin/reload", headers=ADMIN, json={"version": "v2"})
+        assert moved.status_code == 200 and moved.json()["scope"] == "fleet" and moved.json()["version"] == "v2"
+        assert registry.resolve("champion") == "v2" and moved.json()["held"] is None
+        wait_until(lambda: versions() == ("v2", "v2"), timeout_s=30, what="every replica to follow the alias")
+        stale = two.post("/admin/reload", headers=ADMIN, json={"version": "v1", "expected": "v1"})
+        assert stale.status_code == 409 and "holds v2, not v1" in stale.json()["message"]
+        assert registry.resolve("champion") == "v2"
+        back = two.post("/admin/rollback", headers=ADMIN)
+        assert back.status_code == 200 and back.json()["scope"] == "fleet" and back.json()["version"] == "v1"
+        assert registry.resolve("champion") == "v1"
+        assert registry.history("champion")[-1]["reason"] == "rollback from v2"
+        wait_until(lambda: versions() == ("v1", "v1"), timeout_s=30, what="every replica to roll back")
+        registry.publish(registry.bundle_dir("v2"), "v3")
+        (registry.bundle_dir("v3") / "popularity.json").write_text("[]")  # corrupt: fails its checksum
+        refused = one.post("/admin/reload", headers=ADMIN, json={"version": "v3"})
+        assert refused.status_code == 409 and registry.resolve("champion") == "v1"  # checked first: nothing moved

@@ -88,6 +88,38 @@ def test_cancel_stops_a_running_job_and_it_stays_cancelled(local_env, small_data
     assert resumed.returncode == 1 and _last_json(resumed.stdout)["status"] == "cancelled"
 
 
+def test_two_supervisors_on_one_job_one_supervises_and_a_killed_ones_lease_expires(local_env, small_data, tmp_path):
+    env = {**local_env, "DINREC_SPOT_LEASE_S": "2"}
+    start = _dinrec("spot", "launch", "--data", str(small_data), "--instance-type", "g5.xlarge",
+                    "--train-args", "--epochs 500 --seq-len 20 --checkpoint-every 5", env=env)
+    assert start.returncode == 0, start.stderr[-3000:]
+    job_id = _last_json(start.stdout)["job_id"]
+    job = tmp_path / "state" / "jobs" / job_id
+    first = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "spot", "run", "--job-id", job_id], cwd=REPO,
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        def held_by_first() -> bool:
+            lease = json.loads((job / "lease.json").read_text()) if (job / "lease.json").exists() else {}
+            return lease.get("holder", "").split(":")[1:2] == [str(first.pid)]
+
+        wait_until(held_by_first, timeout_s=120, what="the first supervisor to hold the job")
+        second = _dinrec("spot", "run", "--job-id", job_id, env=env)
+        assert second.returncode == 4, second.stderr[-3000:]
+        answer = _last_json(second.stdout)
+        assert answer["status"] == "supervised elsewhere" and answer["holder"]["holder"].split(":")[1] == str(first.pid)
+        assert len(json.loads((job / "state.json").read_text())["attempts"]) == 1  # it launched nothing
+        first.kill()  # SIGKILL: no release; its lease frees itself 2 s after its last renewal
+        first.wait(timeout=30)
+        wait_until(lambda: _dinrec("spot", "run", "--job-id", job_id, "--detach", env=env).returncode == 0,
+                   timeout_s=60, interval_s=0.5, what="another supervisor to take the job over")
+        assert len(json.loads((job / "state.json").read_text())["attempts"]) == 1  # the attempt runs on, adopted
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+        _dinrec("spot", "cancel", "--job-id", job_id, env=env)  # stop the training attempt
+
+
 def test_budget_stops_the_job_and_the_running_attempt(local_env, small_data):
     run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "p5en.48xlarge",
                   "--train-args", "--epochs 500 --seq-len 20", "--budget-usd", "0.0005", env=local_env)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from storage import CloudError, LocalStorage, S3Storage, open_storage
+from storage import CloudError, LocalStorage, S3Storage, WriteConflict, open_storage
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -34,6 +34,47 @@ def test_keys_are_written_whole_listed_by_string_prefix_and_deleted(storage):
     assert storage.keys("a/") == ["a/b.json"]
     with pytest.raises(ValueError, match="not valid JSON"):
         storage.get_json("ab")
+
+
+def test_a_conditional_write_lands_only_on_the_version_its_writer_read(storage):
+    first = storage.put_if("doc.json", b"v1", None)  # None: create, only if absent
+    with pytest.raises(WriteConflict):
+        storage.put_if("doc.json", b"v1-again", None)
+    read = storage.get_versioned("doc.json")
+    assert read.data == b"v1" and read.version == first
+    second = storage.put_if("doc.json", b"v2", read.version)
+    assert second != first and storage.get_versioned("doc.json") == (b"v2", second)
+    with pytest.raises(WriteConflict):  # a writer still holding the first read: refused, nothing written
+        storage.put_if("doc.json", b"stale", read.version)
+    assert storage.get_bytes("doc.json") == b"v2" and storage.keys("doc") == ["doc.json"]  # no lock file listed
+    storage.delete("doc.json")
+    with pytest.raises(WriteConflict):  # removed since it was read
+        storage.put_if("doc.json", b"v3", second)
+    assert storage.get_versioned("doc.json") is None
+
+
+def test_of_many_local_writers_racing_from_one_read_exactly_one_wins(tmp_path):
+    import threading
+
+    storage = open_storage(tmp_path / "store")
+    version = storage.put_if("doc", b"0", None)
+    start, outcomes = threading.Barrier(8), []
+
+    def writer(n: int) -> None:
+        start.wait()
+        try:
+            storage.put_if("doc", str(n).encode(), version)
+            outcomes.append(n)
+        except WriteConflict:
+            outcomes.append(None)
+
+    threads = [threading.Thread(target=writer, args=(n,)) for n in range(1, 9)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    winners = [n for n in outcomes if n is not None]
+    assert len(outcomes) == 8 and len(winners) == 1 and storage.get_bytes("doc") == str(winners[0]).encode()
 
 
 def test_upload_dir_puts_the_commit_file_last(storage, tmp_path):

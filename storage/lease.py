@@ -1,0 +1,139 @@
+"""A lease on the storage layer: one holder at a time across processes and machines, and none once its
+holder dies.
+
+The lease is one key holding ``{"holder", "expires", "since"}``. It is taken, renewed and released by
+compare-and-swap (:meth:`storage.Storage.put_if`: S3's conditional writes, a lock beside the file in a
+folder), so of two takers exactly one gets it. A holder renews it every ``ttl_s / 3`` from a
+background thread while it works; a holder that dies (kill -9, a lost machine) stops renewing and the
+lease is free ``ttl_s`` after its last renewal — no stale lock to clear by hand. A holder that fails to
+renew (the key was taken over after a stall longer than the TTL, or storage was unreachable past it)
+learns it from :meth:`Lease.check` before it acts on what the lease protects.
+
+Expiry compares wall clocks of different machines: keep ``ttl_s`` well above their skew (NTP: ms).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from storage.aws import CloudError
+from storage.base import Storage, WriteConflict
+
+log = logging.getLogger(__name__)
+
+
+class LeaseHeld(RuntimeError):
+    """Another holder has the lease; ``holder`` is what it wrote (holder, since, expires)."""
+
+    def __init__(self, where: str, holder: dict) -> None:
+        super().__init__(f"another holder has the lease {where}: {holder.get('holder', 'unknown')} "
+                         f"(until {holder.get('expires', 0):.0f} unless renewed)")
+        self.holder = holder
+
+
+class LeaseLost(RuntimeError):
+    """This holder's lease was taken over or could not be renewed in time: stop acting on it."""
+
+
+def default_holder() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class Lease:
+    def __init__(self, storage: Storage, key: str, *, ttl_s: float = 60.0, holder: str | None = None,
+                 clock: Callable[[], float] = time.time) -> None:
+        if ttl_s <= 0:
+            raise ValueError("a lease's ttl_s must be > 0")
+        self.storage, self.key, self.ttl_s = storage, key, ttl_s
+        self.holder, self.clock = holder or default_holder(), clock
+        self.where = storage.child_uri(key)
+        self._version: str | None = None
+        self._since = 0.0
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._lost: str | None = None
+
+    def _doc(self, expires: float) -> bytes:
+        return json.dumps({"holder": self.holder, "since": self._since, "expires": expires}).encode()
+
+    def read(self) -> dict | None:
+        """What the key holds now (None: never taken)."""
+        found = self.storage.get_versioned(self.key)
+        return json.loads(found.data) if found else None
+
+    def acquire(self) -> Lease:
+        """Take the lease if it is free (never taken, released, or expired) or already this holder's;
+        raise :class:`LeaseHeld` otherwise."""
+        found = self.storage.get_versioned(self.key)
+        now = self.clock()
+        current = json.loads(found.data) if found else {}
+        if found and current.get("holder") != self.holder and float(current.get("expires", 0)) > now:
+            raise LeaseHeld(self.where, current)
+        self._since = now
+        try:
+            self._version = self.storage.put_if(self.key, self._doc(now + self.ttl_s), found.version if found else None)
+        except WriteConflict:
+            raise LeaseHeld(self.where, self.read() or {}) from None  # another taker won the race
+        self._lost = None
+        return self
+
+    def renew(self) -> None:
+        """Extend the lease by ``ttl_s`` from now; raise :class:`LeaseLost` if it is no longer this holder's."""
+        if self._version is None:
+            raise LeaseLost(f"{self.where}: not held")
+        try:
+            self._version = self.storage.put_if(self.key, self._doc(self.clock() + self.ttl_s), self._version)
+        except WriteConflict:
+            self._version = None
+            raise LeaseLost(f"{self.where}: taken over by {(self.read() or {}).get('holder')}") from None
+
+    def release(self) -> None:
+        """Free the lease now (it is written expired, conditionally: a lease lost meanwhile is left alone)."""
+        self._stop.set()
+        if self._renewer is not None:
+            self._renewer.join()
+            self._renewer = None
+        if self._version is not None:
+            try:
+                self.storage.put_if(self.key, self._doc(0.0), self._version)
+            except (WriteConflict, CloudError) as exc:  # taken over, or unreachable: it expires by itself
+                log.warning("lease %s not released (it expires by itself): %s", self.where, exc)
+            self._version = None
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the background renewal found the lease gone."""
+        if self._lost is not None or self._version is None:
+            raise LeaseLost(self._lost or f"{self.where}: not held")
+
+    def keep(self) -> Lease:
+        """Renew from a background thread every ``ttl_s / 3`` until :meth:`release`. A renewal that fails
+        for storage reasons is retried at the next beat; one that finds the lease taken ends the thread
+        and :meth:`check` raises from then on."""
+        def beat() -> None:
+            while not self._stop.wait(self.ttl_s / 3):
+                try:
+                    self.renew()
+                except LeaseLost as exc:
+                    self._lost = str(exc)
+                    log.error("lease lost: %s", exc)
+                    return
+                except Exception as exc:  # noqa: BLE001 - storage down: the next beat tries again
+                    log.warning("lease %s: renewal failed, retrying: %s", self.where, exc)
+
+        self._stop.clear()
+        self._renewer = threading.Thread(target=beat, name="dinrec-lease", daemon=True)
+        self._renewer.start()
+        return self
+
+    def __enter__(self) -> Lease:
+        return self.acquire().keep()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()

@@ -1,0 +1,106 @@
+"""Leases on the storage layer, on a folder and on S3 (a real moto server): one holder at a time, a dead
+holder's lease free once it expires, and a holder that was overtaken told so before it acts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+import boto3
+import pytest
+
+from storage import Lease, LeaseHeld, LeaseLost, open_storage
+from tests.conftest import REPO, wait_until
+
+
+@pytest.fixture(params=["local", "s3"])
+def location(request, tmp_path) -> str:
+    if request.param == "local":
+        return str(tmp_path / "shared")
+    request.getfixturevalue("aws_env")
+    bucket = request.getfixturevalue("unique")
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    return f"s3://{bucket}/control"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_holder_at_a_time_and_an_expired_lease_is_taken_over(location):
+    storage, clock = open_storage(location), Clock()
+    a = Lease(storage, "leases/job.json", ttl_s=30, holder="a", clock=clock).acquire()
+    b = Lease(open_storage(location), "leases/job.json", ttl_s=30, holder="b", clock=clock)
+    with pytest.raises(LeaseHeld, match="another holder has the lease .*: a") as info:
+        b.acquire()
+    assert info.value.holder["holder"] == "a"
+    clock.now += 20
+    a.renew()  # good for 30 s from now
+    clock.now += 20
+    with pytest.raises(LeaseHeld):
+        b.acquire()
+    clock.now += 11  # a stalled past its lease: b takes it
+    b.acquire()
+    with pytest.raises(LeaseLost, match="taken over by b"):
+        a.renew()
+    with pytest.raises(LeaseLost):
+        a.check()
+    a.release()  # lost: leaves b's lease alone
+    assert b.read()["holder"] == "b"
+    b.release()  # released: free at once
+    assert Lease(storage, "leases/job.json", ttl_s=30, holder="c", clock=clock).acquire().read()["holder"] == "c"
+
+
+def test_a_killed_holders_lease_frees_itself_and_another_takes_over(location):
+    """A process takes the lease, renews it from its background thread, and is SIGKILLed: the lease
+    stays held while it renews, and is taken by another holder once ttl_s passed without a renewal."""
+    script = textwrap.dedent(f"""
+        import sys, time
+        from storage import Lease, open_storage
+        with Lease(open_storage({location!r}), "leases/job.json", ttl_s=1.5, holder="doomed"):
+            print("held", flush=True)
+            time.sleep(600)
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "held"
+        other = Lease(open_storage(location), "leases/job.json", ttl_s=1.5, holder="next")
+        renewed = other.read()["expires"]
+        wait_until(lambda: other.read()["expires"] > renewed, timeout_s=10, what="the holder to renew")
+        with pytest.raises(LeaseHeld):  # renewed: still held past its first expiry
+            other.acquire()
+        proc.kill()
+        proc.wait(timeout=10)
+
+        def taken() -> bool:
+            try:
+                other.acquire()
+                return True
+            except LeaseHeld:
+                return False
+
+        wait_until(taken, timeout_s=15, interval_s=0.1, what="the dead holder's lease to expire")
+        assert other.read()["holder"] == "next"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        proc.stdout.close()
+
+
+def test_a_holder_whose_renewals_fail_learns_it_from_check(tmp_path):
+    storage, clock = open_storage(tmp_path / "shared"), Clock()
+    mine = Lease(storage, "lease", ttl_s=0.3, holder="mine", clock=clock).acquire().keep()
+    mine.check()  # renewing: fine
+    clock.now += 1  # its renewals keep it (they use the same clock)
+    Lease(storage, "lease", ttl_s=0.3, holder="thief", clock=lambda: clock.now + 100).acquire()  # a clock far ahead
+    wait_until(lambda: mine._lost is not None, timeout_s=10, what="the renewal to find the lease taken")
+    with pytest.raises(LeaseLost, match="taken over by thief"):
+        mine.check()
+    mine.release()
+    assert Lease(storage, "lease").read()["holder"] == "thief"
