@@ -118,7 +118,11 @@ def reload(state: State, request: Request, body: ReloadRequest | None = None,
         if version is not None:
             current = registry.resolve(alias)
             models.reload(version)  # refused here (ReloadFailed) before anything moves
-            registry.set_alias(alias, version, reason="admin reload", expected=expected or current)
+            try:
+                registry.set_alias(alias, version, reason="admin reload", expected=expected or current)
+            except AliasConflict:
+                models.reload()  # nothing moved: this worker follows the alias again, as the others do
+                raise
         changed = models.reload() or version is not None  # follow the alias: nothing held back
     except (ReloadFailed, AliasConflict) as exc:
         audit(request, "reload refused", version=version, reason=str(exc))

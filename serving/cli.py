@@ -38,5 +38,24 @@ def serve(
     if settings.workers == 1:
         uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None, http=PROTOCOL)
     else:
+        _metrics_shared_by_workers()
         uvicorn.run("serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
                     port=settings.port, log_config=None, http=PROTOCOL)
+
+
+def _metrics_shared_by_workers() -> None:
+    """Workers write their metrics to files in one folder of this replica's, so /metrics on any of them
+    answers for all (serving.metrics). Set before the workers start: they read it when they import
+    prometheus_client. The operator's PROMETHEUS_MULTIPROC_DIR is used if set; emptied either way,
+    since what a previous run counted is not this one's."""
+    import glob
+    import os
+    import tempfile
+
+    from serving.metrics import MULTIPROCESS_ENV
+
+    folder = os.environ.get(MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="dinrec-metrics-")
+    os.makedirs(folder, exist_ok=True)
+    for stale in glob.glob(os.path.join(folder, "*.db")):
+        os.remove(stale)
+    os.environ[MULTIPROCESS_ENV] = folder

@@ -11,22 +11,63 @@
 * ``dinrec_shed_requests_total`` — refused for load (DINREC_MAX_IN_FLIGHT);
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
 * ``dinrec_store_up`` — the feature store answered its last health check (``/readyz``).
+
+With several worker processes (``dinrec serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` to a folder of the
+replica's own before it starts them), every worker writes its counters, histograms and gauges to
+files there (prometheus_client's multiprocess mode) and a scrape of any worker answers for the whole
+replica: counters and histograms summed over its workers (those that exited included: what they
+counted happened), ``dinrec_in_flight_requests`` summed over live workers, ``dinrec_model_info`` per
+live worker (a ``pid`` label), ``dinrec_store_up`` the most recent check. ``dinrec_thread_alive`` and
+``dinrec_outbox_pending_bytes`` are read from the answering worker at scrape time (each worker has its
+own threads and outbox slot).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import glob
+import os
+from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+
+MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when it is imported
 
 # Seconds: 0.5 ms .. 2.5 s.
 _BUCKETS = (0.0005, 0.001, 0.002, 0.004, 0.006, 0.008, 0.010, 0.015, 0.020, 0.025, 0.035, 0.05, 0.075, 0.1, 0.25,
             0.5, 1.0, 2.5)
 
 
+class _Observed:
+    """Gauges read from functions at scrape time: this process's own, nothing stored to merge."""
+
+    def __init__(self, name: str, doc: str, label: str | None, read: Callable[[], Mapping[str, float]]) -> None:
+        self.name, self.doc, self.label, self.read = name, doc, label, read
+
+    def collect(self) -> Iterator[Metric]:
+        family = GaugeMetricFamily(self.name, self.doc, labels=[self.label] if self.label else None)
+        for value_label, value in self.read().items():
+            family.add_metric([value_label] if self.label else [], value)
+        yield family
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class ServiceMetrics:
     def __init__(self) -> None:
-        self.registry = CollectorRegistry()
+        self.multiprocess_dir = os.environ.get(MULTIPROCESS_ENV) or None
+        if self.multiprocess_dir:
+            self._forget_dead_workers()
+        self.registry = CollectorRegistry()  # this process's; in multiprocess mode also written to its files
+        self.local = CollectorRegistry()  # read from this process at scrape time, whatever the mode
         r = self.registry
         self.requests = Histogram("dinrec_http_request_seconds", "HTTP requests by route template and status",
                                   ["route", "status"], buckets=_BUCKETS, registry=r)
@@ -38,16 +79,18 @@ class ServiceMetrics:
                                 registry=r)
         self.shed = Counter("dinrec_shed_requests", "requests refused with 503 because too many were in progress",
                             registry=r)
-        self.in_flight = Gauge("dinrec_in_flight_requests", "requests being served", registry=r)
+        self.in_flight = Gauge("dinrec_in_flight_requests", "requests being served", registry=r,
+                               multiprocess_mode="livesum")
         self.impressions_dropped = Counter("dinrec_impressions_dropped", "impressions not logged (queue full or "
                                            "sink failing)", registry=r)
         self.thread_restarts = Counter("dinrec_thread_restarts", "background threads restarted after an error",
                                        ["name"], registry=r)
         self.store_up = Gauge("dinrec_store_up", "1 when the feature store answered the last readiness check",
-                              registry=r)
+                              registry=r, multiprocess_mode="livemostrecent")
         self.model = Gauge("dinrec_model_info", "the model being served (value 1), its scores' precision, and the "
                            "scorer implementation and recall index timed fastest on this CPU at load",
-                           ["version", "precision", "scorer", "recall_index"], registry=r)
+                           ["version", "precision", "scorer", "recall_index"], registry=r,
+                           multiprocess_mode="liveall")
 
     def serving_model(self, rec) -> None:
         """``rec``: the serving.ranking.Recommender now serving."""
@@ -56,11 +99,31 @@ class ServiceMetrics:
                           recall_index=rec.index.kind).set(1)
 
     def watch_threads(self, threads: Mapping[str, Callable[[], bool]]) -> None:
-        gauge = Gauge("dinrec_thread_alive", "background threads the answers depend on: 1 while running",
-                      ["name"], registry=self.registry)
-        for name, alive in threads.items():
-            gauge.labels(name).set_function(lambda alive=alive: float(alive()))
+        self.local.register(_Observed(  # type: ignore[arg-type]
+            "dinrec_thread_alive", "background threads the answers depend on: 1 while running (this worker)",
+            "name", lambda: {name: float(alive()) for name, alive in threads.items()}))
 
     def watch_outbox(self, pending_bytes: Callable[[], int]) -> None:
-        Gauge("dinrec_outbox_pending_bytes", "events accepted and not yet acknowledged by the stream",
-              registry=self.registry).set_function(pending_bytes)
+        self.local.register(_Observed(  # type: ignore[arg-type]
+            "dinrec_outbox_pending_bytes", "events accepted and not yet acknowledged by the stream (this worker)",
+            None, lambda: {"": float(pending_bytes())}))
+
+    def render(self) -> bytes:
+        """The exposition: this process's metrics, or in multiprocess mode the replica's, merged."""
+        if self.multiprocess_dir is None:
+            return generate_latest(self.registry) + generate_latest(self.local)
+        from prometheus_client.multiprocess import MultiProcessCollector
+
+        merged = CollectorRegistry()
+        MultiProcessCollector(merged, path=self.multiprocess_dir)
+        return generate_latest(merged) + generate_latest(self.local)
+
+    def _forget_dead_workers(self) -> None:
+        """Drop the live-gauge files of workers that are gone (uvicorn restarts a dead worker under a new
+        pid); their counters stay: what they counted happened."""
+        from prometheus_client.multiprocess import mark_process_dead
+
+        for path in glob.glob(os.path.join(self.multiprocess_dir or "", "gauge_live*_*.db")):
+            pid = int(path.rsplit("_", 1)[1].removesuffix(".db"))
+            if not _alive(pid):
+                mark_process_dead(pid, self.multiprocess_dir)

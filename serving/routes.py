@@ -245,9 +245,9 @@ def post_events(state: State, request: Request, body: EventsRequest) -> EventsRe
 
 @router.get("/metrics", include_in_schema=False)
 def metrics(state: State) -> Response:
-    from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+    from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(generate_latest(state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz")

@@ -194,7 +194,7 @@ def test_fleet_reload_and_rollback_move_the_alias_and_every_replica_follows(regi
         wait_until(lambda: versions() == ("v2", "v2"), timeout_s=30, what="every replica to follow the alias")
         stale = two.post("/admin/reload", headers=ADMIN, json={"version": "v1", "expected": "v1"})
         assert stale.status_code == 409 and "holds v2, not v1" in stale.json()["message"]
-        assert registry.resolve("champion") == "v2"
+        assert registry.resolve("champion") == "v2" and versions() == ("v2", "v2")  # the refusal changed nothing
         back = two.post("/admin/rollback", headers=ADMIN)
         assert back.status_code == 200 and back.json()["scope"] == "fleet" and back.json()["version"] == "v1"
         assert registry.resolve("champion") == "v1"

@@ -73,6 +73,19 @@ def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path
         answers = [httpx.get(f"http://127.0.0.1:{port}/recommend", params={"user_id": "u1"},
                              headers={"x-request-id": f"req-{i}"}, timeout=10) for i in range(6)]
         assert all(r.status_code == 200 and r.json()["degraded"] for r in answers)
+        answers += [httpx.get(f"http://127.0.0.1:{port}/recommend", params={"user_id": f"u{i}"},
+                              headers={"x-request-id": f"req-more-{i}"}, timeout=10)
+                    for i in range(30)]  # a connection each: the kernel spreads them over the workers
+        assert all(r.status_code == 200 for r in answers)
+        # Whichever worker answers a scrape, it answers for the replica: every request counted once.
+        scrapes = [httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text for _ in range(8)]
+        for text in scrapes:
+            served = re.findall(r'dinrec_http_request_seconds_count\{route="/recommend",status="200"\} (\S+)', text)
+            assert served == ["36.0"], served
+            assert re.search(r'dinrec_degraded_responses_total\{reason="feature_store"\} 36\.0', text)
+            assert "dinrec_thread_alive{" in text  # the answering worker's own threads
+        pids = {m for text in scrapes for m in re.findall(r'dinrec_model_info\{[^}]*pid="(\d+)"', text)}
+        assert len(pids) == 2, pids  # one model line per live worker
     finally:
         proc.terminate()
         proc.wait(timeout=60)
