@@ -2,8 +2,10 @@
 ramp moves up only while nothing is worse; a winner takes its registry alias. (Each check also
 records a snapshot of the counts: the dashboard's CTR-over-time.)
 
-Every ``interval_s`` each replica analyses its running experiments from the shared counters
-(experiments.state; serving runs the loop). A
+Every ``interval_s`` one worker per replica analyses its running experiments from the shared counters
+(experiments.state; serving runs the loop and picks that worker) and decides; the replica's other
+workers ``check(decide=False)``: they read the same counters and decisions and act on them, writing
+nothing. A
 treatment is stopped when the always-valid confidence sequence for its CTR lift lies wholly below
 zero (``experiments.stats``: looking every interval does not inflate false alarms,
 which a fixed-horizon test would) and both arms have at least ``min_users``. The decision is
@@ -99,9 +101,11 @@ class Guardrail:
             return None
         return assigned
 
-    def check(self) -> list[dict]:
+    def check(self, decide: bool = True) -> list[dict]:
         """Analyse every running experiment once; stop what is significantly worse, move ramps, promote
-        winners. Returns the decisions this call recorded (a replica that finds one recorded adopts it)."""
+        winners. Returns the decisions this call recorded (a replica that finds one recorded adopts it).
+        ``decide=False``: only adopt what is recorded (stops, ramp steps, a winner) and see whether the
+        counts can be trusted — what a replica's other workers do while one of them decides."""
         made: list[dict] = []
         standing = dict(self._standing)
         for exp in self.experiments.all:
@@ -111,6 +115,11 @@ class Guardrail:
                 standing[exp.name] = Standing(concluded=True)
                 continue
             sums = self.state.sums(exp.name)
+            if not decide:
+                stopped = frozenset(self.state.stopped(exp.name))
+                standing[exp.name] = Standing(stopped, self._ramp_reached(exp),
+                                              held=tuple(integrity_problems(exp, sums, stopped)))
+                continue
             now = time.time()
             declared = {v.name for v in exp.variants}  # a forged name does not grow the dashboard's timeline
             self.state.snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
@@ -169,6 +178,13 @@ class Guardrail:
                     exp.name, variant.name, 100 * evidence["lift"], 100 * evidence["cs_low"],
                     100 * evidence["cs_high"], exp.promote, version)
         return [{**decision, "version": version}]
+
+    def _ramp_reached(self, exp: Experiment) -> float | None:
+        """The coverage step recorded for ``exp`` (its first while none is: the decider records it)."""
+        if not exp.ramp:
+            return None
+        reached = self.state.ramp_log(exp.name)
+        return exp.ramp[max(min(len(reached), len(exp.ramp)) - 1, 0)]
 
     def _ramp(self, exp: Experiment, now: float, *, green: bool, made: list[dict]) -> float:
         """The coverage step in force, after moving to the next one if this one has been held long

@@ -35,6 +35,7 @@ from serving.loops import every, supervise
 from serving.metrics import ServiceMetrics
 from serving.middleware import RequestContext
 from serving.models import ModelManager
+from serving.replica import ReplicaLead
 from serving.routes import router
 from serving.settings import ServingSettings
 
@@ -157,11 +158,19 @@ def _start_loops(parts: ExitStack, state: ServiceState, catalog: Catalog) -> Non
     parts.callback(stop.set)
     state.models.watch(stop)
     if settings.experiments_file is not None:  # experiments may also arrive later, by the admin API
+        # One worker of the replica decides; the others adopt what is recorded (serving.replica).
+        lead = ReplicaLead(settings.replica_dir, "guardrail")
+        parts.callback(lead.close)
+        guard = state.guardrail
+
+        def check() -> None:
+            guard.check(decide=lead.holds())
+
         try:  # decisions other replicas already made apply from the first request
-            state.guardrail.check()
+            check()
         except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
             log.warning("guardrail: first check failed: %s", exc)
-        every(settings.guardrail_interval_s, stop, state.guardrail.check, name="dinrec-guardrail")
+        every(settings.guardrail_interval_s, stop, check, name="dinrec-guardrail")
     watch_document(state, stop)
     if settings.catalog_poll_s > 0:
         catalog.run(state.store, stop, settings.catalog_poll_s)

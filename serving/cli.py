@@ -38,24 +38,34 @@ def serve(
     if settings.workers == 1:
         uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None, http=PROTOCOL)
     else:
-        _metrics_shared_by_workers()
-        uvicorn.run("serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
-                    port=settings.port, log_config=None, http=PROTOCOL)
+        made = _shared_by_workers(settings)
+        try:
+            uvicorn.run("serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
+                        port=settings.port, log_config=None, http=PROTOCOL)
+        finally:
+            if made is not None:  # a temporary folder of this run's: nothing in it outlives the workers
+                import shutil
+
+                shutil.rmtree(made, ignore_errors=True)
 
 
-def _metrics_shared_by_workers() -> None:
-    """Workers write their metrics to files in one folder of this replica's, so /metrics on any of them
-    answers for all (serving.metrics). Set before the workers start: they read it when they import
-    prometheus_client. The operator's PROMETHEUS_MULTIPROC_DIR is used if set; emptied either way,
-    since what a previous run counted is not this one's."""
+def _shared_by_workers(settings) -> str | None:
+    """The replica's folder (DINREC_REPLICA_DIR, or a new temporary one) for its workers: their metrics
+    files go to ``metrics/`` in it, so /metrics on any of them answers for all (serving.metrics), and the
+    guardrail's lead is a lock there (serving.replica). Set before the workers start: they read
+    PROMETHEUS_MULTIPROC_DIR when they import prometheus_client. The metrics are emptied: what a previous
+    run counted is not this one's. Returns the folder if it was made here (removed when the server stops)."""
     import glob
     import os
     import tempfile
 
     from serving.metrics import MULTIPROCESS_ENV
 
-    folder = os.environ.get(MULTIPROCESS_ENV) or tempfile.mkdtemp(prefix="dinrec-metrics-")
-    os.makedirs(folder, exist_ok=True)
-    for stale in glob.glob(os.path.join(folder, "*.db")):
+    folder = str(settings.replica_dir) if settings.replica_dir else tempfile.mkdtemp(prefix="dinrec-replica-")
+    metrics = os.path.join(folder, "metrics")
+    os.makedirs(metrics, exist_ok=True)
+    for stale in glob.glob(os.path.join(metrics, "*.db")):
         os.remove(stale)
-    os.environ[MULTIPROCESS_ENV] = folder
+    os.environ["DINREC_REPLICA_DIR"] = folder
+    os.environ[MULTIPROCESS_ENV] = metrics
+    return None if settings.replica_dir else folder

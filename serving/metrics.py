@@ -12,8 +12,8 @@
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
 * ``dinrec_store_up`` — the feature store answered its last health check (``/readyz``).
 
-With several worker processes (``dinrec serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` to a folder of the
-replica's own before it starts them), every worker writes its counters, histograms and gauges to
+With several worker processes (``dinrec serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` to ``metrics/`` in the
+replica's folder before it starts them: serving.replica), every worker writes its counters, histograms and gauges to
 files there (prometheus_client's multiprocess mode) and a scrape of any worker answers for the whole
 replica: counters and histograms summed over its workers (those that exited included: what they
 counted happened), ``dinrec_in_flight_requests`` summed over live workers, ``dinrec_model_info`` per

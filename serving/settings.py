@@ -86,6 +86,9 @@ class ServingSettings(SharedSettings):
     workers: int | None = Field(None, ge=1, le=64, description=(
         "uvicorn worker processes (`dinrec serve --workers`); default: one per CPU with Redis as the store, "
         "1 with the embedded store (it lives inside one process)"))
+    replica_dir: Path | None = Field(None, description=(
+        "a folder the worker processes of this replica share (their merged /metrics, which worker runs the "
+        "guardrail's decisions); `dinrec serve` with several workers makes a temporary one unless this is set"))
     torch_threads: int | None = Field(None, ge=1, le=256, description="per worker; default: CPUs / workers")
     log_format: Literal["json", "text"] = Field("json", description="one JSON object per log line, or plain text")
     max_k: int = Field(100, ge=1, le=1000, description="the largest list GET /recommend may ask for (k above it: 422)")

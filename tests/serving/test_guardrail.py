@@ -85,6 +85,41 @@ def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny
         assert same["sequential"] == "inconclusive"  # equal CTR: left running
 
 
+def test_a_replicas_other_workers_adopt_the_deciding_workers_decisions_and_write_nothing():
+    store = MemoryStore()
+    ramped = Experiment.model_validate({**EXPERIMENT, "ramp": [0.1, 0.5], "ramp_hold_s": 0})
+    follower = Guardrail(open_state(store), Experiments([ramped]), min_users=50)
+    leader = Guardrail(open_state(store), Experiments([ramped]), min_users=50)
+    store.write(traffic("control", 300, 10, 1) + traffic("bad", 300, 10, 0) + traffic("same", 300, 10, 1)
+                + traffic("ghost", 5, 10, 0))  # counts under a variant nobody declared: not to be trusted
+    state = open_state(store)
+    assert follower.check(decide=False) == []
+    assert (state.stopped("risky"), state.ramp_log("risky"), state.timeline("risky")) == ({}, [], [])  # no writes
+    assert follower.held("risky") == ["counts under undeclared variant 'ghost'"]  # it sees what the leader sees
+    leader2 = Guardrail(open_state(store), Experiments([Experiment.model_validate(EXPERIMENT)]), min_users=50)
+    made = leader2.check()  # without the ramp, so a stop can be made on clean counts...
+    assert made == [] and leader2.held("risky")  # ...but these counts are held: nothing is decided on them
+    store2 = MemoryStore()
+    follower, leader = (Guardrail(open_state(store2), Experiments([ramped]), min_users=50) for _ in range(2))
+    store2.write(traffic("control", 300, 10, 1) + traffic("bad", 300, 10, 0) + traffic("same", 300, 10, 1))
+    assert [d["variant"] for d in leader.check() if d["reason"] == "guardrail"] == ["bad"]
+    assert follower.check(decide=False) == []  # adopts the stop and the ramp step the leader recorded
+    assert follower.stopped("risky") == leader.stopped("risky") == {"bad"}
+    users = [f"user{i}" for i in range(2000)]
+    assert [follower.assign(u) for u in users] == [leader.assign(u) for u in users]  # the same answer
+
+
+def test_one_worker_of_a_replica_leads_and_another_takes_over_when_it_dies(tmp_path):
+    from serving.replica import ReplicaLead
+
+    first, second = ReplicaLead(tmp_path, "guardrail"), ReplicaLead(tmp_path, "guardrail")
+    assert first.holds() and not second.holds() and first.holds()
+    first.close()  # what the kernel does when the leading worker dies
+    assert second.holds() and not first.holds()
+    second.close()
+    assert ReplicaLead(None, "guardrail").holds()  # one process: it leads
+
+
 def test_a_ramp_moves_up_only_when_held_and_green_and_never_moves_a_user():
     store = MemoryStore()
     ramp = {**EXPERIMENT, "name": "risky", "ramp": [0.1, 0.5], "ramp_hold_s": 0,
