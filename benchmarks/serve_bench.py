@@ -91,10 +91,9 @@ class StoreSpec:
 
 
 @contextlib.contextmanager
-def _service(spec: StoreSpec | str, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
+def _service(spec: StoreSpec, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
              index: str, env: dict[str, str] | None) -> Iterator[tuple[int, dict]]:
     """`dinrec serve` on a synthetic bundle and ``users`` histories in Redis; yields (port, index card)."""
-    spec = StoreSpec(spec) if isinstance(spec, str) else spec
     run = f"bench-serve-{os.getpid()}-{time.monotonic_ns()}"
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-serve-"))
     bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len, index=IndexSpec(kind=index))
@@ -136,11 +135,12 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
     its result under ``redis_cluster`` and cluster/single ratios under ``cluster_vs_single``."""
     shape = {"rps": rps, "seconds": seconds, "items": items, "categories": categories, "users": users,
              "seq_len": seq_len, "workers": workers, "timeout_s": timeout_s, "warmup_s": warmup_s, "index": index}
-    single = {"store": "redis", **_serve_once(StoreSpec(redis_url), **shape)}
+    single_spec = StoreSpec(redis_url)
+    single = {"store": single_spec.kind, **_serve_once(single_spec, **shape)}
     if cluster_url is None:
         return single
-    cluster = {"store": "redis-cluster", "partitions": partitions,
-               **_serve_once(StoreSpec(cluster_url, cluster=True, partitions=partitions), **shape)}
+    cluster_spec = StoreSpec(cluster_url, cluster=True, partitions=partitions)
+    cluster = {"store": cluster_spec.kind, "partitions": partitions, **_serve_once(cluster_spec, **shape)}
 
     def ratio(field: str) -> float | None:
         a, b = cluster.get(field), single.get(field)
@@ -211,7 +211,7 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
     shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}
     health = free_port()
     settings = {"DINREC_REQUEST_DEADLINE_MS": str(deadline_ms), "DINREC_HEALTH_PORT": str(health)}
-    with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)}, **shape) as (port, served):
+    with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)}, **shape) as (port, served):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)  # warm-up
         n_workers = workers or os.cpu_count() or 1
@@ -223,7 +223,7 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
         after = loadgen.run("127.0.0.1", port, requests, capacity / 2, 5, timeout_s)
         after_ms = [r.latency_s * 1000 for r in after]
         recovered = all(r.status == 200 for r in after) and (_p(after_ms, 99) or 0) <= 2 * deadline_ms
-    with _service(redis_url, env={**settings, "DINREC_MAX_IN_FLIGHT": "0"}, **shape) as (port, _):
+    with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": "0"}, **shape) as (port, _):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)
         uncapped = _overloaded(port, health, requests, overload * capacity, peer_seconds, timeout_s)

@@ -70,6 +70,12 @@ def integrity_problems(exp: Experiment, sums: dict[str, VariantSums], stopped: f
     return problems
 
 
+def _step_in_force(reached: list[dict], steps: list[float]) -> int:
+    """The index of the ramp step in force, given the steps recorded (-1: none yet); a step past the
+    list's end (the list was shortened since) is its last."""
+    return min(len(reached), len(steps)) - 1
+
+
 class Guardrail:
     def __init__(self, state: ExperimentState, experiments: Experiments, *, alpha: float = 0.05, min_users: int = 100,
                  interval_s: float = 30.0, promote: Callable[[str, str], str] | None = None) -> None:
@@ -183,8 +189,7 @@ class Guardrail:
         """The coverage step recorded for ``exp`` (its first while none is: the decider records it)."""
         if not exp.ramp:
             return None
-        reached = self.state.ramp_log(exp.name)
-        return exp.ramp[max(min(len(reached), len(exp.ramp)) - 1, 0)]
+        return exp.ramp[max(_step_in_force(self.state.ramp_log(exp.name), exp.ramp), 0)]
 
     def _ramp(self, exp: Experiment, now: float, *, green: bool, made: list[dict]) -> float:
         """The coverage step in force, after moving to the next one if this one has been held long
@@ -194,7 +199,7 @@ class Guardrail:
         if not reached:
             self.state.ramp(exp.name, 0, {"step": 0, "coverage": steps[0], "at": now})
             reached = self.state.ramp_log(exp.name)
-        at = min(len(reached), len(steps)) - 1  # a step past the list's end (it was shortened): its last
+        at = _step_in_force(reached, steps)
         if green and at + 1 < len(steps) and now - reached[at]["at"] >= exp.ramp_hold_s:
             record = {"step": at + 1, "coverage": steps[at + 1], "at": now}
             if self.state.ramp(exp.name, at + 1, record):

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -154,10 +153,6 @@ class ExperimentFile(BaseModel):
             return cls.model_validate(json.loads(data))
         except ValueError as exc:  # JSON or schema: say which document
             raise ValueError(f"{where}: not a valid experiments file: {exc}") from exc
-
-    @classmethod
-    def load(cls, path: str | Path) -> ExperimentFile:
-        return cls.parse(Path(path).read_bytes(), str(path))
 
     def running(self) -> list[Experiment]:
         return [e for e in self.experiments if e.status == "running"]

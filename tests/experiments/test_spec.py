@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from experiments.spec import Experiment, ExperimentFile, bucket, fnv1a32
+from experiments.document import ExperimentsDocument
+from experiments.spec import Experiment, bucket, fnv1a32
 
 
 def _exp(**kw) -> Experiment:
@@ -68,9 +69,9 @@ def test_the_experiments_file_loads_and_names_itself_when_invalid(tmp_path):
     good = tmp_path / "experiments.json"
     good.write_text(json.dumps({"experiments": [_exp().model_dump(mode="json"), _exp(name="x", status="draft")
                                                 .model_dump(mode="json")]}))
-    loaded = ExperimentFile.load(good)
+    loaded, _ = ExperimentsDocument.open(good).read()  # the one way the experiments are read
     assert [e.name for e in loaded.running()] == ["seq-len"] and loaded.experiments[0].control_name == "l50"
     bad = tmp_path / "bad.json"
     bad.write_text('{"experiments": [{"name": "x"}]}')
     with pytest.raises(ValueError, match="bad.json: not a valid experiments file"):
-        ExperimentFile.load(bad)
+        ExperimentsDocument.open(bad).read()
