@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from models.din import DIN, Dice, PReLU
+from models.rows import AppendOnlyRows
 
 ScorePrecision = Literal["fp32", "bf16"]
 
@@ -115,23 +116,32 @@ class Scorer:
         self._mlp_steps = [_linear_fn(m, cd) if isinstance(m, torch.nn.Linear) else _activation_fn(m)
                            for m in model.mlp if not isinstance(m, torch.nn.Dropout)]
         self._out = _linear_fn(model.out, cd)
-        self._item_vectors_cd = self.item_vectors.to(cd)
+        # Growable (models.rows), so cold items join without copying a row of these.
+        self._set_item_rows(tuple(AppendOnlyRows(t) for t in (self.item_vectors, self.item_first,
+                                                               self.item_vectors.to(cd), self.item_category)))
         self._fused = self._pack_fused(w_p) if precision == "bf16" and fused else None
 
     def with_cold_items(self, categories: torch.Tensor) -> Scorer:
-        """This scorer, also scoring one item the model never saw per entry of ``categories`` (C,)
-        (category indices) as candidate ``n_items + j``: the unknown item (index 0) in that category,
-        which is what DIN knows of it. Built from this scorer's own rows: nothing is recomputed."""
+        """This scorer, also scoring one more item the model never saw per entry of ``categories`` (C,)
+        (category indices): candidates ``len(self.item_category) + j``, after the cold items it scores
+        already. Each is the unknown item (index 0) in its category, which is what DIN knows of it. The
+        rows are appended to this scorer's tables (models.rows): this scorer, which requests may be
+        using, keeps its own rows; nothing is recomputed or copied for the items it has."""
         new = copy.copy(self)
         with torch.inference_mode():
             cold = self.model.embed(torch.zeros_like(categories), categories.long()).float()  # (C, D)
             first = torch.addmm(self.model.att_in.bias.float(), cold, self._w_cand)  # (C, H1)
-            base = slice(0, self.n_items)
-            new.item_vectors = torch.cat([self.item_vectors[base], cold]).contiguous()
-            new.item_first = torch.cat([self.item_first[base], first]).contiguous()
-            new._item_vectors_cd = torch.cat([self._item_vectors_cd[base], cold.to(self.compute_dtype)]).contiguous()
-            new.item_category = torch.cat([self.item_category[base], categories.long()])
+            vectors, item_first, vectors_cd, item_category = self._item_rows
+            new._set_item_rows((vectors.appended(cold), item_first.appended(first),
+                                vectors_cd.appended(cold.to(self.compute_dtype)),
+                                item_category.appended(categories.long())))
         return new
+
+    def _set_item_rows(self, tables: tuple[AppendOnlyRows, ...]) -> None:
+        """Serve from ``tables``: the item vectors, their first-layer rows, the vectors in the compute
+        dtype, and the item categories."""
+        self._item_rows = tables
+        self.item_vectors, self.item_first, self._item_vectors_cd, self.item_category = (t.rows for t in tables)
 
     @property
     def fused(self) -> bool:

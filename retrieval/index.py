@@ -63,11 +63,20 @@ class ExactIndex:
         return self.vectors.shape[1]
 
     def search(self, queries: np.ndarray, k: int, exclude: Exclude = None) -> tuple[np.ndarray, np.ndarray]:
-        queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
-        scores = queries @ self.vectors.T  # (Q, N)
-        want = min(len(self.ids), k + max((len(e) for e in exclude), default=0) if exclude else k)
-        top = np.argsort(-scores, axis=1, kind="stable")[:, :want]
-        return _filter(self.ids[top], np.take_along_axis(scores, top, axis=1), k, exclude)
+        return exact_search(self.vectors, queries, k, exclude, ids=self.ids)
+
+
+def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, exclude: Exclude = None, *,
+                 ids: np.ndarray | None = None, first_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The exact inner-product top ``k`` of ``vectors`` (N, D) for ``queries`` (Q, D), as ``search``
+    answers; row j's id is ``ids[j]``, or ``first_id + j`` without ``ids``. Checks nothing: the caller's
+    vectors are finite float32."""
+    queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
+    scores = queries @ vectors.T  # (Q, N)
+    want = min(len(vectors), k + max((len(e) for e in exclude), default=0) if exclude else k)
+    top = np.argsort(-scores, axis=1, kind="stable")[:, :want]  # (Q, want)
+    return _filter(ids[top] if ids is not None else top + first_id, np.take_along_axis(scores, top, axis=1), k,
+                   exclude)
 
 
 @dataclass(frozen=True)

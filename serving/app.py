@@ -96,7 +96,7 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     metrics = ServiceMetrics()
     catalog = Catalog()  # new items the store knows and the models do not: every model loaded gets them
     models = ModelManager(settings, on_swap=metrics.serving_model,
-                          prepare=lambda rec: rec.set_cold_items(catalog.items))
+                          prepare=lambda rec: rec.add_cold_items(catalog.items))
     catalog.attach(models)
     state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics)
     _start_ingest(parts, state)

@@ -17,8 +17,9 @@ from feature_store.features import HistoryItem
 from models.blend import candidate_signals
 from models.bundle import Bundle
 from models.recall import RecallSpace
+from models.rows import AppendOnlyRows
 from models.scorer import Scorer, choose_scorer
-from retrieval.index import FaissIndex, IndexSpec, choose_search_index
+from retrieval.index import FaissIndex, choose_search_index, exact_search
 from serving.rerank import Reranker
 from serving.schemas import Because  # one of the user's behaviours that drew an item, and its weight
 
@@ -34,15 +35,40 @@ class Scored:
 @dataclass(frozen=True)
 class ColdLane:
     """Items that arrived after the model was trained (the store's catalog knows them, the bundle
-    does not), recallable through their category: candidate ids ``n_items + j``. Immutable: a new
-    catalog builds a new lane, swapped in with one assignment."""
+    does not), recallable through their category: candidate ids ``base + j``. One version of the lane:
+    more new items make a longer one (their rows appended, models.rows; nothing copied), swapped in
+    with one assignment; a request holding this version sees its ``size`` items and no others."""
 
-    index: FaissIndex            # their item-tower vectors (category only), flat
-    vectors: np.ndarray          # (C, D) the same vectors, by j (the blend's towers feature)
-    names: list[str]             # item id by j
-    categories: list[str]        # category id by j
-    ids: dict[str, int]          # item id -> candidate id
+    vectors: AppendOnlyRows      # (C, D) float32 their item-tower vectors (category only), by j
+    names: list[str]             # item id by j; shared by every version, append-only: the first ``size`` are this one's
+    categories: list[str]        # category id by j; the same
+    ids: dict[str, int]          # item id -> candidate id; shared, append-only (see :meth:`id_of`)
     scorer: Scorer               # the serving scorer, extended with their rows
+    base: int                    # the bundle's item count: the first cold candidate id
+
+    @property
+    def size(self) -> int:
+        return len(self.vectors)
+
+    def id_of(self, item_id: str) -> int | None:
+        """The candidate id of ``item_id`` if it is in this version of the lane."""
+        c = self.ids.get(item_id)
+        return c if c is not None and c < self.base + self.size else None
+
+    def search(self, query: np.ndarray, n: int, excluded: set[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The exact top ``n`` of the lane for ``query`` (1, D): candidate ids (n,) and scores (n,)."""
+        ids, scores = exact_search(self.vectors.rows.numpy(), query, n, [excluded], first_id=self.base)
+        return ids[0], scores[0]
+
+    def with_items(self, picked: list[tuple[str, str]], cats: torch.Tensor, vectors: torch.Tensor) -> ColdLane:
+        """This lane and the (item id, category id) pairs ``picked`` after its items: ``cats`` (C,) their
+        category indices, ``vectors`` (C, D) their tower vectors."""
+        for j, (item, cat) in enumerate(picked):
+            self.names.append(item)
+            self.categories.append(cat)
+            self.ids[item] = self.base + self.size + j
+        return ColdLane(self.vectors.appended(vectors), self.names, self.categories, self.ids,
+                        self.scorer.with_cold_items(cats), self.base)
 
 
 @dataclass(frozen=True)
@@ -94,28 +120,33 @@ class Recommender:
         self._counts = (bundle.item_counts.astype(np.float32) if bundle.item_counts is not None
                         else np.zeros(len(bundle.vocab.items), dtype=np.float32))
 
-    def set_cold_items(self, items: list[tuple[str, str]]) -> int:
-        """Make recallable the (item id, category id) pairs this model does not know but whose category
-        it does (with recall towers only: their vector comes from the category); returns how many.
-        Replaces the previous set."""
-        picked = list({i: c for i, c in items if i not in self._item_idx and c in self._cat_idx}.items())
-        cats = torch.tensor([self._cat_idx[c] for _, c in picked], dtype=torch.long)  # (C,)
-        vectors = self.recall.cold_item_vectors(cats) if picked else None  # (C, D); None without towers
-        if vectors is None:
-            self.cold = None
+    def add_cold_items(self, items: list[tuple[str, str]]) -> int:
+        """Make recallable those of the (item id, category id) pairs this model does not know and its cold
+        lane does not have yet, whose category it knows (with recall towers only: their vector comes from
+        the category); returns how many joined. Appends: what the lane has is not copied, and calling
+        again with the same items does nothing."""
+        cold = self.cold
+        picked = list({i: c for i, c in items if i not in self._item_idx and c in self._cat_idx
+                       and (cold is None or i not in cold.ids)}.items())
+        if not picked:
             return 0
-        base = len(self.bundle.vocab.items)
-        ids = np.arange(base, base + len(picked), dtype=np.int64)
-        self.cold = ColdLane(FaissIndex.build(vectors, ids, IndexSpec(kind="flat")), vectors, [i for i, _ in picked],
-                             [c for _, c in picked], {i: base + j for j, (i, _) in enumerate(picked)},
-                             self.scorer.with_cold_items(cats))
+        cats = torch.tensor([self._cat_idx[c] for _, c in picked], dtype=torch.long)  # (C,)
+        vectors = self.recall.cold_item_vectors(cats)  # (C, D); None without towers
+        if vectors is None:
+            return 0
+        if not np.isfinite(vectors).all():
+            raise ValueError("cold item vectors contain NaN or infinity")
+        if cold is None:
+            base = len(self.bundle.vocab.items)
+            cold = ColdLane(AppendOnlyRows(torch.empty(0, vectors.shape[1])), [], [], {}, self.scorer, base)
+        self.cold = cold.with_items(picked, cats, torch.from_numpy(vectors))
         return len(picked)
 
     def _excluded(self, seen: Collection[str], cold: ColdLane | None) -> set[int]:
         """Candidate ids (bundle items, then cold ones) of the item ids in ``seen``."""
         out = {i for i in (self._item_idx.get(item) for item in seen) if i}
         if cold is not None:
-            out.update(cold.ids[item] for item in seen if item in cold.ids)
+            out.update(c for c in (cold.id_of(item) for item in seen) if c is not None)
         return out
 
     def _recall(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
@@ -151,7 +182,7 @@ class Recommender:
         vectors[known] = self.recall.item_vectors[cand[known]]
         if not known.all():
             assert cold is not None
-            vectors[~known] = cold.vectors[cand[~known] - base]
+            vectors[~known] = cold.vectors.rows.numpy()[cand[~known] - base]
         counts = np.zeros(len(cand), dtype=np.float32)
         counts[known] = self._counts[cand[known]]
         x = candidate_signals(logits.numpy(), vectors @ query[0], self.covisit, items, cats, cand,
@@ -164,8 +195,7 @@ class Recommender:
         ids, scores = ids[0], scores[0]
         if cold is None:
             return ids[ids >= 0]
-        c_ids, c_scores = cold.index.search(query, n, exclude=[{i for i in excluded if i >= base}])
-        c_ids, c_scores = c_ids[0], c_scores[0]
+        c_ids, c_scores = cold.search(query, n, {i for i in excluded if i >= base})
         fresh = c_ids[:self.fresh_candidates]
         fresh = fresh[fresh >= 0]
         merged_ids, merged_scores = np.concatenate([ids, c_ids[len(fresh):]]), np.concatenate(
@@ -306,6 +336,7 @@ class Recommender:
         if idx:
             return self._item_cat_name[idx]
         cold = self.cold
-        if cold is not None and item_id in cold.ids:
-            return self._describe([cold.ids[item_id]], cold)[0][1]
+        c = cold.id_of(item_id) if cold is not None else None
+        if c is not None:
+            return self._describe([c], cold)[0][1]
         return "unknown"

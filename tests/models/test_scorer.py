@@ -166,3 +166,22 @@ def test_a_trained_bundle_scores_the_same(tiny_run):
     cand = torch.arange(21, 121)
     assert torch.allclose(scorer.score(hist, item_cat[hist], cand).logits,
                           reference_logits(bundle.model, item_cat, hist, cand), atol=1e-5, rtol=1e-5)
+
+
+def test_cold_items_appended_in_steps_score_like_the_unknown_item_of_their_category():
+    model, item_cat = random_model("prelu", "dice")
+    scorer = Scorer(model, item_cat, "fp32")
+    first = scorer.with_cold_items(torch.tensor([3, 5]))  # candidates 500, 501
+    both = first.with_cold_items(torch.tensor([7]))  # and 502
+    assert first.item_vectors.data_ptr() == scorer.item_vectors.data_ptr() == both.item_vectors.data_ptr()
+    assert len(scorer.item_category) == 500 and len(first.item_category) == 502  # older versions unchanged
+    hist = torch.randint(1, 500, (30,))
+    cand = torch.tensor([500, 501, 502, 10])
+    got = both.score(hist, item_cat[hist], cand).logits
+    # DIN's view of a cold item: the unknown item (0) in its category.
+    cats = torch.tensor([3, 5, 7, int(item_cat[10])])
+    with torch.inference_mode():
+        n = len(cand)
+        want = model(hist.unsqueeze(0).expand(n, -1), item_cat[hist].unsqueeze(0).expand(n, -1),
+                     torch.tensor([0, 0, 0, 10]), cats)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

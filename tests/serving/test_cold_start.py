@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import torch
+
 from feature_store.features import HistoryItem
 from feature_store.online.memory import MemoryStore
 from feature_store.schema import BehaviourEvent
@@ -38,7 +40,7 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
             {"event_id": "n2", "user_id": "early", "item_id": "other-new", "category_id": other_cat,
              "event_type": "click", "ts": 1.65e9 + 1}]})
         assert r.status_code == 202, r.text
-        wait_until(lambda: rec.cold is not None and len(rec.cold.names) == 2, timeout_s=10,
+        wait_until(lambda: rec.cold is not None and rec.cold.size == 2, timeout_s=10,
                    what="the catalog poll to give the model both new items")
         history = store.history("fan", 50)
         recalled = rec.recall_items(history, 20)
@@ -64,3 +66,28 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         assert "brand-new" in shown and shown["brand-new"]["category_id"] == fans_cat
         assert 0 < shown["brand-new"]["score"] < 1
         rec.blend = blend
+
+
+def test_new_items_are_appended_to_the_lane_and_a_request_keeps_the_version_it_read(tiny_run):
+    from serving.models import load_recommender
+
+    data, _, bundle_dir = tiny_run[0], tiny_run[1], tiny_run[2]
+    rec = load_recommender(ServingSettings(bundle_dir=bundle_dir, score_precision="fp32"), bundle_dir)
+    cats = [c for c, _ in Counter(data.category_id.tolist()).most_common(3)]
+    assert rec.add_cold_items([("new-0", cats[0]), ("new-1", cats[1]), (str(data.item_id[0]), cats[0]),
+                               ("no-such-category", "never-seen-category")]) == 2  # known and unplaceable skipped
+    held = rec.cold  # what a request in flight reads
+    assert held is not None and held.size == 2
+    assert rec.add_cold_items([("new-0", cats[0]), ("new-1", cats[1]), ("new-2", cats[2])]) == 1  # only the new one
+    now = rec.cold
+    assert now is not None and now.size == 3 and held.size == 2
+    assert held.id_of("new-2") is None and now.id_of("new-2") == now.base + 2
+    # Appended in place: the lane's and the scorer's rows are the same storage in both versions.
+    assert now.vectors.rows.data_ptr() == held.vectors.rows.data_ptr()
+    same = {v.scorer.item_vectors.data_ptr() for v in (now, held)} | {rec.scorer.item_vectors.data_ptr()}
+    assert len(same) == 1
+    found = held.search(rec.recall.cold_item_vectors(torch.tensor([1])), 5, set())[0].tolist()
+    assert sorted(found) == [-1, -1, -1, held.base, held.base + 1]  # the held version finds its two, not the third
+    history = [HistoryItem(1.6e9 + j, f"h{j}", str(i), str(c)) for j, (i, c) in
+               enumerate(zip(data.item_id[:10].tolist(), data.category_id[:10].tolist(), strict=True))]
+    assert "new-2" in rec.recall_items(history, 10_000)
