@@ -22,8 +22,8 @@ def _usd(x: float) -> str:
 
 
 def _table(options: list, workload) -> str:
-    head = f"{'#':>2}  {'instance':<14} {'GPU':<14} {'fits':<4}  {'bound':<12} {'est. time':>9} {'spot $':>9} " \
-           f"{'on-dem. $':>10}  note"
+    head = f"{'#':>2}  {'instance':<14} {'GPU':<14} {'tables':<10} {'fits':<4}  {'GB/GPU':>6}  {'bound':<12} " \
+           f"{'est. time':>9} {'spot $':>9} {'on-dem. $':>10}  note"
     lines = [f"{workload.name}: embedding tables {workload.table_bytes / 1e6:,.1f} MB "
              f"({workload.n_items:,} item rows), {workload.train_samples:,} samples × {workload.epochs} epochs", head]
     for o in options:
@@ -34,7 +34,8 @@ def _table(options: list, workload) -> str:
         else:  # the verdict clause of the planner's note ("ruled out: …", "1.5× faster … for 15× the cost")
             note = o.note.split(";")[0] if ";" in o.note else ""
         gpus, fits = f"{o.gpus}× {o.gpu}", "yes" if o.fits else "no"
-        lines.append(f"{o.rank or '-':>2}  {o.instance:<14} {gpus:<14} {fits:<4}  {o.bound:<12} "
+        lines.append(f"{o.rank or '-':>2}  {o.instance:<14} {gpus:<14} {o.embeddings:<10} {fits:<4}  "
+                     f"{o.gpu_mem_gb:>6.1f}  {o.bound:<12} "
                      f"{_duration(o.est_hours):>9} {_usd(o.spot_usd):>9} {_usd(o.on_demand_usd):>10}  {note}")
     return "\n".join(lines)
 
@@ -71,6 +72,8 @@ def plan(
     max_hours: Annotated[float | None, typer.Option(help="rule out options slower than this")] = None,
     live_prices: Annotated[bool | None, typer.Option(help="ask EC2 for current spot prices")] = None,
     instance: Annotated[list[str] | None, typer.Option(help="only these instance types (repeatable)")] = None,
+    embeddings: Annotated[list[str] | None, typer.Option(
+        help="table placement to plan: replicated (DDP) or sharded (TorchRec), repeatable; default both")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="a ranked JSON list instead of a table")] = False,
 ) -> None:
     """Rank GPU instances for a DIN training job: fits?, bound by what, hours, spot and on-demand cost."""
@@ -91,7 +94,11 @@ def plan(
             raise ValueError(f"cannot read {calibrate}: {exc}") from exc
     use_live = live_prices if live_prices is not None else settings.live_prices
     spot_prices = _spot_prices(settings, [t.name for t in catalog]) if use_live else {}
-    options = make_plan(workload, catalog, spot_prices=spot_prices, efficiency=efficiency, max_hours=max_hours)
+    modes = tuple(embeddings or ("replicated", "sharded"))
+    if not set(modes) <= {"replicated", "sharded"}:
+        raise ValueError(f"--embeddings must be replicated or sharded, got {', '.join(modes)}")
+    options = make_plan(workload, catalog, spot_prices=spot_prices, efficiency=efficiency, max_hours=max_hours,
+                        embeddings=modes)
     if as_json:
         typer.echo(json.dumps({"workload": workload.model_dump(mode="json"), "efficiency": efficiency.model_dump(),
                                "options": [o.to_json() for o in options]}))
@@ -106,7 +113,8 @@ spot_app = typer.Typer(help="Training jobs on spot GPUs: launch, supervise, watc
 def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> list[str]:
     from spot.planner import plan as make_plan
 
-    options = make_plan(_read_workload(plan_file), catalog)
+    # The spot job runs the replicated trainer (dinrec train); sharded plans are for torchrun jobs.
+    options = make_plan(_read_workload(plan_file), catalog, embeddings=("replicated",))
     fitting = [o.instance for o in options if o.fits and o.gpus == 1] or [o.instance for o in options if o.fits]
     if not fitting:
         raise ValueError(f"{plan_file}: no instance in the catalog fits this job (see `dinrec plan`)")

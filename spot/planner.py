@@ -16,6 +16,11 @@ For each catalog instance the planner estimates, per GPU:
 * **cost** — spot hours (plus the expected re-work after interruptions) × spot price, and the same
   hours on-demand.
 
+Each instance is planned twice, its tables **replicated** (every GPU holds them whole, DDP, dense Adam:
+the sweep above) and **sharded** (TorchRec row-wise shards, lookups and their gradients exchanged by
+all-to-all, a fused row-wise optimizer touching only the looked-up rows: per GPU a 1/G shard and one
+state value per row; samples kept in host memory); an option that fits only sharded says so.
+
 Options are ranked by spot cost among those that fit (and meet ``max_hours`` if given); an option
 another one beats on both time and cost is marked dominated. Nothing here names an instance: rules
 of thumb such as "a table over ~500 MB or 100M rows rules out g4dn.xlarge" come out of the numbers.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -63,6 +69,17 @@ class Workload(BaseModel):
     def table_bytes(self) -> int:
         return 4 * self.table_elements
 
+    @property
+    def table_rows(self) -> int:
+        return self.n_items + self.n_categories
+
+    @property
+    def dense_parameters(self) -> int:
+        """The activation unit's and the MLP's weights: what DDP all-reduces beside sharded tables."""
+        d = self.item_dim + self.cat_dim
+        att, mlp = (4 * d, *self.attention_hidden, 1), (2 * d, *self.mlp_hidden, 1)
+        return sum((a + 1) * b for layers in (att, mlp) for a, b in zip(layers[:-1], layers[1:], strict=True))
+
 
 class Efficiency(BaseModel):
     """Fractions of peak reached in practice, and the fixed cost per step; calibrate from a bench run."""
@@ -74,6 +91,10 @@ class Efficiency(BaseModel):
     interconnect: float = Field(0.7, gt=0, le=1)
     network: float = Field(0.5, gt=0, le=1)  # of the instance's network bandwidth, to S3
     step_overhead_s: float = Field(0.005, ge=0)  # launches + Python + one host sync (jagged nonzero)
+    # Each collective's fixed cost (NCCL launch and handshake, the ranks waiting for each other), on top
+    # of its bytes: a sharded step has five (ids and lengths distributed, rows forward, gradients back,
+    # the dense all-reduce), a replicated one the all-reduce. A guess until a GPU check measures it.
+    collective_latency_s: float = Field(0.0005, ge=0)
 
 
 class SpotModel(BaseModel):
@@ -84,11 +105,21 @@ class SpotModel(BaseModel):
     checkpoint_every_s: float = Field(600, gt=0, description="work lost per interruption is half this")
 
 
+# How the embedding tables are placed: every GPU holds them whole (DDP: gradients all-reduced, dense
+# Adam), or TorchRec shards them row-wise over the GPUs (DistributedModelParallel: lookups exchanged
+# by all-to-all, a fused row-wise optimizer updating only the rows a batch touched; on one GPU, the
+# whole table with that optimizer).
+Embeddings = Literal["replicated", "sharded"]
+ROWWISE_STATE_BYTES = 4  # the fused row-wise Adagrad's state: one fp32 per row, not two per element
+
+
 @dataclass(frozen=True)
 class StepCost:
     flops: float  # per step, per GPU
     bytes: float  # HBM traffic per step, per GPU
-    allreduce_bytes: float  # per GPU
+    allreduce_bytes: float  # per GPU (replicated: the table gradient; sharded: the dense layers)
+    all_to_all_bytes: float = 0.0  # per GPU: embedding rows and their gradients exchanged (sharded)
+    collectives: int = 0  # per step
 
 
 @dataclass
@@ -96,6 +127,7 @@ class Option:
     instance: str
     gpu: str
     gpus: int
+    embeddings: Embeddings
     fits: bool
     why_not: str | None
     bound: str  # compute | bandwidth | overhead | interconnect
@@ -118,9 +150,10 @@ class Option:
         return asdict(self)
 
 
-def step_cost(w: Workload, itype: InstanceType) -> StepCost:
+def step_cost(w: Workload, itype: InstanceType, embeddings: Embeddings = "replicated") -> StepCost:
     """FLOPs and bytes one GPU spends on one step (its share of the global batch)."""
-    b = math.ceil(w.batch_size / itype.gpus)
+    g = itype.gpus
+    b = math.ceil(w.batch_size / g)
     d, L = w.item_dim + w.cat_dim, w.seq_len
     att = (*w.attention_hidden, 1)
     # forward FLOPs per sample: activation unit per behaviour (first layer sees h and q⊙h: 2D inputs;
@@ -135,6 +168,16 @@ def step_cost(w: Workload, itype: InstanceType) -> StepCost:
     gather = 5 * (L + 1) * d * 4
     activations = 6 * L * (4 * d + sum(w.attention_hidden)) * act
     per_step = b * (gather + activations)
+    looked_up = b * (L + 1) * d * 4  # bytes of the rows this GPU's samples look up
+    if embeddings == "sharded":
+        # The fused backward updates only the touched rows (counted in ``gather``): no pass over the
+        # table. Each GPU's samples' rows come from every shard and their gradients go back (all-to-all,
+        # forward and backward), ids too; DDP all-reduces the dense layers alone.
+        share = (g - 1) / g
+        return StepCost(flops=flops, bytes=per_step,
+                        allreduce_bytes=2 * share * 4 * w.dense_parameters if g > 1 else 0.0,
+                        all_to_all_bytes=share * (2 * looked_up + 2 * 8 * b * (L + 1)),
+                        collectives=5 if g > 1 else 0)
     if w.sparse_embeddings:
         touched = min(w.table_elements, b * (L + 1) * d)  # at most every behaviour a distinct row
         per_step += 32 * touched  # SparseAdam on touched rows: read p, g, m, v; write p, m, v (+ coalesce)
@@ -143,8 +186,8 @@ def step_cost(w: Workload, itype: InstanceType) -> StepCost:
         if not itype.gpu.bf16:
             per_step += 8 * w.table_elements  # fp16 loss scaling: unscale + inf check pass over the gradient
     dense_grad = w.table_bytes if not w.sparse_embeddings else 0
-    allreduce = 2 * (itype.gpus - 1) / itype.gpus * dense_grad if itype.gpus > 1 else 0.0
-    return StepCost(flops=flops, bytes=per_step, allreduce_bytes=allreduce)
+    allreduce = 2 * (g - 1) / g * dense_grad if g > 1 else 0.0
+    return StepCost(flops=flops, bytes=per_step, allreduce_bytes=allreduce, collectives=1 if g > 1 else 0)
 
 
 def peak_times(sc: StepCost, itype: InstanceType) -> tuple[float, float]:
@@ -152,75 +195,66 @@ def peak_times(sc: StepCost, itype: InstanceType) -> tuple[float, float]:
     return sc.flops / (itype.gpu.tflops_mixed * 1e12), sc.bytes / (itype.gpu.bandwidth_gbs * GB)
 
 
-def gpu_memory_bytes(w: Workload, itype: InstanceType) -> float:
-    b = math.ceil(w.batch_size / itype.gpus)
+def gpu_memory_bytes(w: Workload, itype: InstanceType, embeddings: Embeddings = "replicated") -> float:
+    g = itype.gpus
+    b = math.ceil(w.batch_size / g)
     e = w.table_elements
+    d = w.item_dim + w.cat_dim
+    activations = b * w.seq_len * (4 * d + 3 * sum(w.attention_hidden)) * 4  # saved for backward (fp32 worst case)
+    if embeddings == "sharded":
+        # This GPU's rows of every table and their row-wise state; the rows its samples looked up, the
+        # ones it served to the others, and both's gradients. The samples stay in host memory (each rank
+        # copies its batch over), so nothing scales with the dataset here.
+        shard = (4 * e + ROWWISE_STATE_BYTES * w.table_rows) / g
+        lookups = 4 * b * (w.seq_len + 1) * d * 4
+        return (shard + lookups + activations) * 1.1 + CUDA_CONTEXT_BYTES
     # weights + Adam's two moments (SparseAdam keeps them dense too); dense: + gradient + the step's temporary
     tables = 12 * e + (0 if w.sparse_embeddings else 8 * e)
     if w.sparse_embeddings:
-        tables += 3 * 4 * b * (w.seq_len + 1) * (w.item_dim + w.cat_dim)  # sparse grad, coalesced copy, temp
-    d = w.item_dim + w.cat_dim
-    activations = b * w.seq_len * (4 * d + 3 * sum(w.attention_hidden)) * 4  # saved for backward (fp32 worst case)
+        tables += 3 * 4 * b * (w.seq_len + 1) * d  # sparse grad, coalesced copy, temp
     data = DEVICE_BYTES_PER_SAMPLE * w.train_samples * 1.2  # + validation/test splits
     return (tables + activations + data) * 1.1 + CUDA_CONTEXT_BYTES
 
 
-def host_memory_bytes(w: Workload) -> float:
-    # samples (built on the host, then copied), a checkpoint staged for writing and one being loaded
-    return HOST_RUNTIME_BYTES + 2 * DEVICE_BYTES_PER_SAMPLE * w.train_samples * 1.2 + 24 * w.table_elements
+def host_memory_bytes(w: Workload, embeddings: Embeddings = "replicated") -> float:
+    # samples (built on the host, then copied; sharded: they stay there), a checkpoint staged for
+    # writing and one being loaded
+    samples = DEVICE_BYTES_PER_SAMPLE * w.train_samples * 1.2
+    return HOST_RUNTIME_BYTES + 2 * samples + 2 * checkpoint_bytes(w, embeddings)
 
 
-def checkpoint_bytes(w: Workload) -> float:
-    return 12 * w.table_elements  # weights + two Adam moments; the dense layers are negligible
+def checkpoint_bytes(w: Workload, embeddings: Embeddings = "replicated") -> float:
+    """Weights and optimizer state (the dense layers are negligible): two Adam moments per element
+    replicated, one row-wise value per row sharded (each GPU writes its shard)."""
+    if embeddings == "sharded":
+        return 4 * w.table_elements + ROWWISE_STATE_BYTES * w.table_rows
+    return 12 * w.table_elements
 
 
 def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, float] | None = None,
          efficiency: Efficiency | None = None, spot: SpotModel | None = None,
-         max_hours: float | None = None) -> list[Option]:
-    """Every catalog instance, evaluated and ranked (best first); see the module docstring."""
+         max_hours: float | None = None,
+         embeddings: tuple[Embeddings, ...] = ("replicated", "sharded")) -> list[Option]:
+    """Every catalog instance with its tables placed each way in ``embeddings``, evaluated and ranked
+    (best first); see the module docstring."""
     eff, sm = efficiency or Efficiency(), spot or SpotModel()
     spot_prices = spot_prices or {}
     options: list[Option] = []
     steps = math.ceil(w.train_samples / w.batch_size) * w.epochs
     for it in catalog:
-        sc = step_cost(w, it)
-        compute_peak_s, memory_peak_s = peak_times(sc, it)
-        compute_s, memory_s = compute_peak_s / eff.compute, memory_peak_s / eff.bandwidth
-        comm_s = sc.allreduce_bytes / (it.interconnect_gbs * GB * eff.interconnect) if sc.allreduce_bytes else 0.0
-        parts = {"compute": compute_s, "bandwidth": memory_s, "overhead": eff.step_overhead_s, "interconnect": comm_s}
-        step_s = eff.step_overhead_s + max(compute_s, memory_s) + comm_s
-        bound = max(parts, key=parts.get)
-        hours = steps * step_s / 3600
-        lost_h = sm.interruptions_per_hour * hours * (sm.restart_s + sm.checkpoint_every_s / 2) / 3600
-        price_spot = spot_prices.get(it.name)
-        source = "ec2" if price_spot is not None else "catalog"
-        price_spot = price_spot if price_spot is not None else it.spot_usd
-        gpu_need, host_need = gpu_memory_bytes(w, it), host_memory_bytes(w)
-        why = []
-        if gpu_need > it.gpu.memory_gb * GB * 0.95:
-            why.append(f"needs {gpu_need / GB:.1f} GB per GPU, {it.gpu.name} has {it.gpu.memory_gb:g}")
-        if host_need > it.host_memory_gib * 2**30 * 0.9:
-            why.append(f"needs {host_need / 2**30:.1f} GiB host memory, has {it.host_memory_gib:g}")
-        ckpt_s = checkpoint_bytes(w) / (it.network_gbps / 8 * GB * eff.network)
-        if ckpt_s > SPOT_NOTICE_S * 0.75:
-            why.append(f"a checkpoint takes {ckpt_s:.0f} s to reach S3, over the 2-minute spot notice")
-        if w.sparse_embeddings and it.gpus > 1:
-            why.append("sparse embedding gradients cannot be all-reduced by NCCL (use dense ones with DDP)")
-        if not why and max_hours is not None and hours + lost_h > max_hours:
-            why.append(f"takes {hours + lost_h:.1f} h, over the {max_hours:g} h limit")
-        options.append(Option(
-            instance=it.name, gpu=it.gpu.name, gpus=it.gpus, fits=not why, why_not="; ".join(why) or None,
-            bound=bound, gpu_mem_gb=round(gpu_need / GB, 2), host_mem_gb=round(host_need / 2**30, 2),
-            step_ms=round(step_s * 1e3, 3), est_hours=hours, spot_usd=(hours + lost_h) * price_spot,
-            on_demand_usd=hours * it.on_demand_usd, spot_price_usd=price_spot, on_demand_price_usd=it.on_demand_usd,
-            spot_price_source=source,
-            step_parts_ms={k: round(v * 1e3, 3) for k, v in parts.items()}))
+        for mode in embeddings:
+            options.append(_option(w, it, mode, steps, eff, sm, spot_prices, max_hours))
+    for o in options:  # an option that fits only with its tables sharded says so
+        if o.fits and o.embeddings == "sharded":
+            twin = next((p for p in options if p.instance == o.instance and p.embeddings == "replicated"), None)
+            if twin is not None and not twin.fits:
+                o.note = f"fits only sharded (replicated: {twin.why_not})"
     fitting = [o for o in options if o.fits]
     for o in fitting:
         better = [p for p in fitting if p is not o and p.est_hours <= o.est_hours and p.spot_usd <= o.spot_usd
                   and (p.est_hours < o.est_hours or p.spot_usd < o.spot_usd)]
         if better:
-            o.dominated_by = min(better, key=lambda p: p.spot_usd).instance
+            o.dominated_by = _name(min(better, key=lambda p: p.spot_usd))
     ranked = sorted(fitting, key=lambda o: (o.spot_usd, o.est_hours)) + \
         sorted((o for o in options if not o.fits), key=lambda o: o.spot_usd)
     for i, o in enumerate(ranked):
@@ -228,16 +262,59 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
     if fitting:
         ranked[0].recommended = True
     for o in ranked:
-        o.note = _explain(o, ranked[0] if fitting else None)
+        o.note = "; ".join(x for x in (o.note, _explain(o, ranked[0] if fitting else None)) if x)
     return ranked
+
+
+def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, eff: Efficiency, sm: SpotModel,
+            spot_prices: dict[str, float], max_hours: float | None) -> Option:
+    sc = step_cost(w, it, embeddings)
+    compute_peak_s, memory_peak_s = peak_times(sc, it)
+    compute_s, memory_s = compute_peak_s / eff.compute, memory_peak_s / eff.bandwidth
+    comm_bytes = sc.allreduce_bytes + sc.all_to_all_bytes
+    comm_s = (comm_bytes / (it.interconnect_gbs * GB * eff.interconnect) if comm_bytes else 0.0) \
+        + sc.collectives * eff.collective_latency_s
+    parts = {"compute": compute_s, "bandwidth": memory_s, "overhead": eff.step_overhead_s, "interconnect": comm_s}
+    step_s = eff.step_overhead_s + max(compute_s, memory_s) + comm_s
+    bound = max(parts, key=parts.get)
+    hours = steps * step_s / 3600
+    lost_h = sm.interruptions_per_hour * hours * (sm.restart_s + sm.checkpoint_every_s / 2) / 3600
+    price_spot = spot_prices.get(it.name)
+    source = "ec2" if price_spot is not None else "catalog"
+    price_spot = price_spot if price_spot is not None else it.spot_usd
+    gpu_need, host_need = gpu_memory_bytes(w, it, embeddings), host_memory_bytes(w, embeddings)
+    why = []
+    if gpu_need > it.gpu.memory_gb * GB * 0.95:
+        why.append(f"needs {gpu_need / GB:.1f} GB per GPU, {it.gpu.name} has {it.gpu.memory_gb:g}")
+    if host_need > it.host_memory_gib * 2**30 * 0.9:
+        why.append(f"needs {host_need / 2**30:.1f} GiB host memory, has {it.host_memory_gib:g}")
+    ckpt_s = checkpoint_bytes(w, embeddings) / (it.network_gbps / 8 * GB * eff.network)
+    if ckpt_s > SPOT_NOTICE_S * 0.75:
+        why.append(f"a checkpoint takes {ckpt_s:.0f} s to reach S3, over the 2-minute spot notice")
+    if embeddings == "replicated" and w.sparse_embeddings and it.gpus > 1:
+        why.append("sparse embedding gradients cannot be all-reduced by NCCL (use dense ones with DDP)")
+    if not why and max_hours is not None and hours + lost_h > max_hours:
+        why.append(f"takes {hours + lost_h:.1f} h, over the {max_hours:g} h limit")
+    return Option(
+        instance=it.name, gpu=it.gpu.name, gpus=it.gpus, embeddings=embeddings, fits=not why,
+        why_not="; ".join(why) or None, bound=bound, gpu_mem_gb=round(gpu_need / GB, 2),
+        host_mem_gb=round(host_need / 2**30, 2), step_ms=round(step_s * 1e3, 3), est_hours=hours,
+        spot_usd=(hours + lost_h) * price_spot, on_demand_usd=hours * it.on_demand_usd, spot_price_usd=price_spot,
+        on_demand_price_usd=it.on_demand_usd, spot_price_source=source,
+        step_parts_ms={k: round(v * 1e3, 3) for k, v in parts.items()})
 
 
 _BOUND_WHY = {
     "overhead": "launch-bound: per-step overhead dominates and is the same on every GPU",
     "compute": "compute-bound: tensor-core FLOPs set the pace",
     "bandwidth": "bandwidth-bound: embedding traffic and the optimizer's pass over the tables set the pace",
-    "interconnect": "interconnect-bound: all-reducing the dense table gradient each step dominates",
+    "interconnect": "interconnect-bound: exchanging gradients (replicated: the whole table's, all-reduced; "
+                    "sharded: the looked-up rows', all-to-all) dominates",
 }
+
+
+def _name(o: Option) -> str:
+    return f"{o.instance} ({o.embeddings})"
 
 
 def _explain(o: Option, best: Option | None) -> str:
@@ -250,7 +327,7 @@ def _explain(o: Option, best: Option | None) -> str:
     if o.dominated_by:
         return f"ruled out: {o.dominated_by} is faster and cheaper; {text}"
     if best is not None and o.est_hours < best.est_hours:
-        return f"{best.est_hours / o.est_hours:.1f}× faster than {best.instance} for " \
+        return f"{best.est_hours / o.est_hours:.1f}× faster than {_name(best)} for " \
                f"{o.spot_usd / max(best.spot_usd, 1e-12):.1f}× the cost; {text}"
     return text
 

@@ -15,8 +15,8 @@ def _rows_for(table_mb: float, dim: int = 16) -> int:
     return int(table_mb * 1e6 / 4 / dim)
 
 
-def _option(options, name):
-    return next(o for o in options if o.instance == name)
+def _option(options, name, embeddings="replicated"):
+    return next(o for o in options if o.instance == name and o.embeddings == embeddings)
 
 
 def test_catalog_has_the_vendor_figures_the_planner_relies_on():
@@ -30,7 +30,8 @@ def test_catalog_has_the_vendor_figures_the_planner_relies_on():
 
 
 def test_small_model_is_launch_bound_and_the_cheapest_gpu_wins():
-    options = plan(Workload(n_items=10_000, n_categories=100, train_samples=1_000_000), load_catalog())
+    options = plan(Workload(n_items=10_000, n_categories=100, train_samples=1_000_000), load_catalog(),
+                   embeddings=("replicated",))
     best = options[0]
     assert best.recommended and best.instance == "g4dn.xlarge" and best.bound == "overhead"
     assert all(o.fits for o in options)
@@ -42,7 +43,7 @@ def test_a_table_over_500_mb_rules_out_g4dn_xlarge_by_bandwidth_per_dollar():
     cat = load_catalog()
     verdicts = {}
     for mb in (100, 300, 600, 1000):
-        options = plan(Workload(n_items=_rows_for(mb), train_samples=20_000_000), cat)
+        options = plan(Workload(n_items=_rows_for(mb), train_samples=20_000_000), cat, embeddings=("replicated",))
         g4 = _option(options, "g4dn.xlarge")
         verdicts[mb] = (g4.recommended, g4.dominated_by, g4.bound)
         if mb == 1000:
@@ -54,18 +55,36 @@ def test_a_table_over_500_mb_rules_out_g4dn_xlarge_by_bandwidth_per_dollar():
 
 
 def test_100m_embedding_rows_do_not_fit_g4dn_xlarge():
-    options = plan(Workload(n_items=100_000_000, train_samples=10_000_000), load_catalog())
+    options = plan(Workload(n_items=100_000_000, train_samples=10_000_000), load_catalog(), embeddings=("replicated",))
     g4 = _option(options, "g4dn.xlarge")
     assert not g4.fits and "T4 has 16" in g4.why_not and g4.rank is None
     assert options[0].fits and options[0].gpu_mem_gb > 16
 
 
-def test_200m_row_table_needs_the_h200_and_says_why_the_others_fail():
+def test_200m_row_table_replicated_needs_the_h200_and_says_why_the_others_fail():
     options = plan(Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1),
                    load_catalog())
-    fitting = [o.instance for o in options if o.fits]
+    fitting = [o.instance for o in options if o.fits and o.embeddings == "replicated"]
     assert fitting == ["p5en.48xlarge"]
     assert "H100 has 80" in _option(options, "p5.48xlarge").why_not
+
+
+def test_sharding_the_200m_row_table_fits_the_a100_and_v100_machines_for_less():
+    """Row-wise shards (TorchRec) hold an eighth of the table each, with one optimizer value per row
+    instead of Adam's two per element, and no dense gradient to sweep or all-reduce."""
+    w = Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1)
+    options = plan(w, load_catalog())
+    replicated = _option(options, "p5en.48xlarge")
+    for name in ("p4d.24xlarge", "p3.16xlarge"):
+        sharded = _option(options, name, "sharded")
+        assert sharded.fits and sharded.note.startswith("fits only sharded (replicated: needs 84.1 GB per GPU")
+        assert sharded.gpu_mem_gb < 4 and sharded.spot_usd < replicated.spot_usd / 10
+        assert sharded.step_parts_ms["interconnect"] > 0  # the all-to-all and the dense all-reduce
+    per_gpu = {o.gpus: o.gpu_mem_gb for o in options if o.embeddings == "sharded" and o.instance.startswith("g")}
+    assert per_gpu[1] > 3 * per_gpu[4]  # the table divides over the GPUs
+    best = options[0]
+    assert best.recommended and best.embeddings == "sharded" and best.spot_usd < replicated.spot_usd
+    assert step_cost(w, DEFAULT_CATALOG[0], "sharded").all_to_all_bytes == 0  # one GPU exchanges nothing
 
 
 def test_pcie_multi_gpu_is_interconnect_bound_for_big_dense_tables():
@@ -148,9 +167,9 @@ def test_dinrec_plan_json_uses_live_spot_prices_from_ec2(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     options = json.loads(out.stdout)["options"]
-    assert len(options) == len(DEFAULT_CATALOG) and options[0]["recommended"]
+    assert len(options) == 2 * len(DEFAULT_CATALOG) and options[0]["recommended"]  # replicated and sharded
     assert {"instance", "fits", "bound", "est_hours", "spot_usd", "on_demand_usd"} <= set(options[0])
-    by_name = {o["instance"]: o for o in options}
+    by_name = {o["instance"]: o for o in options if o["embeddings"] == "replicated"}
     catalog = {t.name: t for t in DEFAULT_CATALOG}
     assert by_name["g4dn.xlarge"]["spot_price_source"] == "ec2", out.stderr
     assert by_name["g4dn.xlarge"]["spot_price_usd"] == pytest.approx(1e-05)  # what moto's server quotes
