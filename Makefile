@@ -10,10 +10,14 @@ STAMP := $(VENV)/.dinrec-installed
 
 .PHONY: install demo test test-fast lint services-start services-stop bench clean
 
-$(STAMP): pyproject.toml
+# TorchRec for the sharded trainer, without its fbgemm-gpu requirement (pyproject.toml: sharded-cpu).
+TORCHREC := torchrec==1.9.2
+
+$(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench]'
+	$(PY) -m pip install -q -e '.[dev,bench,sharded-cpu]'
+	$(PY) -m pip install -q --no-deps '$(TORCHREC)'
 	touch $(STAMP)
 
 install: $(STAMP)

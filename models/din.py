@@ -72,6 +72,27 @@ class PReLU(nn.Module):
         return F.prelu(flat, self.alpha).reshape(x.shape)
 
 
+TABLE_INIT_STD = 0.05
+_INIT_BLOCK = 4096  # rows per generator: any shard of a table is initialised alone, as in the whole
+
+
+def table_rows(seed: int, table: str, start: int, stop: int, dim: int) -> torch.Tensor:
+    """Rows [start, stop) of ``table``'s initial weights, (stop − start, dim): N(0, 0.05²), row 0
+    (padding / unknown) zeros. Drawn per block of rows from generators seeded by (seed, table, block),
+    so a shard of the table on one GPU gets exactly the rows the whole table would have."""
+    out = torch.empty(stop - start, dim)
+    salt = sum((i + 1) * ord(c) for i, c in enumerate(table))
+    for block in range(start // _INIT_BLOCK, -(-stop // _INIT_BLOCK)):
+        g = torch.Generator().manual_seed((seed * 1_000_003 + salt * 7919 + block) % (2**63))
+        rows = torch.randn(_INIT_BLOCK, dim, generator=g) * TABLE_INIT_STD  # (block, dim)
+        b0 = block * _INIT_BLOCK
+        lo, hi = max(start, b0), min(stop, b0 + _INIT_BLOCK)
+        out[lo - start:hi - start] = rows[lo - b0:hi - b0]
+    if start == 0 and stop > 0:
+        out[0] = 0
+    return out
+
+
 def _activation(name: str, dim: int) -> nn.Module:
     if name == "dice":
         return Dice(dim)
@@ -99,8 +120,13 @@ class DIN(nn.Module):
         if not cfg.attention_hidden or not cfg.mlp_hidden:
             raise ValueError("attention_hidden and mlp_hidden need at least one layer each")
         self.cfg = cfg
-        self.item_emb = nn.Embedding(cfg.n_items, cfg.item_dim, padding_idx=0, sparse=cfg.sparse_embeddings)
-        self.cat_emb = nn.Embedding(cfg.n_categories, cfg.cat_dim, padding_idx=0, sparse=cfg.sparse_embeddings)
+        # The tables take no draws from the global generator (their rows come from table_rows, seeded by
+        # ``table_seed``), so the dense layers start the same whatever the tables' size: a sharded run,
+        # which builds the dense part alone (training.sharded), starts where an unsharded one does.
+        self.item_emb = nn.Embedding(cfg.n_items, cfg.item_dim, padding_idx=0, sparse=cfg.sparse_embeddings,
+                                     _weight=torch.zeros(cfg.n_items, cfg.item_dim))
+        self.cat_emb = nn.Embedding(cfg.n_categories, cfg.cat_dim, padding_idx=0, sparse=cfg.sparse_embeddings,
+                                    _weight=torch.zeros(cfg.n_categories, cfg.cat_dim))
         d = self.dim = cfg.item_dim + cfg.cat_dim
         h1 = cfg.attention_hidden[0]
         # The activation unit's first layer sees [q, h, q−h, q⊙h]; see interest_jagged for how it is computed.
@@ -113,13 +139,13 @@ class DIN(nn.Module):
         # Set from outside (the trainer, from training.kernels): a fused implementation of
         # interest_jagged for training on CPU. The same function, so not part of the config or weights.
         self.fused_unit: Callable[..., torch.Tensor] | None = None
+        self.table_seed = int(torch.randint(0, 2**62, ()))  # one draw, after the dense layers'
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        for emb in (self.item_emb, self.cat_emb):
-            nn.init.normal_(emb.weight, std=0.05)
-            with torch.no_grad():
-                emb.weight[0].zero_()
+        with torch.no_grad():
+            for name, emb in (("item_emb", self.item_emb), ("cat_emb", self.cat_emb)):
+                emb.weight.copy_(table_rows(self.table_seed, name, 0, emb.num_embeddings, emb.embedding_dim))
 
     def embed(self, items: torch.Tensor, cats: torch.Tensor) -> torch.Tensor:
         """(…,) item and category indices → (…, item_dim + cat_dim)."""
@@ -178,6 +204,11 @@ class DIN(nn.Module):
         items = torch.cat([hist_items[rows, cols], target_item])  # (M + B,)
         cats = torch.cat([hist_cats[rows, cols], target_cat])  # (M + B,)
         hist, query = self.embed(items, cats).split([rows.numel(), target_item.numel()])  # (M, D), (B, D)
+        return self.logits(query, hist, rows)
+
+    def logits(self, query: torch.Tensor, hist: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """Everything after the lookups: query (B, D), the batch's behaviours hist (M, D) and the
+        sample each belongs to, rows (M,), sorted → (B,) logits."""
         user_interest = self.interest_jagged(query, hist, rows)  # (B, D)
         x = self.mlp(torch.cat([user_interest, query], dim=-1))  # (B, H)
         return self.out(x).squeeze(-1)  # (B,)

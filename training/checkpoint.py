@@ -56,6 +56,20 @@ class CheckpointStore:
         for old in self.names()[:-self.keep]:
             self._delete(old)
 
+    def save_shard(self, name: str, rank: int, data: bytes) -> None:
+        """One rank's part of checkpoint ``name`` (a sharded run's tables: training.sharded), written
+        before rank 0's :meth:`save` completes it."""
+        self._call("write", self.storage.put_bytes, f"{name}/shard-{rank:05d}.pt", data)
+
+    def load_shard(self, name: str, rank: int) -> dict:
+        data = self._call("read", self.storage.get_bytes, f"{name}/shard-{rank:05d}.pt")
+        if data is None:
+            raise CheckpointError(f"checkpoint {self.storage.child_uri(name)} has no shard for rank {rank}")
+        try:
+            return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - as in load
+            raise CheckpointError(f"checkpoint {name}: shard {rank} cannot be loaded safely: {exc}") from exc
+
     def load(self, name: str) -> tuple[dict, dict]:
         meta_bytes = self._call("read", self.storage.get_bytes, f"{name}/meta.json")
         state_bytes = self._call("read", self.storage.get_bytes, f"{name}/state.pt")
@@ -87,6 +101,8 @@ class CheckpointStore:
     def _delete(self, name: str) -> None:
         for fname in ("meta.json", "state.pt"):  # meta first: the checkpoint stops counting at once
             self._call("delete", self.storage.delete, f"{name}/{fname}")
+        for key in self._call("list", self.storage.keys, f"{name}/shard-"):
+            self._call("delete", self.storage.delete, key)
 
 
 def open_checkpoint_store(location: str | Path, keep: int = 3) -> CheckpointStore:

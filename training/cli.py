@@ -43,6 +43,7 @@ def train(
                                                            "item embeddings")] = None,
     checkpoint_dir: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
     checkpoint_every: Annotated[int | None, typer.Option(help="also checkpoint every N steps")] = None,
+    max_steps: Annotated[int | None, typer.Option(help="end training after N steps (0: no limit)")] = None,
     resume: Annotated[str, typer.Option(help="auto (latest complete checkpoint), none, or a checkpoint name")] = "none",
     init_from: Annotated[Path | None, typer.Option(help=(
         "warm-start DIN (and the towers: --init-towers) from this bundle (rows by item/category id; a relative "
@@ -70,6 +71,7 @@ def train(
                                    "negatives": negatives, "negative_power": negative_power, "seed": seed,
                                    "device": device, "precision": precision,
                                    "patience": patience, "checkpoint_every": checkpoint_every,
+                                   "max_steps": max_steps,
                                    "recall_epochs": recall_epochs}.items() if v is not None}
     if no_progress:
         overrides["progress"] = False

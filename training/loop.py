@@ -36,6 +36,7 @@ from training.amp import Precision, choose_precision
 from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import SplitTensors
 from training.metrics import auc, gauc, logloss
+from training.optim import RowWiseAdagrad
 from training.samples import SampleSet
 from training.settings import TrainSettings
 from training.telemetry import GpuMonitor, ScalarLog, memory_stats
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 # Settings that change what a step computes: a checkpoint made under others cannot be resumed.
 RESUME_KEYS = ("batch_size", "lr", "seq_len", "negatives", "item_dim", "cat_dim", "mlp_hidden", "attention_hidden",
                "attention_activation", "mlp_activation", "seed", "precision", "mba_l2", "warmup_steps",
-               "sparse_embeddings")
+               "sparse_embeddings", "embeddings", "embedding_sharding", "embedding_optimizer", "embedding_lr")
 
 
 class TrainingInterrupted(Exception):
@@ -148,7 +149,7 @@ class Progress:
 
 @dataclass
 class TrainResult:
-    model: DIN
+    model: DIN | None  # None on a sharded run's ranks but the first, which gathers the tables
     metrics: dict = field(default_factory=dict)
 
 
@@ -195,18 +196,9 @@ class Trainer:
         torch.manual_seed(s.seed)  # identical initial weights on every rank
         random.seed(s.seed)
         np.random.seed(s.seed)
-        self.model = DIN(model_config_for(samples, s))
-        self.init_info = init(self.model) if init is not None else None
-        self.model.to(self.device)
-        if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice" and kernels.load():
-            self.model.fused_unit = kernels.din_unit
-        item_freq, cat_freq = _frequencies(samples)
-        self.step_fn: nn.Module = DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq).to(self.device)
-        if self.info.enabled:
-            self.step_fn = nn.parallel.DistributedDataParallel(
-                self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        if s.sparse_embeddings and self.info.enabled and self.device.type == "cuda":
-            raise ValueError("sparse embedding gradients are not supported by NCCL; use dense ones with DDP on GPU")
+        self.model: DIN
+        self.step_fn: nn.Module
+        self.init_info = self._build_model(init)
         self.opts = self._optimizers()
         warmup = s.warmup_steps
         self.scheds = [torch.optim.lr_scheduler.LambdaLR(
@@ -223,14 +215,44 @@ class Trainer:
         self.gpu = GpuMonitor(self.device)
         self.scalars = ScalarLog(s.tensorboard_dir if self.info.is_main else None)
 
+    def _build_model(self, init: Callable[[DIN], dict] | None) -> dict | None:
+        """``self.model`` (DIN) and ``self.step_fn`` (it with its loss, under DDP with several ranks);
+        returns what ``init`` said of the warm start."""
+        s = self.s
+        if s.embeddings != "replicated":
+            raise ValueError("sharded tables are trained by training.sharded.ShardedTrainer")
+        self.model = DIN(model_config_for(self.samples, s))
+        init_info = init(self.model) if init is not None else None
+        self.model.to(self.device)
+        if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice" and kernels.load():
+            self.model.fused_unit = kernels.din_unit
+        item_freq, cat_freq = _frequencies(self.samples)
+        self.step_fn = DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq).to(self.device)
+        if self.info.enabled:
+            self.step_fn = nn.parallel.DistributedDataParallel(
+                self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        if s.sparse_embeddings and self.info.enabled and self.device.type == "cuda":
+            raise ValueError("sparse embedding gradients are not supported by NCCL; use dense ones with DDP on GPU")
+        return init_info
+
+    def _dense_parameters(self) -> list[nn.Parameter]:
+        """DIN's parameters but its tables."""
+        return [p for name, p in self.model.named_parameters() if not name.startswith(("item_emb.", "cat_emb."))]
+
     def _optimizers(self) -> list[torch.optim.Optimizer]:
-        """Adam; with sparse embeddings, SparseAdam (lazy: only touched rows' moments move) for the
-        tables and Adam for the dense rest."""
-        if not self.s.sparse_embeddings:
-            return [torch.optim.Adam(self.model.parameters(), lr=self.s.lr)]
+        """Adam; the tables with their own learning rate (embedding_lr) and optimizer where asked: row-wise
+        Adagrad (training.optim), or with sparse embeddings SparseAdam (lazy: only touched rows' moments move)."""
+        s = self.s
+        table_lr = s.embedding_lr or s.lr
+        if s.table_optimizer == "adam" and not s.sparse_embeddings and s.embedding_lr is None:
+            return [torch.optim.Adam(self.model.parameters(), lr=s.lr)]
         tables = [self.model.item_emb.weight, self.model.cat_emb.weight]
-        dense = [p for p in self.model.parameters() if all(p is not t for t in tables)]
-        return [torch.optim.SparseAdam(tables, lr=self.s.lr), torch.optim.Adam(dense, lr=self.s.lr)]
+        dense = torch.optim.Adam(self._dense_parameters(), lr=s.lr)
+        if s.table_optimizer == "rowwise_adagrad":
+            return [RowWiseAdagrad(tables, lr=table_lr), dense]
+        if s.sparse_embeddings:
+            return [torch.optim.SparseAdam(tables, lr=table_lr), dense]
+        return [torch.optim.Adam(tables, lr=table_lr), dense]
 
     # ------------------------------------------------------------------ checkpoints
     def _meta(self) -> dict:
@@ -308,26 +330,34 @@ class Trainer:
         n_batches = (n + s.batch_size - 1) // s.batch_size
         self.model.train()
         try:
-            while p.epoch < s.epochs:
+            while p.epoch < s.epochs and not (s.max_steps and p.global_step >= s.max_steps):
                 next_epoch_gen = self._run_epoch(n, n_batches)
-                if self._end_epoch(n_batches, next_epoch_gen):
+                if self._end_epoch(n_batches, next_epoch_gen) or (s.max_steps and p.global_step >= s.max_steps):
                     break
         finally:  # also when interrupted: stop the NVML sampler, flush TensorBoard
             self.gpu.close()
             self.scalars.close()
         if s.patience and self.best_state is not None:
             self.model.load_state_dict(self.best_state)  # early stopping keeps the best epoch's weights
-        test = evaluate(self.model, self.test_t, s.eval_batch_size, self.precision)
+        test = self._evaluate(self.test_t)
+        final = self._final_model()
         metrics = {**(p.history[-1] if p.history else {}), **{f"test_{k}": v for k, v in test.items()}}
         metrics.update({"samples_per_s": p.samples_per_s,
                         "train_samples": n, "seq_len": self.seq_len, "device": str(self.device),
                         "precision": self.precision.name, "world_size": self.info.world_size,
-                        "fused_kernel": self.model.fused_unit is not None,
+                        "fused_kernel": self.model.fused_unit is not None, "embeddings": s.embeddings,
                         "best_epoch": p.best_epoch, "global_step": p.global_step, "warm_start": self.init_info,
-                        "weights_sha256": weights_sha256(self.model)})
+                        "weights_sha256": weights_sha256(final) if final is not None else None})
         if self.device.type == "cuda":
             metrics["gpu_name"] = torch.cuda.get_device_name(self.device)  # what `dinrec plan --calibrate` matches
-        return TrainResult(model=self.model, metrics=metrics)
+        return TrainResult(model=final, metrics=metrics)
+
+    def _evaluate(self, split: SplitTensors) -> dict:
+        return evaluate(self.model, split, self.s.eval_batch_size, self.precision)
+
+    def _final_model(self) -> DIN | None:
+        """The trained DIN, whole (None on a rank that does not hold it)."""
+        return self.model
 
     def _run_epoch(self, n: int, n_batches: int) -> torch.Tensor:
         """The rest of the current epoch (all of it, or from a resumed position); returns the data
@@ -355,13 +385,15 @@ class Trainer:
                 p.train_seconds += time.perf_counter() - t0
                 self.save_checkpoint()
                 t0 = time.perf_counter()
+            if s.max_steps and p.global_step >= s.max_steps:
+                break
         p.train_seconds += time.perf_counter() - t0
         return next_epoch_gen
 
     def _end_epoch(self, n_batches: int, next_epoch_gen: torch.Tensor) -> bool:
         """Evaluate, track the best epoch, checkpoint; True when early stopping ends training."""
         s, p = self.s, self.progress
-        val = evaluate(self.model, self.val_t, s.eval_batch_size, self.precision)
+        val = self._evaluate(self.val_t)
         p.epoch += 1
         entry = {"epoch": p.epoch, "train_loss": p.loss_sum / max(n_batches, 1),
                  "samples_per_s": p.samples_per_s,
@@ -393,7 +425,13 @@ def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, chec
         from training.checkpoint import open_checkpoint_store
 
         checkpoints = open_checkpoint_store(out / "checkpoints", keep=s.keep_checkpoints)
-    trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init)
+    if s.embeddings == "sharded":
+        from training.sharded import ShardedTrainer
+
+        trainer: Trainer = ShardedTrainer(samples, s, checkpoints=checkpoints, stop=stop,
+                                          checkpoint_now=checkpoint_now, init=init)
+    else:
+        trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init)
     if resume and resume != "none":
         trainer.resume(resume)
     return trainer.run()

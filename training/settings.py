@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -35,10 +35,21 @@ class TrainSettings(BaseSettings):
     precision: Literal["auto", "fp32", "bf16", "fp16"] = Field(
         "auto", description="auto: bf16 (or fp16 + GradScaler) on GPU, fp32 on CPU")
     sparse_embeddings: bool = Field(False, description="sparse embedding gradients + SparseAdam (large tables)")
+    embeddings: Literal["replicated", "sharded"] = Field("replicated", description=(
+        "replicated: every process holds DIN's tables whole (DDP); sharded: TorchRec splits them over the "
+        "torchrun ranks (DistributedModelParallel, a fused row-wise optimizer; needs the sharded extra)"))
+    embedding_sharding: Literal["auto", "row_wise", "table_wise", "column_wise"] = Field("auto", description=(
+        "with sharded tables: how they are split (auto: TorchRec's planner chooses within each device's memory)"))
+    embedding_optimizer: Literal["auto", "adam", "rowwise_adagrad"] = Field("auto", description=(
+        "the tables' optimizer (auto: adam replicated, rowwise_adagrad sharded — one state value per row)"))
+    embedding_lr: float | None = Field(None, gt=0, le=10.0, description=(
+        "the tables' learning rate (unset: lr)"))
     fused_kernels: bool = Field(True, description="CPU training: the activation unit's Dice layers as one fused C++ "
                                 "kernel (built on first use; PyTorch ops where it cannot be built)")
     mba_l2: float = Field(0.0, ge=0, description="mini-batch-aware L2 on the embeddings (DIN paper)")
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up")
+    max_steps: int = Field(0, ge=0, description=(
+        "end training after this many steps (the epoch in progress is evaluated as the last); 0: no limit"))
     patience: int = Field(0, ge=0, description="early stopping on validation GAUC after this many flat epochs; 0=off")
     checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N steps (0: at epoch ends only)")
     keep_checkpoints: int = Field(3, ge=1, description="checkpoints kept (oldest deleted first)")
@@ -54,3 +65,23 @@ class TrainSettings(BaseSettings):
         "co-visitation lane into the bundle; false: the served score is DIN's alone"))
     recall_dim: int = Field(32, ge=2, le=4096, description="the recall towers' vector size (the FAISS index's)")
     recall_lr: float = Field(3e-3, gt=0, le=1.0, description="the recall towers' Adam learning rate")
+
+    @model_validator(mode="after")
+    def _sharded_options(self) -> TrainSettings:
+        if self.embeddings == "sharded":
+            if self.embedding_optimizer == "adam":
+                raise ValueError("sharded tables train with the fused rowwise_adagrad (embedding_optimizer)")
+            unsupported = {"sparse_embeddings": self.sparse_embeddings, "mba_l2": self.mba_l2 > 0,
+                           "warmup_steps": self.warmup_steps > 0, "patience": self.patience > 0,
+                           "precision fp16": self.precision == "fp16"}
+            if any(unsupported.values()):
+                raise ValueError("sharded tables do not support " + ", ".join(k for k, v in unsupported.items() if v))
+        elif self.embedding_sharding != "auto":
+            raise ValueError("embedding_sharding applies to sharded tables (embeddings=sharded)")
+        return self
+
+    @property
+    def table_optimizer(self) -> Literal["adam", "rowwise_adagrad"]:
+        if self.embedding_optimizer != "auto":
+            return self.embedding_optimizer
+        return "rowwise_adagrad" if self.embeddings == "sharded" else "adam"
