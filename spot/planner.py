@@ -60,6 +60,15 @@ class Workload(BaseModel):
     train_samples: int = Field(gt=0, description="training samples per epoch")
     epochs: int = Field(2, gt=0)
     sparse_embeddings: bool = False
+    # The recall towers, trained after DIN on the same GPUs (training.towers_train: replicated, DDP,
+    # dense Adam over their four tables); 0 epochs: recall from DIN's item embeddings.
+    recall_epochs: int = Field(20, ge=0, description="the towers' epochs (an upper bound: they stop early)")
+    recall_dim: int = Field(32, gt=0)
+    recall_batch_size: int = Field(512, gt=0)
+    recall_negatives: int = Field(8192, gt=0, description="sampled negatives per step (full softmax below "
+                                  "recall_full_softmax_items)")
+    recall_full_softmax_items: int = Field(200_000, ge=0)
+    negatives: int = Field(1, ge=1, description="DIN's sampled negatives per positive (the towers train on positives)")
 
     @property
     def table_elements(self) -> int:
@@ -68,6 +77,11 @@ class Workload(BaseModel):
     @property
     def table_bytes(self) -> int:
         return 4 * self.table_elements
+
+    @property
+    def towers_elements(self) -> int:
+        """The towers' four tables: items and categories, as candidates and as behaviours."""
+        return 2 * (self.n_items + self.n_categories) * self.recall_dim
 
     @property
     def table_rows(self) -> int:
@@ -134,13 +148,14 @@ class Option:
     gpu_mem_gb: float  # needed per GPU
     host_mem_gb: float
     step_ms: float
-    est_hours: float  # training time, no interruptions
+    est_hours: float  # training time (DIN, then the recall towers), no interruptions
     spot_usd: float  # expected, interruptions included
     on_demand_usd: float
     spot_price_usd: float
     on_demand_price_usd: float
     spot_price_source: str
-    step_parts_ms: dict[str, float] | None = None  # overhead, compute, bandwidth, interconnect
+    step_parts_ms: dict[str, float] | None = None  # DIN's step: overhead, compute, bandwidth, interconnect
+    towers_hours: float = 0.0  # of est_hours: the recall towers
     dominated_by: str | None = None
     recommended: bool = False
     rank: int | None = None
@@ -188,6 +203,30 @@ def step_cost(w: Workload, itype: InstanceType, embeddings: Embeddings = "replic
     dense_grad = w.table_bytes if not w.sparse_embeddings else 0
     allreduce = 2 * (g - 1) / g * dense_grad if g > 1 else 0.0
     return StepCost(flops=flops, bytes=per_step, allreduce_bytes=allreduce, collectives=1 if g > 1 else 0)
+
+
+def towers_step_cost(w: Workload, itype: InstanceType) -> StepCost:
+    """One step of the recall towers, per GPU: the user tower over each history, the softmax against
+    every item (or the sampled negatives), dense Adam over the four tables, their gradient all-reduced."""
+    g = itype.gpus
+    b = math.ceil(w.recall_batch_size / g)
+    d, L = w.recall_dim, w.seq_len
+    k = w.n_items if w.n_items <= w.recall_full_softmax_items else w.recall_negatives + 1  # items scored
+    per_sample = 2 * L * d + 2 * (4 * d * d + 2 * d * d)  # pooling, then the MLP over [pooled, newest]
+    flops = 3 * (b * per_sample + 2 * b * k * d + 4 * k * d)  # + the softmax's logits and the item vectors
+    bytes_ = b * (5 * (L + 1) * d * 4 + 3 * k * 4) + 5 * k * d * 4 + 32 * w.towers_elements
+    allreduce = 2 * (g - 1) / g * 4 * w.towers_elements if g > 1 else 0.0
+    return StepCost(flops=flops, bytes=bytes_, allreduce_bytes=allreduce, collectives=1 if g > 1 else 0)
+
+
+def towers_memory_bytes(w: Workload, itype: InstanceType) -> float:
+    """Per GPU while the towers train: their tables with gradient, Adam's moments and the step's
+    temporary (20 bytes per element), the logits of a batch."""
+    if w.recall_epochs == 0:
+        return 0.0
+    b = math.ceil(w.recall_batch_size / itype.gpus)
+    k = w.n_items if w.n_items <= w.recall_full_softmax_items else w.recall_negatives + 1
+    return (20 * w.towers_elements + 3 * 4 * b * k) * 1.1
 
 
 def peak_times(sc: StepCost, itype: InstanceType) -> tuple[float, float]:
@@ -266,23 +305,34 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
     return ranked
 
 
-def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, eff: Efficiency, sm: SpotModel,
-            spot_prices: dict[str, float], max_hours: float | None) -> Option:
-    sc = step_cost(w, it, embeddings)
+def _step_seconds(sc: StepCost, it: InstanceType, eff: Efficiency) -> tuple[float, dict[str, float]]:
+    """One step's seconds, and its parts: ``overhead + max(compute, bandwidth) + interconnect``."""
     compute_peak_s, memory_peak_s = peak_times(sc, it)
     compute_s, memory_s = compute_peak_s / eff.compute, memory_peak_s / eff.bandwidth
     comm_bytes = sc.allreduce_bytes + sc.all_to_all_bytes
     comm_s = (comm_bytes / (it.interconnect_gbs * GB * eff.interconnect) if comm_bytes else 0.0) \
         + sc.collectives * eff.collective_latency_s
     parts = {"compute": compute_s, "bandwidth": memory_s, "overhead": eff.step_overhead_s, "interconnect": comm_s}
-    step_s = eff.step_overhead_s + max(compute_s, memory_s) + comm_s
+    return eff.step_overhead_s + max(compute_s, memory_s) + comm_s, parts
+
+
+def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, eff: Efficiency, sm: SpotModel,
+            spot_prices: dict[str, float], max_hours: float | None) -> Option:
+    step_s, parts = _step_seconds(step_cost(w, it, embeddings), it, eff)
     bound = max(parts, key=parts.get)
-    hours = steps * step_s / 3600
+    towers_s, _ = _step_seconds(towers_step_cost(w, it), it, eff)
+    positives = math.ceil(w.train_samples / (1 + w.negatives))
+    towers_hours = math.ceil(positives / w.recall_batch_size) * w.recall_epochs * towers_s / 3600
+    hours = steps * step_s / 3600 + towers_hours
     lost_h = sm.interruptions_per_hour * hours * (sm.restart_s + sm.checkpoint_every_s / 2) / 3600
     price_spot = spot_prices.get(it.name)
     source = "ec2" if price_spot is not None else "catalog"
     price_spot = price_spot if price_spot is not None else it.spot_usd
-    gpu_need, host_need = gpu_memory_bytes(w, it, embeddings), host_memory_bytes(w, embeddings)
+    # The towers train after DIN, beside its trained weights (a 1/G shard of them when sharded).
+    din_weights = 4 * w.table_elements / (it.gpus if embeddings == "sharded" else 1)
+    gpu_need = max(gpu_memory_bytes(w, it, embeddings),
+                   CUDA_CONTEXT_BYTES + din_weights + towers_memory_bytes(w, it) if w.recall_epochs else 0.0)
+    host_need = host_memory_bytes(w, embeddings)
     why = []
     if gpu_need > it.gpu.memory_gb * GB * 0.95:
         why.append(f"needs {gpu_need / GB:.1f} GB per GPU, {it.gpu.name} has {it.gpu.memory_gb:g}")
@@ -299,6 +349,7 @@ def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, e
         instance=it.name, gpu=it.gpu.name, gpus=it.gpus, embeddings=embeddings, fits=not why,
         why_not="; ".join(why) or None, bound=bound, gpu_mem_gb=round(gpu_need / GB, 2),
         host_mem_gb=round(host_need / 2**30, 2), step_ms=round(step_s * 1e3, 3), est_hours=hours,
+        towers_hours=towers_hours,
         spot_usd=(hours + lost_h) * price_spot, on_demand_usd=hours * it.on_demand_usd, spot_price_usd=price_spot,
         on_demand_price_usd=it.on_demand_usd, spot_price_source=source,
         step_parts_ms={k: round(v * 1e3, 3) for k, v in parts.items()})

@@ -37,10 +37,14 @@ def checkpoint_name(global_step: int) -> str:
 class CheckpointStore:
     """Where checkpoints live. ``save`` is atomic; ``latest`` names the newest complete one."""
 
-    def __init__(self, storage: Storage, keep: int = 3) -> None:
+    def __init__(self, storage: Storage, keep: int = 3, prefix: str = "") -> None:
         if keep < 1:
             raise ValueError("keep must be >= 1")
-        self.storage, self.keep = storage, keep
+        self.storage, self.keep, self.prefix = storage, keep, prefix
+
+    def part(self, name: str) -> CheckpointStore:
+        """The checkpoints of one part of a job (the recall towers: ``towers``), in ``name/`` here."""
+        return CheckpointStore(self.storage, self.keep, prefix=f"{self.prefix}{name}/")
 
     def _call(self, what: str, fn, *args):
         return reraise_as(CheckpointError, f"checkpoints {self.storage.uri}", what, fn, *args)
@@ -49,20 +53,20 @@ class CheckpointStore:
         buf = io.BytesIO()
         torch.save(state, buf)
         meta = {"format": CHECKPOINT_FORMAT, "format_version": CHECKPOINT_FORMAT_VERSION, **meta}
-        self._call("write", self.storage.put_bytes, f"{name}/state.pt", buf.getvalue())
-        self._call("write", self.storage.put_bytes, f"{name}/meta.json",
+        self._call("write", self.storage.put_bytes, f"{self.prefix}{name}/state.pt", buf.getvalue())
+        self._call("write", self.storage.put_bytes, f"{self.prefix}{name}/meta.json",
                    json.dumps(meta, indent=1, default=str).encode())  # last: now it is complete
-        self._call("write", self.storage.put_bytes, LATEST, name.encode())
+        self._call("write", self.storage.put_bytes, f"{self.prefix}{LATEST}", name.encode())
         for old in self.names()[:-self.keep]:
             self._delete(old)
 
     def save_shard(self, name: str, rank: int, data: bytes) -> None:
         """One rank's part of checkpoint ``name`` (a sharded run's tables: training.sharded), written
         before rank 0's :meth:`save` completes it."""
-        self._call("write", self.storage.put_bytes, f"{name}/shard-{rank:05d}.pt", data)
+        self._call("write", self.storage.put_bytes, f"{self.prefix}{name}/shard-{rank:05d}.pt", data)
 
     def load_shard(self, name: str, rank: int) -> dict:
-        data = self._call("read", self.storage.get_bytes, f"{name}/shard-{rank:05d}.pt")
+        data = self._call("read", self.storage.get_bytes, f"{self.prefix}{name}/shard-{rank:05d}.pt")
         if data is None:
             raise CheckpointError(f"checkpoint {self.storage.child_uri(name)} has no shard for rank {rank}")
         try:
@@ -71,10 +75,10 @@ class CheckpointStore:
             raise CheckpointError(f"checkpoint {name}: shard {rank} cannot be loaded safely: {exc}") from exc
 
     def load(self, name: str) -> tuple[dict, dict]:
-        meta_bytes = self._call("read", self.storage.get_bytes, f"{name}/meta.json")
-        state_bytes = self._call("read", self.storage.get_bytes, f"{name}/state.pt")
+        meta_bytes = self._call("read", self.storage.get_bytes, f"{self.prefix}{name}/meta.json")
+        state_bytes = self._call("read", self.storage.get_bytes, f"{self.prefix}{name}/state.pt")
         if meta_bytes is None or state_bytes is None:
-            raise CheckpointError(f"checkpoint {self.storage.child_uri(name)} is missing or incomplete")
+            raise CheckpointError(f"checkpoint {self.storage.child_uri(self.prefix + name)} is missing or incomplete")
         meta = json.loads(meta_bytes)
         if meta.get("format") != CHECKPOINT_FORMAT or meta.get("format_version") != CHECKPOINT_FORMAT_VERSION:
             raise CheckpointError(f"checkpoint {name}: unknown format {meta.get('format')!r} "
@@ -88,20 +92,20 @@ class CheckpointStore:
     def latest(self) -> str | None:
         """The newest complete checkpoint: the pointer if it names one, else the newest stored."""
         names = self.names()
-        pointed = (self._call("read", self.storage.get_bytes, LATEST) or b"").decode().strip()
+        pointed = (self._call("read", self.storage.get_bytes, f"{self.prefix}{LATEST}") or b"").decode().strip()
         if pointed in names:
             return pointed
         return names[-1] if names else None
 
     def names(self) -> list[str]:
         """Complete checkpoints, oldest first."""
-        keys = self._call("list", self.storage.keys, "step-")
+        keys = [k[len(self.prefix):] for k in self._call("list", self.storage.keys, f"{self.prefix}step-")]
         return sorted(k.split("/")[0] for k in keys if k.count("/") == 1 and k.endswith("/meta.json"))
 
     def _delete(self, name: str) -> None:
         for fname in ("meta.json", "state.pt"):  # meta first: the checkpoint stops counting at once
-            self._call("delete", self.storage.delete, f"{name}/{fname}")
-        for key in self._call("list", self.storage.keys, f"{name}/shard-"):
+            self._call("delete", self.storage.delete, f"{self.prefix}{name}/{fname}")
+        for key in self._call("list", self.storage.keys, f"{self.prefix}{name}/shard-"):
             self._call("delete", self.storage.delete, key)
 
 

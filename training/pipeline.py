@@ -40,8 +40,9 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
                  after_training: Callable[[TrainResult], bool] | None = None, export: bool = True) -> Trained:
     """Train DIN on ``samples`` (checkpoints in ``checkpoints``, else ``run_dir/checkpoints``; warm-started
     from ``champion``, its towers too if ``warm_towers``), then the recall towers and the blend, and
-    export them as one bundle at ``bundle_dir``. ``after_training`` sees DIN before the export (retrain's
-    drills degrade it there) and returns whether to export it; ``export`` False: never (bundle None).
+    export them as one bundle at ``bundle_dir``. ``after_training`` sees DIN before the towers (retrain's
+    drills degrade it there) and returns whether to go on to export; ``export`` False: the towers train
+    (with the other ranks, under torchrun) but nothing is exported (bundle None).
     Raises training.loop.TrainingInterrupted when ``stop`` ends it first."""
     from training.export import export_bundle
     from training.loop import train
@@ -54,12 +55,20 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
     # Every setting the model was built from, beside its metrics (a spot-trained candidate and a local
     # one can be compared field by field).
     result.metrics["train_settings"] = json.loads(settings.model_dump_json())
-    if not export or (after_training is not None and not after_training(result)):
+    if after_training is not None and export and not after_training(result):
         return Trained(result, None)
     towers = None
     if settings.recall_epochs > 0:  # the towers' metrics go beside DIN's, under "recall"
-        recall = train_towers(samples, towers_settings(settings), init=towers_init)
+        if checkpoints is None and run_dir is not None:
+            from training.checkpoint import open_checkpoint_store
+
+            checkpoints = open_checkpoint_store(run_dir / "checkpoints", keep=settings.keep_checkpoints)
+        # On every rank under torchrun (DDP), checkpointed beside DIN's, resumed with it.
+        recall = train_towers(samples, towers_settings(settings), init=towers_init, checkpoints=checkpoints,
+                              resume=resume, stop=stop, checkpoint_now=checkpoint_now)
         towers, result.metrics["recall"] = recall.model, recall.metrics
+    if not export:
+        return Trained(result, None)
     bundle = export_bundle(bundle_dir, result.model, samples, result.metrics, towers=towers, lineage=lineage,
                            blend=settings.ranking_blend)
     return Trained(result, Path(bundle))

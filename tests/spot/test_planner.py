@@ -43,7 +43,8 @@ def test_a_table_over_500_mb_rules_out_g4dn_xlarge_by_bandwidth_per_dollar():
     cat = load_catalog()
     verdicts = {}
     for mb in (100, 300, 600, 1000):
-        options = plan(Workload(n_items=_rows_for(mb), train_samples=20_000_000), cat, embeddings=("replicated",))
+        options = plan(Workload(n_items=_rows_for(mb), train_samples=20_000_000, recall_epochs=0), cat,
+                       embeddings=("replicated",))
         g4 = _option(options, "g4dn.xlarge")
         verdicts[mb] = (g4.recommended, g4.dominated_by, g4.bound)
         if mb == 1000:
@@ -55,15 +56,16 @@ def test_a_table_over_500_mb_rules_out_g4dn_xlarge_by_bandwidth_per_dollar():
 
 
 def test_100m_embedding_rows_do_not_fit_g4dn_xlarge():
-    options = plan(Workload(n_items=100_000_000, train_samples=10_000_000), load_catalog(), embeddings=("replicated",))
+    options = plan(Workload(n_items=100_000_000, train_samples=10_000_000, recall_epochs=0), load_catalog(),
+                   embeddings=("replicated",))
     g4 = _option(options, "g4dn.xlarge")
     assert not g4.fits and "T4 has 16" in g4.why_not and g4.rank is None
     assert options[0].fits and options[0].gpu_mem_gb > 16
 
 
 def test_200m_row_table_replicated_needs_the_h200_and_says_why_the_others_fail():
-    options = plan(Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1),
-                   load_catalog())
+    options = plan(Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1,
+                            recall_epochs=0), load_catalog())
     fitting = [o.instance for o in options if o.fits and o.embeddings == "replicated"]
     assert fitting == ["p5en.48xlarge"]
     assert "H100 has 80" in _option(options, "p5.48xlarge").why_not
@@ -72,7 +74,7 @@ def test_200m_row_table_replicated_needs_the_h200_and_says_why_the_others_fail()
 def test_sharding_the_200m_row_table_fits_the_a100_and_v100_machines_for_less():
     """Row-wise shards (TorchRec) hold an eighth of the table each, with one optimizer value per row
     instead of Adam's two per element, and no dense gradient to sweep or all-reduce."""
-    w = Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1)
+    w = Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1, recall_epochs=0)
     options = plan(w, load_catalog())
     replicated = _option(options, "p5en.48xlarge")
     for name in ("p4d.24xlarge", "p3.16xlarge"):
@@ -184,3 +186,16 @@ def test_dinrec_plan_rejects_a_bad_config_clearly(tmp_path):
                           "--no-live-prices"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "n_items" in out.stderr and "typo" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_recall_towers_time_and_memory_are_in_the_plan():
+    """The towers train after DIN on the same GPUs: their four tables (dense Adam) count in the memory,
+    their steps in the time and cost; at 200M rows they fit no GPU (they are not sharded)."""
+    w = Workload(n_items=_rows_for(300), train_samples=20_000_000, recall_epochs=0)
+    alone = _option(plan(w, load_catalog()), "g5.xlarge")
+    both = _option(plan(w.model_copy(update={"recall_epochs": 5}), load_catalog()), "g5.xlarge")
+    assert alone.towers_hours == 0 and both.towers_hours > 0
+    assert both.est_hours == pytest.approx(alone.est_hours + both.towers_hours)
+    assert both.spot_usd > alone.spot_usd and both.gpu_mem_gb > alone.gpu_mem_gb
+    big = Workload(n_items=200_000_000, n_categories=10_000, train_samples=200_000_000, epochs=1)
+    assert not any(o.fits for o in plan(big, load_catalog()))

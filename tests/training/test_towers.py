@@ -84,3 +84,23 @@ def test_a_bundle_keeps_its_towers_and_recalls_with_them(samples, tmp_path):
     assert legacy.kind == "din_mean" and legacy.cold_item_vectors(torch.tensor([1])) is None
     mean = din.item_emb.weight[[5, 6, 7]].mean(dim=0).detach().numpy()
     assert np.allclose(legacy.queries(hist, cats)[0], mean, atol=1e-6)
+
+
+def test_stopped_towers_resume_to_the_weights_of_an_uninterrupted_run(samples, tmp_path):
+    from tests.training.test_resume import StopAfter
+    from training.checkpoint import open_checkpoint_store
+    from training.loop import TrainingInterrupted
+
+    settings = TowersSettings(dim=16, epochs=3, eval_n=50, batch_size=128, full_softmax_items=10,
+                              sampled_negatives=64, checkpoint_every=4)  # sampled: the negatives' generator too
+    whole = train_towers(samples, settings)
+    store = open_checkpoint_store(tmp_path)
+    with pytest.raises(TrainingInterrupted) as stopped:
+        train_towers(samples, settings, checkpoints=store, stop=StopAfter(17))  # mid-epoch, between checkpoints
+    assert stopped.value.checkpoint == "step-000000018" and store.part("towers").latest() == "step-000000018"
+    assert store.latest() is None  # DIN's checkpoints are elsewhere in the store
+    resumed = train_towers(samples, settings, checkpoints=store, resume="auto")
+    assert resumed.metrics["global_step"] == whole.metrics["global_step"]
+    for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
+        assert torch.equal(a, b), name
+    assert resumed.metrics["epochs"] == whole.metrics["epochs"] and resumed.metrics["seconds"] > 0
