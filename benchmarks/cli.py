@@ -241,10 +241,18 @@ def bench_retrain_cmd(
     epochs: Annotated[int, typer.Option(help="DIN epochs")] = 2,
     recall_epochs: Annotated[int, typer.Option(help="recall towers' epochs")] = 10,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 50, seed: int = 0,
+    archive_span: Annotated[int | None, typer.Option(help=(
+        "instead: the data phase (the window read from the archive, samples built) on an archive this many "
+        "times the window's length against the window's alone: wall time and peak memory"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Scheduled retraining on a replayed log: the retrained candidate vs the stale champion on the
     gate's holdout, warm start vs training from scratch (the peer, same run), and the gate drills."""
+    if archive_span is not None:
+        from benchmarks.window_bench import bench_window
+
+        _print(bench_window(data, span=archive_span), as_json)
+        return
     from benchmarks.retrain_bench import bench_retrain
 
     result = bench_retrain(data, cut=cut, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed)

@@ -12,6 +12,15 @@ a temp file fsynced and renamed into place, or one PUT — so it is whole or abs
 are the archive's offsets**: on assignment a partition is read from one past the highest offset any
 file covers, and a redelivered record at or below it is dropped — so a crash between writing a file
 and committing to the group re-reads nothing twice, whatever the group's committed offsets say.
+
+That offset is kept in a small record per partition, ``{topic}/_highwater/p{partition}.json``, so an
+assignment reads one object instead of listing the topic's whole history: before a file is written
+the record names it as pending, after it the offset moves past it; an archiver that died between the
+two finds the pending file there or not (one existence check). An archive without records (older
+than them) is listed once and gets them.
+
+Readers take the hours they need (:func:`read_hours`): a retrain reads its window's hours, not the
+topic's history.
 """
 
 from __future__ import annotations
@@ -20,13 +29,13 @@ import logging
 import re
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from feature_store.schema import BehaviourEvent
-from feature_store.streams.base import EventStream, MembershipChanges, Record
+from feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record, event_record
 from storage import Storage, open_storage
 
 log = logging.getLogger(__name__)
@@ -45,14 +54,58 @@ def _storage(root: str | Path | Storage) -> Storage:
     return root if isinstance(root, Storage) else open_storage(root, durable=True)
 
 
-def _files(storage: Storage, topic: str) -> list[tuple[int, int, int, str]]:
-    """(partition, first offset, last offset, key) of every archive file of ``topic``."""
+def _files(storage: Storage, topic: str, prefix: str = "") -> list[tuple[int, int, int, str]]:
+    """(partition, first offset, last offset, key) of every archive file of ``topic`` (under ``prefix``
+    in it, e.g. ``date=2026-12-04/``)."""
     out = []
-    for key in storage.keys(f"{topic}/"):
+    for key in storage.keys(f"{topic}/{prefix}"):
         m = _FILE.match(key.rsplit("/", 1)[-1])
         if m:
             out.append((int(m.group(1)), int(m.group(2)), int(m.group(3)), key))
     return sorted(out)
+
+
+def _hour(record: Record) -> int:
+    """The hour of ``record``'s produce time (a live record without one: now), as hours since 1970."""
+    return int((record.timestamp_ms or time.time() * 1000) // 3_600_000)
+
+
+def _hour_of(key: str) -> datetime | None:
+    m = re.search(r"date=(\d{4}-\d{2}-\d{2})/hour=(\d{2})/", key)
+    return datetime.strptime(f"{m.group(1)} {m.group(2)}", "%Y-%m-%d %H").replace(tzinfo=UTC) if m else None
+
+
+def read_hours(root: str | Path | Storage, topic: str, start: float, end: float) -> Iterator[bytes]:
+    """The archived records of ``topic`` in the files of the hours from ``start``'s to ``end``'s (by
+    the produce time of a file's first record), one file at a time, by partition then offset: what a
+    reader of a time window streams, whatever the length of the topic's history."""
+    storage = _storage(root)
+    first = datetime.fromtimestamp(start, UTC).replace(minute=0, second=0, microsecond=0)
+    last = datetime.fromtimestamp(end, UTC)
+    files = []
+    day = first.replace(hour=0)
+    while day <= last:  # one listing per day
+        files += [f for f in _files(storage, topic, f"date={day:%Y-%m-%d}/")
+                  if first <= (_hour_of(f[3]) or first) <= last]
+        day += timedelta(days=1)
+    for *_, key in sorted(files):
+        yield from (line for line in (storage.get_bytes(key) or b"").split(b"\n") if line)
+
+
+def _high_water_key(topic: str, partition: int) -> str:
+    return f"{topic}/_highwater/p{partition}.json"
+
+
+def high_water(storage: Storage, topic: str, partition: int) -> int | None:
+    """The highest offset of ``partition`` the archive's files hold, from its record (None: no record)."""
+    doc = storage.get_json(_high_water_key(topic, partition))
+    if not isinstance(doc, dict) or not isinstance(doc.get("archived"), int):
+        return None
+    pending = doc.get("pending")
+    if isinstance(pending, dict) and isinstance(pending.get("last"), int) and isinstance(pending.get("key"), str) \
+            and storage.exists(pending["key"]):
+        return pending["last"]  # written; the record's move past it did not happen
+    return doc["archived"]
 
 
 def archived_offsets(root: str | Path | Storage, topic: str) -> dict[int, int]:
@@ -79,7 +132,9 @@ def archive_events(events: Sequence[BehaviourEvent], root: str | Path | Storage,
     from feature_store.streams.inprocess import InProcessStream
 
     stream = InProcessStream(topic)
-    stream.publish(list(events))
+    # produced when they happened, as a live stream would have carried them (the files' hours follow)
+    stream.publish_raw([OutgoingRecord(r.value, r.key, r.headers, int(e.ts * 1000))
+                        for e, r in ((e, event_record(e)) for e in events)])
     archiver = Archiver(stream, root, max_file_records=max_file_records)
     try:
         return archiver.run(max_records=len(events), idle_exit_s=5)
@@ -94,7 +149,7 @@ class Archiver:
         self.stream, self.storage, self.topic = stream, _storage(root), stream.topic
         self.max_file_records, self.max_file_age_s = max_file_records, max_file_age_s
         self.stats = ArchiveStats()
-        self._archived = archived_offsets(self.storage, self.topic)  # partition -> last offset in a file
+        self._archived: dict[int, int] = {}  # partition -> last offset in a file (read on assignment)
         self._buffers: dict[int, list[Record]] = {}
         self._opened: dict[int, float] = {}  # partition -> when its buffer got its first record
         self._changes = MembershipChanges()
@@ -121,6 +176,9 @@ class Archiver:
                 if buf and r.offset <= buf[-1].offset:  # redelivered after a rewind: already buffered
                     self.stats.redelivered += 1
                     continue
+                if buf and _hour(r) != _hour(buf[0]):  # a file holds one hour: its records are all in it
+                    self._write(r.partition, buf)
+                    buf = self._buffers[r.partition] = []
                 if not buf:
                     self._opened[r.partition] = time.monotonic()
                 buf.append(r)
@@ -140,12 +198,17 @@ class Archiver:
 
     def _take_assignment_changes(self) -> None:
         for kind, parts in self._changes.take():
-            on_disk = archived_offsets(self.storage, self.topic) if kind == "assigned" else {}
+            listed: dict[int, int] | None = None  # an archive from before the records: listed once
             for p in parts:
                 self._buffers.pop(p, None)  # either way: what we hold is re-read from the files' end
                 if kind == "assigned":  # another member may have archived more of it meanwhile
-                    self._archived[p] = on_disk.get(p, -1)
-                    self.consumer.seek(p, self._archived[p] + 1)
+                    found = high_water(self.storage, self.topic, p)
+                    if found is None:
+                        listed = listed if listed is not None else archived_offsets(self.storage, self.topic)
+                        found = listed.get(p, -1)
+                        self.storage.put_json(_high_water_key(self.topic, p), {"archived": found, "pending": None})
+                    self._archived[p] = found
+                    self.consumer.seek(p, found + 1)
 
     def _flush(self, force: bool) -> None:
         now = time.monotonic()
@@ -160,8 +223,12 @@ class Archiver:
         ts = (records[0].timestamp_ms or int(time.time() * 1000)) / 1000
         when = datetime.fromtimestamp(ts, UTC)
         key = f"{self.topic}/date={when:%Y-%m-%d}/hour={when:%H}/p{partition}-{first:012d}-{last:012d}.jsonl"
+        mark = _high_water_key(self.topic, partition)
+        self.storage.put_json(mark, {"archived": self._archived.get(partition, -1),
+                                     "pending": {"last": last, "key": key}})
         self.storage.put_bytes(key, b"".join(r.value.rstrip(b"\n") + b"\n" for r in records))
-        # the file is the record that these offsets are archived
+        # the file is the record that these offsets are archived; the mark says so without a listing
+        self.storage.put_json(mark, {"archived": last, "pending": None})
         self._archived[partition] = last
         with self.stats.lock:
             self.stats.records += len(records)

@@ -4,6 +4,11 @@ The archive (feature_store.archive) holds every record the stream carried, exact
 A retrain reads those whose event time falls in ``[start, end)``; a record that does not parse is
 counted and skipped (it never reached the online store either: ingestion dead-letters it), and an
 event id seen twice (a client's retry published twice) counts once.
+
+Only the window's hours are read (the archive's files are partitioned by produce time, which is at
+or after an event's time): from ``start`` less ``skew_s`` (producers' clocks) to ``end`` plus
+``late_s`` (events produced that long after they happened still count), file by file, keeping the
+window's rows only — the cost follows the window, not the topic's history.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.archive import read_archive
+from feature_store.archive import read_hours
 from feature_store.datasets.base import Interactions
 from feature_store.errors import InvalidEvent
 from feature_store.schema import BehaviourEvent
@@ -28,13 +33,14 @@ class WindowEvents:
     attributed: list[tuple[str, str, float]] = field(default_factory=list)
 
 
-def read_window(archive_dir: str | Path, topic: str, start: float, end: float) -> WindowEvents:
+def read_window(archive_dir: str | Path, topic: str, start: float, end: float, *, late_s: float = 6 * 3600,
+                skew_s: float = 300.0) -> WindowEvents:
     """The archived events of ``topic`` with ``start <= ts < end``, oldest first."""
     rows: list[tuple] = []
     seen: set[str] = set()
     attributed: list[tuple[str, str, float]] = []
     invalid = duplicates = outside = 0
-    for raw in read_archive(archive_dir, topic):
+    for raw in read_hours(archive_dir, topic, start - skew_s, end + late_s):
         try:
             e = BehaviourEvent.from_bytes(raw)
         except InvalidEvent:

@@ -197,7 +197,7 @@ class RetrainJob:
         if is_sample_dir(folder) and stats is not None:
             return SampleSet.load(folder), stats
         # The attributed clicks first: data.json, written last, is what marks the samples complete.
-        window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end)
+        window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end, late_s=self.s.late_s)
         samples = samples_for(window.data, self.train_settings)
         stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
                  "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}

@@ -30,6 +30,9 @@ class RetrainSettings(SharedSettings):
     align_s: int = Field(3600, ge=1, le=7 * 86_400, description=(
         "the window ends at the latest multiple of this before now, so runs within one period share a window "
         "(and a rerun resumes it)"))
+    late_s: float = Field(6 * 3600, ge=0, le=30 * 86_400, description=(
+        "events the stream carried up to this long after they happened are read into their window (the archive "
+        "is read by produce time, from the window's start to its end plus this)"))
     min_new_events: int = Field(100, ge=1, description=(
         "behaviours after the champion's window needed to retrain; fewer: nothing to do (exit 0)"))
     min_holdout_users: int = Field(30, ge=1, description=(

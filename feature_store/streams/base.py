@@ -42,6 +42,7 @@ class OutgoingRecord:
     value: bytes
     key: bytes | None = None
     headers: Headers = ()
+    timestamp_ms: int | None = None  # its produce time; None: when it is published (a replay sets it)
 
 
 def event_record(event: BehaviourEvent) -> OutgoingRecord:

@@ -58,7 +58,8 @@ class _InProcessConsumer(Consumer):
             log = self._s._log
             b.cond.wait_for(lambda: len(log) > self._position, timeout=timeout_s)
             end = min(len(log), self._position + max_records)
-            out = [Record(log[i].value, 0, i, log[i].key, log[i].headers) for i in range(self._position, end)]
+            out = [Record(log[i].value, 0, i, log[i].key, log[i].headers, log[i].timestamp_ms)
+                   for i in range(self._position, end)]
             self._position = end
         return out
 

@@ -62,7 +62,7 @@ class KafkaStream(EventStream):
                 while True:
                     try:
                         producer.produce(self.topic, r.value, r.key, headers=list(r.headers) or None,
-                                         on_delivery=delivered)
+                                         timestamp=r.timestamp_ms or 0, on_delivery=delivered)
                         break
                     except BufferError:  # the local queue is full: let it drain
                         if producer.poll(0.05) == 0 and time.monotonic() > deadline:
