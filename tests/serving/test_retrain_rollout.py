@@ -18,6 +18,12 @@ from tests.retrain.retrain_world import DAY, END, archive, drifting_world, retra
 from tests.serving.conftest import live_server
 
 ADMIN = ADMIN_HEADERS
+# What is tested here is how a promoted model reaches running services, not the gate (tests/retrain test
+# it). On this world's 200 users the gate's quality checks swing with the initial weights: over seeds
+# 0-3 the first model's holdout GAUC ran 0.53-0.64 around the floor for a first model (0.55), and a
+# well-calibrated champion (calibration error 0.009) refused a retrain at 0.16.
+LENIENT = {"DINREC_RETRAIN_MIN_GAUC": "0.5", "DINREC_RETRAIN_CALIBRATION_TOLERANCE": "10",
+           "DINREC_RETRAIN_LOGLOSS_TOLERANCE": "10"}
 
 
 @pytest.fixture
@@ -25,7 +31,7 @@ def world(tmp_path):
     """Both phases archived and in the online store; a champion trained on phase 1."""
     phase1, phase2 = drifting_world(END, users=200)
     archive(phase1 + phase2, tmp_path / "archive")
-    code, report = retrain(tmp_path, "--until", str(END - 5 * DAY))
+    code, report = retrain(tmp_path, "--until", str(END - 5 * DAY), env=LENIENT)
     assert (code, report["status"]) == (0, "promoted"), report
     store = MemoryStore()
     store.write(phase1 + phase2)
@@ -53,7 +59,7 @@ def test_a_promoted_retrain_is_served_by_a_running_service_with_no_failed_reques
         t = threading.Thread(target=requests)
         t.start()
         try:
-            code, report = retrain(root, "--until", str(END))
+            code, report = retrain(root, "--until", str(END), env=LENIENT)
             assert code == 0 and report["status"] == "promoted", report["reason"]
             new = report["candidate"]["version"]
             wait_until(lambda: c.get("/admin/model", headers=ADMIN).json()["version"] == new, timeout_s=60,
@@ -78,7 +84,7 @@ def test_a_challenger_rollout_starts_an_experiment_the_service_runs(world, tmp_p
                                events_sink="store", score_precision="fp32", experiments_file=experiments)
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
         code, report = retrain(root, "--until", str(END), "--rollout", "challenger",
-                               env={"DINREC_EXPERIMENTS_FILE": str(experiments),
+                               env={**LENIENT, "DINREC_EXPERIMENTS_FILE": str(experiments),
                                     "DINREC_RETRAIN_RAMP": "[0.5]"})
         assert code == 0 and report["status"] == "promoted", report["reason"]
         new = report["candidate"]["version"]
