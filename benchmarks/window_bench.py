@@ -34,22 +34,18 @@ TOPIC = "dinrec.events"
 def read_once(archive: Path, start: float, end: float, scan: bool = False) -> dict:
     """The data phase, timed: in the process that measures its peak memory. ``scan``: the way it read
     before (the peer): every file of the topic into memory, then the window's events filtered out."""
-    from retrain.events import read_window
+    from feature_store.archive import read_archive
+    from retrain.events import read_window, window_of
     from training.pipeline import samples_for
     from training.settings import TrainSettings
 
     settings = TrainSettings(progress=False)
     tracemalloc.start()  # what the phase allocates (Python and numpy), past the interpreter and its libraries
     t0 = time.perf_counter()
-    if scan:
-        from feature_store import archive as archive_module
-
-        records = archive_module.read_archive(archive, TOPIC)  # the whole history, held
-        archive_module.read_hours = lambda *_: iter(records)  # type: ignore[assignment]
-        import retrain.events
-
-        retrain.events.read_hours = archive_module.read_hours  # type: ignore[attr-defined]
-    window = read_window(archive, TOPIC, start, end)
+    if scan:  # the whole history held, then filtered
+        window = window_of(read_archive(archive, TOPIC), TOPIC, start, end)
+    else:
+        window = read_window(archive, TOPIC, start, end)
     samples = samples_for(window.data, settings)
     seconds = time.perf_counter() - t0
     phase_peak = tracemalloc.get_traced_memory()[1] / 2**20

@@ -13,6 +13,7 @@ window's rows only — the cost follows the window, not the topic's history.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,11 +37,17 @@ class WindowEvents:
 def read_window(archive_dir: str | Path, topic: str, start: float, end: float, *, late_s: float = 6 * 3600,
                 skew_s: float = 300.0) -> WindowEvents:
     """The archived events of ``topic`` with ``start <= ts < end``, oldest first."""
+    return window_of(read_hours(archive_dir, topic, start - skew_s, end + late_s), topic, start, end)
+
+
+def window_of(records: Iterable[bytes], topic: str, start: float, end: float) -> WindowEvents:
+    """The events of ``records`` (archived records of ``topic``) with ``start <= ts < end``, oldest first;
+    the records are consumed one at a time."""
     rows: list[tuple] = []
     seen: set[str] = set()
     attributed: list[tuple[str, str, float]] = []
     invalid = duplicates = outside = 0
-    for raw in read_hours(archive_dir, topic, start - skew_s, end + late_s):
+    for raw in records:
         try:
             e = BehaviourEvent.from_bytes(raw)
         except InvalidEvent:

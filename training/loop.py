@@ -110,12 +110,19 @@ def weights_sha256(model: nn.Module) -> str:
 @torch.no_grad()
 def evaluate(model: DIN, split: SplitTensors, batch_size: int, precision: Precision | None = None) -> dict:
     if len(split) == 0:
-        return {"auc": float("nan"), "gauc": float("nan"), "logloss": float("nan"), "n": 0}
+        return split_metrics(split, np.zeros(0))
     was_training = model.training
     model.eval()
     with precision.autocast() if precision else contextlib.nullcontext():
         logits = torch.cat([model(*b.inputs()).float().cpu() for b in split.batches(batch_size)]).numpy()
     model.train(was_training)
+    return split_metrics(split, logits)
+
+
+def split_metrics(split: SplitTensors, logits: np.ndarray) -> dict:
+    """AUC, GAUC and logloss of ``logits`` (N,), one per sample of ``split`` in its order."""
+    if len(split) == 0:
+        return {"auc": float("nan"), "gauc": float("nan"), "logloss": float("nan"), "n": 0}
     labels, users = split.label.cpu().numpy(), split.user.cpu().numpy()
     # plain floats: these go into checkpoints, which hold tensors and Python scalars only
     return {"auc": float(auc(labels, logits)), "gauc": float(gauc(users, labels, logits)),

@@ -24,15 +24,16 @@ import io
 from collections.abc import Callable
 from dataclasses import replace
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from models.din import DIN, DINConfig, table_rows
-from training.checkpoint import CheckpointError
+from training import dist as tdist
+from training.checkpoint import CheckpointError, checkpoint_name
 from training.data import SplitTensors
-from training.loop import DINWithLoss, Trainer, model_config_for
-from training.metrics import auc, gauc, logloss
+from training.loop import DINWithLoss, Trainer, model_config_for, split_metrics
 
 TABLES = ("item_emb", "cat_emb")  # the names DIN gives them: a gathered table drops into DIN's state_dict
 
@@ -188,11 +189,7 @@ class ShardedTrainer(Trainer):
         if self.checkpoints is not None:
             buf = io.BytesIO()
             torch.save(self._shard_state(), buf)
-            from training.checkpoint import checkpoint_name
-
             self.checkpoints.save_shard(checkpoint_name(self.progress.global_step), self.info.rank, buf.getvalue())
-        from training import dist as tdist
-
         tdist.barrier(self.info)  # every shard is written before rank 0 completes the checkpoint
         return super().save_checkpoint()
 
@@ -206,11 +203,9 @@ class ShardedTrainer(Trainer):
     @torch.no_grad()
     def _evaluate(self, split: SplitTensors) -> dict:
         """Every rank scores its share of each batch (the lookups are collective), rank 0's order kept."""
-        from training import dist as tdist
-
         n, world, rank = len(split), self.info.world_size, self.info.rank
         if n == 0:
-            return {"auc": float("nan"), "gauc": float("nan"), "logloss": float("nan"), "n": 0}
+            return split_metrics(split, np.zeros(0))
         self.step_fn.eval()
         mine = []
         step = self.s.eval_batch_size * world
@@ -229,10 +224,7 @@ class ShardedTrainer(Trainer):
         values = torch.cat([v for rank_parts in parts for _, v in rank_parts])
         logits = torch.empty(n)
         logits[index] = values  # a duplicate writes the same value twice
-        labels, users = split.label.cpu().numpy(), split.user.cpu().numpy()
-        scores = logits.numpy()
-        return {"auc": float(auc(labels, scores)), "gauc": float(gauc(users, labels, scores)),
-                "logloss": float(logloss(labels, scores)), "n": int(n)}
+        return split_metrics(split, logits.numpy())
 
     def _final_model(self) -> DIN | None:
         """The tables gathered to rank 0, with the dense part, as one plain DIN (the bundle's format)."""
