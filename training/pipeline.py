@@ -50,7 +50,11 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
     from training.warm_start import initializers
 
     din_init, towers_init = initializers(champion, samples.vocab, towers=warm_towers)
-    result = train(samples, settings, run_dir, checkpoints=checkpoints, resume=resume, stop=stop,
+    if checkpoints is None and run_dir is not None:  # one store: DIN's checkpoints and the towers' beside them
+        from training.checkpoint import open_checkpoint_store
+
+        checkpoints = open_checkpoint_store(run_dir / "checkpoints", keep=settings.keep_checkpoints)
+    result = train(samples, settings, checkpoints=checkpoints, resume=resume, stop=stop,
                    checkpoint_now=checkpoint_now, init=din_init)
     # Every setting the model was built from, beside its metrics (a spot-trained candidate and a local
     # one can be compared field by field).
@@ -59,10 +63,6 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
         return Trained(result, None)
     towers = None
     if settings.recall_epochs > 0:  # the towers' metrics go beside DIN's, under "recall"
-        if checkpoints is None and run_dir is not None:
-            from training.checkpoint import open_checkpoint_store
-
-            checkpoints = open_checkpoint_store(run_dir / "checkpoints", keep=settings.keep_checkpoints)
         # On every rank under torchrun (DDP), checkpointed beside DIN's, resumed with it.
         recall = train_towers(samples, towers_settings(settings), init=towers_init, checkpoints=checkpoints,
                               resume=resume, stop=stop, checkpoint_now=checkpoint_now)
