@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from models.din import table_rows
+
 
 @dataclass(frozen=True)
 class TowersConfig:
@@ -40,21 +42,33 @@ class TowersConfig:
         return cls(**d)
 
 
+TABLES = ("item_emb", "cat_emb", "hist_item_emb", "hist_cat_emb")
+
+
 class Towers(nn.Module):
     def __init__(self, cfg: TowersConfig) -> None:
         super().__init__()
         self.cfg = cfg
         d = cfg.dim
-        self.item_emb = nn.Embedding(cfg.n_items, d, padding_idx=0)   # E: candidates
-        self.cat_emb = nn.Embedding(cfg.n_categories, d, padding_idx=0)
-        self.hist_item_emb = nn.Embedding(cfg.n_items, d, padding_idx=0)  # X: behaviours
-        self.hist_cat_emb = nn.Embedding(cfg.n_categories, d, padding_idx=0)
+        # As DIN's (models.din): the tables take no draws from the global generator — their rows come from
+        # table_rows, seeded by ``table_seed`` — so the dense layers start the same whatever the tables'
+        # size, and a sharded run (training.sharded_towers) starts where an unsharded one does.
+        self.item_emb = _table(cfg.n_items, d)   # E: candidates
+        self.cat_emb = _table(cfg.n_categories, d)
+        self.hist_item_emb = _table(cfg.n_items, d)  # X: behaviours
+        self.hist_cat_emb = _table(cfg.n_categories, d)
         self.recency = nn.Parameter(torch.zeros(cfg.seq_len))  # (L,) logit per slot, newest last
         self.mlp = nn.Sequential(nn.Linear(2 * d, 2 * d), nn.ReLU(), nn.Linear(2 * d, d))
-        for table in (self.item_emb, self.cat_emb, self.hist_item_emb, self.hist_cat_emb):
-            nn.init.normal_(table.weight, std=0.05)
-            with torch.no_grad():
-                table.weight[0].zero_()
+        self.table_seed = int(torch.randint(0, 2**62, ()))  # one draw, after the dense layers'
+        with torch.no_grad():
+            for name in TABLES:
+                table = getattr(self, name)
+                table.weight.copy_(table_rows(self.table_seed, f"towers.{name}", 0, table.num_embeddings, d))
+
+    def dense_parameters(self) -> list[nn.Parameter]:
+        """Everything but the tables."""
+        tables = {id(getattr(self, t).weight) for t in TABLES if getattr(self, t) is not None}
+        return [p for p in self.parameters() if id(p) not in tables]
 
     def items(self, item_idx: torch.Tensor, cat_idx: torch.Tensor) -> torch.Tensor:
         """(N,), (N,) → (N, D) unit item vectors."""
@@ -63,12 +77,15 @@ class Towers(nn.Module):
     def users(self, hist_items: torch.Tensor, hist_cats: torch.Tensor) -> torch.Tensor:
         """(B, L), (B, L) → (B, D) unit query vectors. L may be shorter than the trained seq_len (the
         newest slots' weights are used)."""
-        length = hist_items.shape[1]
-        if length > self.cfg.seq_len:
-            hist_items, hist_cats, length = hist_items[:, -self.cfg.seq_len:], hist_cats[:, -self.cfg.seq_len:], \
-                self.cfg.seq_len
+        if hist_items.shape[1] > self.cfg.seq_len:
+            hist_items, hist_cats = hist_items[:, -self.cfg.seq_len:], hist_cats[:, -self.cfg.seq_len:]
         h = self.hist_item_emb(hist_items) + self.hist_cat_emb(hist_cats)  # (B, L, D)
-        filled = (hist_items != 0) | (hist_cats != 0)  # (B, L)
+        return self.users_from(h, (hist_items != 0) | (hist_cats != 0))
+
+    def users_from(self, h: torch.Tensor, filled: torch.Tensor) -> torch.Tensor:
+        """The user tower past its lookups: behaviour vectors h (B, L, D), L ≤ seq_len, and which slots
+        hold a behaviour (B, L) → (B, D) unit query vectors (a sharded run looks the rows up itself)."""
+        length = h.shape[1]
         logits = self.recency[-length:].expand_as(filled).masked_fill(~filled, float("-inf"))  # (B, L)
         w = torch.softmax(logits, dim=1).nan_to_num(0.0)  # an empty row: all -inf → NaN → 0
         pooled = torch.einsum("bl,bld->bd", w, h)  # (B, D)
@@ -78,3 +95,7 @@ class Towers(nn.Module):
     def item_table(self, item_category: torch.Tensor) -> torch.Tensor:
         """Every item's vector by item index: (n_items, D); row 0 (padding) is normalize(E_cat[0]) = 0."""
         return self.items(torch.arange(len(item_category), device=item_category.device), item_category)
+
+
+def _table(rows: int, dim: int) -> nn.Embedding:
+    return nn.Embedding(rows, dim, padding_idx=0, _weight=torch.zeros(rows, dim))

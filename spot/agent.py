@@ -9,7 +9,9 @@ interruption from completion or failure — and uploads the results when trainin
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import subprocess
 from pathlib import Path
@@ -61,11 +63,14 @@ def run_agent(store: JobStore, attempt: int, command: list[str], *, imds: Imds |
             log.warning("%s", exc)
     status = {"attempt": attempt, "state": "running", "instance_id": instance_id, "started": _now()}
     store.put_json(status_key, status)
-    child = subprocess.Popen(command)
+    # Its own process group: a signal reaches every training rank at once (`dinrec train --ranks N`
+    # launches one process per rank; the launcher waits for their checkpoints).
+    child = subprocess.Popen(command, process_group=0)
 
     def forward(sig: int) -> None:
         if child.poll() is None:
-            child.send_signal(sig)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, sig)
 
     def on_interruption(notice: InterruptionNotice) -> None:
         status["notice"] = {"action": notice.action, "time": notice.time, "seen": _now()}

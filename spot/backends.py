@@ -18,7 +18,7 @@ from pathlib import Path
 
 from spot.aws import Aws
 from spot.catalog import InstanceType
-from spot.job import Attempt, JobSpec, boot_script
+from spot.job import Attempt, JobSpec, boot_script, launch_args
 from spot.settings import SpotSettings
 from storage import CloudError, call
 
@@ -169,7 +169,8 @@ class SageMakerBackend(Backend):
                                      "ContainerArguments": ["--data", "/opt/ml/input/data/train",
                                                             "--out", "/opt/ml/model",
                                                             "--checkpoint-dir", self.CHECKPOINT_PATH,
-                                                            "--resume", "auto", "--no-progress", *spec.train_args]},
+                                                            "--resume", "auto", "--no-progress",
+                                                            *launch_args(spec), *spec.train_args]},
              RoleArn=self.s.sagemaker_role_arn,
              InputDataConfig=[{"ChannelName": "train", "DataSource": {"S3DataSource": {
                  "S3DataType": "S3Prefix", "S3Uri": f"{job}/data/", "S3DataDistributionType": "FullyReplicated"}}}],

@@ -110,15 +110,18 @@ spot_app = typer.Typer(help="Training jobs on spot GPUs: launch, supervise, watc
                        no_args_is_help=True)
 
 
-def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> list[str]:
+def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> tuple[list[str], str]:
+    """The plan's best fitting option decides how the job runs (its tables' placement, one rank per GPU);
+    its candidates are the next best options that run the same way on as many GPUs (a relaunch resumes
+    the same checkpoint)."""
     from spot.planner import plan as make_plan
 
-    # The spot job runs the replicated trainer (dinrec train); sharded plans are for torchrun jobs.
-    options = make_plan(_read_workload(plan_file), catalog, embeddings=("replicated",))
-    fitting = [o.instance for o in options if o.fits and o.gpus == 1] or [o.instance for o in options if o.fits]
+    fitting = [o for o in make_plan(_read_workload(plan_file), catalog) if o.fits]
     if not fitting:
         raise ValueError(f"{plan_file}: no instance in the catalog fits this job (see `dinrec plan`)")
-    return fitting[:top]
+    best = fitting[0]
+    alike = [o.instance for o in fitting if o.embeddings == best.embeddings and o.gpus == best.gpus]
+    return list(dict.fromkeys(alike))[:top], best.embeddings
 
 
 @spot_app.command("run")
@@ -133,6 +136,10 @@ def spot_run(
     max_relaunches: Annotated[int | None, typer.Option(help="stop after this many relaunches")] = None,
     imds_url: Annotated[list[str] | None, typer.Option(help="local backend: metadata endpoint per attempt")] = None,
     detach: Annotated[bool, typer.Option(help="launch the first attempt and return (supervise later)")] = False,
+    ranks: Annotated[str, typer.Option(help="training processes per instance: gpus (one per GPU) or a count")] \
+        = "gpus",
+    embeddings: Annotated[str | None, typer.Option(help=(
+        "DIN's tables: replicated or sharded (default: the plan's choice with --plan, else the trainer's)"))] = None,
 ) -> None:
     """Create (or continue) a spot training job and supervise it to the end; prints its cost report."""
     import shlex
@@ -145,11 +152,14 @@ def spot_run(
     if job_id is None:
         if data is None or not data.is_dir():
             raise ValueError("a new job needs --data DIR (an existing dataset folder)")
-        types = instance_type or (_types_from_plan(plan_config, load_catalog()) if plan_config else None)
+        types = instance_type
+        if not types and plan_config:
+            types, planned = _types_from_plan(plan_config, load_catalog())
+            embeddings = embeddings or planned
         if not types:
             raise ValueError("say where to run: --instance-type T (repeatable) or --plan JOB.json")
         store, spec = create_job(settings, data, list(types), shlex.split(train_args), budget_usd=budget_usd,
-                                 max_relaunches=max_relaunches)
+                                 max_relaunches=max_relaunches, ranks=ranks, embeddings=embeddings)
         typer.echo(json.dumps({"job_id": spec.job_id, "job_uri": store.uri}), err=True)
         job_id = spec.job_id
     from storage import LeaseHeld
@@ -177,10 +187,15 @@ def spot_launch(
     backend: Annotated[str | None, typer.Option(help="ec2, sagemaker or local")] = None,
     train_args: Annotated[str, typer.Option(help="extra `dinrec train` flags, e.g. '--epochs 3'")] = "",
     budget_usd: Annotated[float | None, typer.Option(help="stop relaunching past this spend")] = None,
+    ranks: Annotated[str, typer.Option(help="training processes per instance: gpus (one per GPU) or a count")] \
+        = "gpus",
+    embeddings: Annotated[str | None, typer.Option(help=(
+        "DIN's tables: replicated or sharded (default: the plan's choice with --plan, else the trainer's)"))] = None,
 ) -> None:
     """Create a job and launch its first attempt without supervising it (`dinrec spot run --job-id` does)."""
     spot_run(data=data, job_id=None, instance_type=instance_type, plan_config=plan_config, backend=backend,
-             train_args=train_args, budget_usd=budget_usd, max_relaunches=None, imds_url=None, detach=True)
+             train_args=train_args, budget_usd=budget_usd, max_relaunches=None, imds_url=None, detach=True,
+             ranks=ranks, embeddings=embeddings)
 
 
 @spot_app.command("status")

@@ -33,6 +33,10 @@ class JobSpec(BaseModel):
     backend: Literal["ec2", "sagemaker", "local"]
     instance_types: list[str] = Field(min_length=1, description="best first (the planner's ranking)")
     train_args: list[str] = Field(default_factory=list, description="extra `dinrec train` flags")
+    ranks: str = Field("gpus", pattern=r"^(gpus|[1-9][0-9]{0,3})$", description=(
+        "training processes per instance: gpus (one per GPU, as the planner assumes) or a count"))
+    embeddings: Literal["replicated", "sharded"] | None = Field(None, description=(
+        "DIN's tables (the plan's choice); None: the trainer's setting"))
     max_relaunches: int = Field(20, ge=0)
     budget_usd: float | None = Field(None, gt=0)
     region: str = "us-east-1"
@@ -81,6 +85,11 @@ class JobState(BaseModel):
         return sum(a.cost(until) for a in self.attempts)
 
 
+def launch_args(spec: JobSpec) -> list[str]:
+    """The `dinrec train` flags that say how the job runs on its instance: its ranks and its tables."""
+    return ["--ranks", spec.ranks, *(["--embeddings", spec.embeddings] if spec.embeddings else [])]
+
+
 def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None) -> str:
     """The user-data an instance runs: install, fetch the data, train under the agent (resuming
     from the job's S3 checkpoints), and power off when finished — an interrupted instance is left
@@ -89,7 +98,8 @@ def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None)
     q = shlex.quote
     job = spec.job_uri.rstrip("/")
     train_cmd = 'dinrec train --data "$WORK/data" --out "$WORK/out" ' + shlex.join(
-        ["--checkpoint-dir", f"{job}/checkpoints", "--resume", "auto", "--no-progress", *spec.train_args])
+        ["--checkpoint-dir", f"{job}/checkpoints", "--resume", "auto", "--no-progress", *launch_args(spec),
+         *spec.train_args])
     lines = [
         "#!/bin/bash",
         f"# dinrec spot job {spec.job_id}, attempt {attempt}",

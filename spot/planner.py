@@ -60,8 +60,9 @@ class Workload(BaseModel):
     train_samples: int = Field(gt=0, description="training samples per epoch")
     epochs: int = Field(2, gt=0)
     sparse_embeddings: bool = False
-    # The recall towers, trained after DIN on the same GPUs (training.towers_train: replicated, DDP,
-    # dense Adam over their four tables); 0 epochs: recall from DIN's item embeddings.
+    # The recall towers, trained after DIN on the same GPUs with their tables placed as DIN's
+    # (training.towers_train: replicated, DDP, dense Adam; training.sharded_towers: sharded, row-wise
+    # Adagrad, sampled softmax); 0 epochs: recall from DIN's item embeddings.
     recall_epochs: int = Field(20, ge=0, description="the towers' epochs (an upper bound: they stop early)")
     recall_dim: int = Field(32, gt=0)
     recall_batch_size: int = Field(512, gt=0)
@@ -86,6 +87,16 @@ class Workload(BaseModel):
     @property
     def table_rows(self) -> int:
         return self.n_items + self.n_categories
+
+    @property
+    def towers_rows(self) -> int:
+        return 2 * (self.n_items + self.n_categories)
+
+    @property
+    def towers_dense_parameters(self) -> int:
+        """The recency weights and the MLP ([pooled, newest] → 2d → d)."""
+        d = self.recall_dim
+        return self.seq_len + (2 * d + 1) * 2 * d + (2 * d + 1) * d
 
     @property
     def dense_parameters(self) -> int:
@@ -205,28 +216,50 @@ def step_cost(w: Workload, itype: InstanceType, embeddings: Embeddings = "replic
     return StepCost(flops=flops, bytes=per_step, allreduce_bytes=allreduce, collectives=1 if g > 1 else 0)
 
 
-def towers_step_cost(w: Workload, itype: InstanceType) -> StepCost:
+def _towers_scored(w: Workload, embeddings: Embeddings) -> int:
+    """Items each towers step scores: every item while the catalog is small (replicated only), else the
+    sampled negatives and the target."""
+    full = embeddings == "replicated" and w.n_items <= w.recall_full_softmax_items
+    return w.n_items if full else w.recall_negatives + 1
+
+
+def towers_step_cost(w: Workload, itype: InstanceType, embeddings: Embeddings = "replicated") -> StepCost:
     """One step of the recall towers, per GPU: the user tower over each history, the softmax against
-    every item (or the sampled negatives), dense Adam over the four tables, their gradient all-reduced."""
+    every item (or the sampled negatives); replicated, dense Adam over the four tables and their gradient
+    all-reduced; sharded, the touched rows updated in the backward and their vectors moved by all-to-all."""
     g = itype.gpus
     b = math.ceil(w.recall_batch_size / g)
     d, L = w.recall_dim, w.seq_len
-    k = w.n_items if w.n_items <= w.recall_full_softmax_items else w.recall_negatives + 1  # items scored
+    k = _towers_scored(w, embeddings)
     per_sample = 2 * L * d + 2 * (4 * d * d + 2 * d * d)  # pooling, then the MLP over [pooled, newest]
     flops = 3 * (b * per_sample + 2 * b * k * d + 4 * k * d)  # + the softmax's logits and the item vectors
-    bytes_ = b * (5 * (L + 1) * d * 4 + 3 * k * 4) + 5 * k * d * 4 + 32 * w.towers_elements
+    bytes_ = b * (5 * (L + 1) * d * 4 + 3 * k * 4) + 5 * k * d * 4
+    if embeddings == "sharded":
+        share = (g - 1) / g
+        looked_up = 2 * (b * L + b + k) * d * 4  # behaviours, targets and negatives: item row + category row
+        return StepCost(flops=flops, bytes=bytes_,
+                        allreduce_bytes=2 * share * 4 * w.towers_dense_parameters if g > 1 else 0.0,
+                        all_to_all_bytes=share * (2 * looked_up + 2 * 8 * 2 * (b * L + b + k)),
+                        collectives=5 if g > 1 else 0)
+    bytes_ += 32 * w.towers_elements
     allreduce = 2 * (g - 1) / g * 4 * w.towers_elements if g > 1 else 0.0
     return StepCost(flops=flops, bytes=bytes_, allreduce_bytes=allreduce, collectives=1 if g > 1 else 0)
 
 
-def towers_memory_bytes(w: Workload, itype: InstanceType) -> float:
-    """Per GPU while the towers train: their tables with gradient, Adam's moments and the step's
-    temporary (20 bytes per element), the logits of a batch."""
+def towers_memory_bytes(w: Workload, itype: InstanceType, embeddings: Embeddings = "replicated") -> float:
+    """Per GPU while the towers train: replicated, their tables with gradient, Adam's moments and the
+    step's temporary (20 bytes per element); sharded, a 1/G shard with its row-wise state and the step's
+    looked-up rows; and the logits of a batch."""
     if w.recall_epochs == 0:
         return 0.0
     b = math.ceil(w.recall_batch_size / itype.gpus)
-    k = w.n_items if w.n_items <= w.recall_full_softmax_items else w.recall_negatives + 1
-    return (20 * w.towers_elements + 3 * 4 * b * k) * 1.1
+    k = _towers_scored(w, embeddings)
+    logits = 3 * 4 * b * k
+    if embeddings == "sharded":
+        shard = (4 * w.towers_elements + ROWWISE_STATE_BYTES * w.towers_rows) / itype.gpus
+        lookups = 4 * 2 * (b * w.seq_len + b + k) * w.recall_dim * 4
+        return (shard + lookups + logits) * 1.1
+    return (20 * w.towers_elements + logits) * 1.1
 
 
 def peak_times(sc: StepCost, itype: InstanceType) -> tuple[float, float]:
@@ -259,15 +292,21 @@ def host_memory_bytes(w: Workload, embeddings: Embeddings = "replicated") -> flo
     # samples (built on the host, then copied; sharded: they stay there), a checkpoint staged for
     # writing and one being loaded
     samples = DEVICE_BYTES_PER_SAMPLE * w.train_samples * 1.2
-    return HOST_RUNTIME_BYTES + 2 * samples + 2 * checkpoint_bytes(w, embeddings)
+    # Sharded, rank 0 gathers the towers' tables whole for each epoch's HR@n and the bundle.
+    gathered = 4 * w.towers_elements if embeddings == "sharded" and w.recall_epochs else 0
+    return HOST_RUNTIME_BYTES + 2 * samples + 2 * checkpoint_bytes(w, embeddings) + gathered
 
 
 def checkpoint_bytes(w: Workload, embeddings: Embeddings = "replicated") -> float:
-    """Weights and optimizer state (the dense layers are negligible): two Adam moments per element
-    replicated, one row-wise value per row sharded (each GPU writes its shard)."""
+    """The larger checkpoint of the job, DIN's or the towers' (one is written at a time): weights and
+    optimizer state (the dense layers are negligible), two Adam moments per element replicated, one
+    row-wise value per row sharded (each GPU writes its shard)."""
+    towers = w.towers_elements if w.recall_epochs else 0
+    towers_rows = w.towers_rows if w.recall_epochs else 0
     if embeddings == "sharded":
-        return 4 * w.table_elements + ROWWISE_STATE_BYTES * w.table_rows
-    return 12 * w.table_elements
+        return max(4 * w.table_elements + ROWWISE_STATE_BYTES * w.table_rows,
+                   4 * towers + ROWWISE_STATE_BYTES * towers_rows)
+    return 12 * max(w.table_elements, towers)
 
 
 def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, float] | None = None,
@@ -294,7 +333,10 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
                   and (p.est_hours < o.est_hours or p.spot_usd < o.spot_usd)]
         if better:
             o.dominated_by = _name(min(better, key=lambda p: p.spot_usd))
-    ranked = sorted(fitting, key=lambda o: (o.spot_usd, o.est_hours)) + \
+    # Sharding ranks first only when it saves over 1 %: replicated tables need neither TorchRec nor a
+    # checkpoint tied to the ranks' count and plan (on a small table the two cost the same to a cent).
+    ranked = sorted(fitting, key=lambda o: (o.spot_usd * (SHARDED_HANDICAP if o.embeddings == "sharded" else 1.0),
+                                            o.est_hours)) + \
         sorted((o for o in options if not o.fits), key=lambda o: o.spot_usd)
     for i, o in enumerate(ranked):
         o.rank = i + 1 if o.fits else None
@@ -303,6 +345,9 @@ def plan(w: Workload, catalog: list[InstanceType], *, spot_prices: dict[str, flo
     for o in ranked:
         o.note = "; ".join(x for x in (o.note, _explain(o, ranked[0] if fitting else None)) if x)
     return ranked
+
+
+SHARDED_HANDICAP = 1.01
 
 
 def _step_seconds(sc: StepCost, it: InstanceType, eff: Efficiency) -> tuple[float, dict[str, float]]:
@@ -320,7 +365,7 @@ def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, e
             spot_prices: dict[str, float], max_hours: float | None) -> Option:
     step_s, parts = _step_seconds(step_cost(w, it, embeddings), it, eff)
     bound = max(parts, key=parts.get)
-    towers_s, _ = _step_seconds(towers_step_cost(w, it), it, eff)
+    towers_s, _ = _step_seconds(towers_step_cost(w, it, embeddings), it, eff)
     positives = math.ceil(w.train_samples / (1 + w.negatives))
     towers_hours = math.ceil(positives / w.recall_batch_size) * w.recall_epochs * towers_s / 3600
     hours = steps * step_s / 3600 + towers_hours
@@ -330,8 +375,8 @@ def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, e
     price_spot = price_spot if price_spot is not None else it.spot_usd
     # The towers train after DIN, beside its trained weights (a 1/G shard of them when sharded).
     din_weights = 4 * w.table_elements / (it.gpus if embeddings == "sharded" else 1)
-    gpu_need = max(gpu_memory_bytes(w, it, embeddings),
-                   CUDA_CONTEXT_BYTES + din_weights + towers_memory_bytes(w, it) if w.recall_epochs else 0.0)
+    towers_need = CUDA_CONTEXT_BYTES + din_weights + towers_memory_bytes(w, it, embeddings) if w.recall_epochs else 0.0
+    gpu_need = max(gpu_memory_bytes(w, it, embeddings), towers_need)
     host_need = host_memory_bytes(w, embeddings)
     why = []
     if gpu_need > it.gpu.memory_gb * GB * 0.95:

@@ -45,16 +45,31 @@ def load_spec(store, job_id: str):
     return JobSpec.model_validate(doc)
 
 
+def same_rank_count(instance_types: list[str], ranks: str) -> None:
+    """A job resumes only on as many ranks as it checkpointed with: with one rank per GPU, every
+    candidate type must have the same GPU count (else an interruption could strand the job)."""
+    from spot.catalog import load_catalog
+
+    if ranks != "gpus":
+        return
+    gpus = {t.name: t.gpus for t in load_catalog() if t.name in instance_types}
+    if len(set(gpus.values())) > 1:
+        raise ValueError(f"candidate instance types with different GPU counts ({gpus}): a job resumes on as many "
+                         "ranks as it started with, so give types with one GPU count (or a fixed --ranks)")
+
+
 def create_job(settings, data: Path, instance_types: list[str], train_args: list[str], *,
-               budget_usd: float | None = None, max_relaunches: int | None = None):
+               budget_usd: float | None = None, max_relaunches: int | None = None, ranks: str = "gpus",
+               embeddings: str | None = None):
     """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
     from spot.job import JobSpec, new_job_id
     from spot.supervisor import SPEC
 
+    same_rank_count(instance_types, ranks)
     job_id = new_job_id()
     store = job_store(settings, job_id)
     spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend, instance_types=instance_types,
-                   train_args=train_args,
+                   train_args=train_args, ranks=ranks, embeddings=embeddings,
                    max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
                    budget_usd=budget_usd or settings.budget_usd, region=settings.region,
                    install="true" if settings.backend == "local" else settings.install)  # local: this dinrec

@@ -111,6 +111,31 @@ def synthetic_dataset_dir(folder: Path, **config) -> Path:
     return folder
 
 
+def dinrec_train(data: Path, out: Path, *args: str, env: dict, ranks: int = 1, torchrun: bool = False,
+                 wait: bool = True):
+    """`dinrec train` on CPU in a subprocess: with ``ranks`` > 1 through `--ranks` (dinrec's launcher) or,
+    with ``torchrun``, the torchrun command. Returns the last JSON line (asserting exit 0), or the
+    running process when not ``wait``."""
+    import json
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
+           "--device", "cpu", "--no-progress", *args]
+    if ranks > 1 and torchrun:
+        cmd[1:3] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={free_port()}",
+                    "-m", "dinrec_cli.main"]
+    elif ranks > 1:
+        cmd += ["--ranks", str(ranks)]
+    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, text=True, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE)
+    if not wait:
+        return p
+    out_s, err_s = p.communicate(timeout=900)
+    assert p.returncode == 0, err_s[-4000:]
+    return json.loads(out_s.strip().splitlines()[-1])
+
+
 
 
 @pytest.fixture(scope="session")

@@ -56,9 +56,20 @@ def train(
     settings_file: Annotated[Path | None, typer.Option("--settings", help=(
         "every training setting as JSON (TrainSettings' fields; what `dinrec retrain --spot` ships with the job); "
         "a relative path is looked for in --data first; the flags above override it"))] = None,
+    embeddings: Annotated[str | None, typer.Option(help="DIN's tables: replicated (DDP) or sharded (TorchRec over "
+                                                        "the ranks)")] = None,
+    ranks: Annotated[str, typer.Option(help=(
+        "processes on this machine: a count, or gpus (one per GPU; one without a GPU) — torchrun's launcher, "
+        "with exit code 75 when the ranks stopped after a checkpoint"))] = "1",
 ) -> None:
     """Train DIN and the recall towers, evaluate (AUC/GAUC/logloss; recall HR@200), export a bundle;
     print the final metrics as JSON."""
+    from training.launch import launch, parse_ranks, without_ranks
+
+    n_ranks = parse_ranks(ranks)
+    if n_ranks > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: start the ranks, report their outcome
+        argv = sys.argv[1:]
+        sys.exit(launch(n_ranks, without_ranks(argv[argv.index("train") + 1:])))
     from feature_store.datasets import load_dataset
     from training.checkpoint import open_checkpoint_store
     from training.loop import TrainingInterrupted
@@ -72,7 +83,7 @@ def train(
                                    "device": device, "precision": precision,
                                    "patience": patience, "checkpoint_every": checkpoint_every,
                                    "max_steps": max_steps,
-                                   "recall_epochs": recall_epochs}.items() if v is not None}
+                                   "recall_epochs": recall_epochs, "embeddings": embeddings}.items() if v is not None}
     if no_progress:
         overrides["progress"] = False
     shipped: dict = {}
@@ -84,8 +95,9 @@ def train(
     if is_sample_dir(data):
         samples = SampleSet.load(data)
     else:
-        samples = samples_for(load_dataset(data), settings)
-        samples.save(out / "samples")
+        samples = samples_for(load_dataset(data), settings)  # every rank builds the same (seeded) samples
+        if int(os.environ.get("RANK", "0")) == 0:
+            samples.save(out / "samples")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
     champion = None
     if init_from is not None:

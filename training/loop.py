@@ -206,6 +206,7 @@ class Trainer:
         self.model: DIN
         self.step_fn: nn.Module
         self.init_info = self._build_model(init)
+        self.resumed_from: str | None = None  # the checkpoint this run continued, for its JSON
         self.opts = self._optimizers()
         warmup = s.warmup_steps
         self.scheds = [torch.optim.lr_scheduler.LambdaLR(
@@ -298,6 +299,7 @@ class Trainer:
         self.epoch_gen_state = state["data_gen"]
         self.progress = Progress(**state["progress"])
         self.best_state = state.get("best_model")
+        self.resumed_from = name
         if self.info.is_main:
             log.warning("resumed from %s (epoch %d, step %d of the epoch)", name, self.progress.epoch,
                         self.progress.step_in_epoch)
@@ -354,6 +356,7 @@ class Trainer:
                         "precision": self.precision.name, "world_size": self.info.world_size,
                         "fused_kernel": self.model.fused_unit is not None, "embeddings": s.embeddings,
                         "best_epoch": p.best_epoch, "global_step": p.global_step, "warm_start": self.init_info,
+                        "resumed_from": self.resumed_from,
                         "weights_sha256": weights_sha256(final) if final is not None else None})
         if self.device.type == "cuda":
             metrics["gpu_name"] = torch.cuda.get_device_name(self.device)  # what `dinrec plan --calibrate` matches

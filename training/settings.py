@@ -13,7 +13,7 @@ class TrainSettings(BaseSettings):
 
     epochs: int = Field(2, ge=1, le=1000, description="passes over the training samples")
     batch_size: int = Field(1024, ge=1, le=1 << 20, description=(
-        "training samples per step (per process under torchrun)"))
+        "training samples per step, over all ranks under torchrun (each rank takes its share)"))
     lr: float = Field(1e-3, gt=0, le=1.0, description="DIN's Adam learning rate")
     seq_len: int = Field(50, ge=1, le=10_000, description="behaviours per history (L)")
     negatives: int = Field(1, ge=1, le=100, description="sampled negatives per training positive")
@@ -36,14 +36,16 @@ class TrainSettings(BaseSettings):
         "auto", description="auto: bf16 (or fp16 + GradScaler) on GPU, fp32 on CPU")
     sparse_embeddings: bool = Field(False, description="sparse embedding gradients + SparseAdam (large tables)")
     embeddings: Literal["replicated", "sharded"] = Field("replicated", description=(
-        "replicated: every process holds DIN's tables whole (DDP); sharded: TorchRec splits them over the "
-        "torchrun ranks (DistributedModelParallel, a fused row-wise optimizer; needs the sharded extra)"))
+        "replicated: every process holds DIN's and the recall towers' tables whole (DDP); sharded: TorchRec "
+        "splits them over the torchrun ranks (DistributedModelParallel, a fused row-wise optimizer; needs the "
+        "sharded extra)"))
     embedding_sharding: Literal["auto", "row_wise", "table_wise", "column_wise"] = Field("auto", description=(
         "with sharded tables: how they are split (auto: TorchRec's planner chooses within each device's memory)"))
     embedding_optimizer: Literal["auto", "adam", "rowwise_adagrad"] = Field("auto", description=(
-        "the tables' optimizer (auto: adam replicated, rowwise_adagrad sharded — one state value per row)"))
+        "DIN's and the recall towers' tables' optimizer (auto: adam replicated, rowwise_adagrad sharded — one "
+        "state value per row)"))
     embedding_lr: float | None = Field(None, gt=0, le=10.0, description=(
-        "the tables' learning rate (unset: lr)"))
+        "the tables' learning rate (unset: lr for DIN's, recall_lr for the towers')"))
     fused_kernels: bool = Field(True, description="CPU training: the activation unit's Dice layers as one fused C++ "
                                 "kernel (built on first use; PyTorch ops where it cannot be built)")
     mba_l2: float = Field(0.0, ge=0, description="mini-batch-aware L2 on the embeddings (DIN paper)")
@@ -65,6 +67,9 @@ class TrainSettings(BaseSettings):
         "co-visitation lane into the bundle; false: the served score is DIN's alone"))
     recall_dim: int = Field(32, ge=2, le=4096, description="the recall towers' vector size (the FAISS index's)")
     recall_lr: float = Field(3e-3, gt=0, le=1.0, description="the recall towers' Adam learning rate")
+    recall_full_softmax_items: int = Field(200_000, ge=0, description=(
+        "the towers score every item per step while the catalog has at most this many; past it (and with "
+        "sharded tables) each target meets 8,192 sampled negatives"))
 
     @model_validator(mode="after")
     def _sharded_options(self) -> TrainSettings:

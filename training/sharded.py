@@ -31,7 +31,7 @@ from torch import nn
 
 from models.din import DIN, DINConfig, table_rows
 from training import dist as tdist
-from training.checkpoint import CheckpointError, checkpoint_name
+from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import SplitTensors
 from training.loop import DINWithLoss, Trainer, model_config_for, split_metrics
 
@@ -96,86 +96,100 @@ def _local_shards(t) -> list[tuple[list[int], torch.Tensor]]:  # noqa: ANN001 - 
     return [(list(s.metadata.shard_offsets), s.tensor) for s in t.local_shards()]
 
 
-class ShardedTrainer(Trainer):
-    """training.loop.Trainer with DIN's tables sharded (see the module docstring)."""
+def refuse_unsupported(init: object | None) -> None:
+    """What sharded tables cannot do, said before any work: run without TorchRec, or start warm."""
+    missing = torchrec_missing()
+    if missing:
+        raise ValueError(missing)
+    if init is not None:
+        raise ValueError("a warm start (init_from) is not supported with sharded tables")
 
-    def _build_model(self, init: Callable[[DIN], dict] | None) -> dict | None:
-        missing = torchrec_missing()
-        if missing:
-            raise ValueError(missing)
-        if init is not None:
-            raise ValueError("a warm start (init_from) is not supported with sharded tables")
-        if self.precision.name == "fp16":
-            raise ValueError("sharded tables train in fp32 or bf16 (fp16's loss scaling cannot reach the fused "
-                             "optimizer); this device has no bf16")
+
+def join_group(info: tdist.DistInfo) -> None:
+    """TorchRec needs a process group: one process makes a group of one, so the same code path runs."""
+    if not info.enabled and not dist.is_initialized():
+        import os
+
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        dist.init_process_group("gloo", rank=0, world_size=1)
+
+
+def _quiet(method: Callable) -> Callable:
+    """TorchRec 1.9 hands its CPU shards out as ShardedTensors, which torch now warns are deprecated
+    (FutureWarning, "use DTensor") each time one is made: nothing here can act on it."""
+    import functools
+    import warnings
+
+    @functools.wraps(method)
+    def wrapper(*args, **kwargs):  # noqa: ANN002, ANN003, ANN202
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Please use DTensor instead", FutureWarning)
+            return method(*args, **kwargs)
+    return wrapper
+
+
+class ShardedTables:
+    """The tables of a module under TorchRec's DistributedModelParallel: placed by TorchRec's planner
+    (or one sharding type), trained by FBGEMM's fused row-wise Adagrad, and — on this rank — initialised,
+    checkpointed, restored and gathered whole. DIN's trainer and the towers' share it."""
+
+    def __init__(self, module: nn.Module, names: tuple[str, ...], *, device: torch.device, world_size: int,
+                 lr: float, sharding: str = "auto") -> None:
         from fbgemm_gpu.split_embedding_configs import EmbOptimType
         from torchrec.distributed.embedding import EmbeddingCollectionSharder
         from torchrec.distributed.model_parallel import DistributedModelParallel
-        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+        from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+        from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 
-        s, info = self.s, self.info
-        if not info.enabled:  # one process: a group of one, so the same code path runs
-            import os
-
-            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-            os.environ.setdefault("MASTER_PORT", str(_free_port()))
-            dist.init_process_group("gloo", rank=0, world_size=1)
-        self.sharded_din = ShardedDIN(model_config_for(self.samples, s))
-        self.model = self.sharded_din.din  # the dense part: fused kernels, the dense optimizer, checkpoints
-        if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice":
-            from training import kernels
-
-            if kernels.load():
-                self.model.fused_unit = kernels.din_unit
+        self.names = names
         sharder = EmbeddingCollectionSharder(fused_params={
-            "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": s.embedding_lr or s.lr, "eps": 1e-8})
+            "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": lr, "eps": 1e-8})
         constraints = None
-        if s.embedding_sharding != "auto":
-            constraints = {t: ParameterConstraints(sharding_types=[s.embedding_sharding]) for t in TABLES}
-        topology = Topology(world_size=info.world_size, compute_device=self.device.type)
+        if sharding != "auto":
+            constraints = {t: ParameterConstraints(sharding_types=[sharding]) for t in names}
+        # The factory resolves the device's memory (HBM on a GPU) where a bare Topology takes defaults.
+        topology = TopologyFactory.create_topology(TrainerConfig(world_size=world_size),
+                                                   kernel_config=KernelConfig(compute_device=device.type))
         planner = EmbeddingShardingPlanner(topology=topology, constraints=constraints)
-        loss = DINWithLoss(self.sharded_din)  # type: ignore[arg-type]  # DIN's inputs and logits
-        self.plan = planner.collective_plan(loss, [sharder], dist.GroupMember.WORLD)
-        self.step_fn = DistributedModelParallel(loss, device=self.device, plan=self.plan, sharders=[sharder])
-        self._init_shards()
-        return None
+        self.plan = planner.collective_plan(module, [sharder], dist.GroupMember.WORLD)
+        self.module = DistributedModelParallel(module, device=device, plan=self.plan, sharders=[sharder])
 
-    def _optimizers(self) -> list[torch.optim.Optimizer]:
-        """Adam for the dense part; the tables' fused optimizer runs inside the backward pass."""
-        return [torch.optim.Adam(self._dense_parameters(), lr=self.s.lr)]
-
-    # ------------------------------------------------------------------ the tables' shards
-    def _table_tensors(self) -> dict[str, object]:
+    @_quiet
+    def tensors(self) -> dict[str, object]:
         """Each table's ShardedTensor by table name."""
-        state = self.step_fn.state_dict()
-        return {t: next(v for k, v in state.items() if k.endswith(f"embeddings.{t}.weight")) for t in TABLES}
+        state = self.module.state_dict()
+        return {t: next(v for k, v in state.items() if k.endswith(f"embeddings.{t}.weight")) for t in self.names}
 
-    def _init_shards(self) -> None:
-        with torch.no_grad():
-            for name, table in self._table_tensors().items():
-                for (row, col), shard in _local_shards(table):
-                    rows = table_rows(self.sharded_din.table_seed, name, row, row + shard.shape[0], table.size(1))
-                    shard.copy_(rows[:, col:col + shard.shape[1]])
-
-    def _optimizer_tensors(self) -> dict[str, object]:
+    @_quiet
+    def optimizer_tensors(self) -> dict[str, object]:
         """The fused optimizer's ShardedTensors (one row-wise sum per table) by state key."""
         out = {}
-        for param_state in self.step_fn.fused_optimizer.state_dict()["state"].values():
+        for param_state in self.module.fused_optimizer.state_dict()["state"].values():
             out.update({k: v for k, v in param_state.items() if hasattr(v, "local_shards")})
         return out
 
-    def _shard_state(self) -> dict:
+    @_quiet
+    def init(self, rows: Callable[[str, int, int, int], torch.Tensor]) -> None:
+        """Fill this rank's shards: ``rows(table, start, stop, dim)`` gives rows [start, stop) of a table."""
+        with torch.no_grad():
+            for name, table in self.tensors().items():
+                for (row, col), shard in _local_shards(table):
+                    shard.copy_(rows(name, row, row + shard.shape[0], table.size(1))[:, col:col + shard.shape[1]])
+
+    @_quiet
+    def state(self) -> dict:
         """This rank's rows: weights and optimizer state, with their offsets."""
         def pack(tensors: dict) -> dict:
             return {k: [(offsets, t.detach().clone()) for offsets, t in _local_shards(v)] for k, v in tensors.items()}
-        return {"tables": pack(self._table_tensors()), "optimizer": pack(self._optimizer_tensors()),
-                "plan": str(self.plan)}
+        return {"tables": pack(self.tensors()), "optimizer": pack(self.optimizer_tensors()), "plan": str(self.plan)}
 
-    def _load_shard_state(self, state: dict) -> None:
+    @_quiet
+    def load(self, state: dict) -> None:
         if state.get("plan") != str(self.plan):
             raise CheckpointError("the checkpoint's tables were sharded by another plan than this run's")
         with torch.no_grad():
-            for part, tensors in (("tables", self._table_tensors()), ("optimizer", self._optimizer_tensors())):
+            for part, tensors in (("tables", self.tensors()), ("optimizer", self.optimizer_tensors())):
                 for key, table in tensors.items():
                     mine = _local_shards(table)
                     saved = state[part].get(key, [])
@@ -184,19 +198,62 @@ class ShardedTrainer(Trainer):
                     for (_, t), (_, value) in zip(mine, saved, strict=True):
                         t.copy_(value)
 
+    def save_shard(self, checkpoints: CheckpointStore, name: str, rank: int) -> None:
+        buf = io.BytesIO()
+        torch.save(self.state(), buf)
+        checkpoints.save_shard(name, rank, buf.getvalue())
+
+    @_quiet
+    def gather(self, is_main: bool) -> dict[str, torch.Tensor] | None:
+        """Every table whole on rank 0 (a collective: every rank calls it); None elsewhere."""
+        full = {}
+        for name, t in self.tensors().items():
+            out = torch.empty(tuple(t.size())) if is_main else None
+            t.gather(dst=0, out=out)
+            full[name] = out
+        return full if is_main else None
+
+
+class ShardedTrainer(Trainer):
+    """training.loop.Trainer with DIN's tables sharded (see the module docstring)."""
+
+    def _build_model(self, init: Callable[[DIN], dict] | None) -> dict | None:
+        refuse_unsupported(init)
+        if self.precision.name == "fp16":
+            raise ValueError("sharded tables train in fp32 or bf16 (fp16's loss scaling cannot reach the fused "
+                             "optimizer); this device has no bf16")
+        s, info = self.s, self.info
+        join_group(info)
+        self.sharded_din = ShardedDIN(model_config_for(self.samples, s))
+        self.model = self.sharded_din.din  # the dense part: fused kernels, the dense optimizer, checkpoints
+        if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice":
+            from training import kernels
+
+            if kernels.load():
+                self.model.fused_unit = kernels.din_unit
+        loss = DINWithLoss(self.sharded_din)  # type: ignore[arg-type]  # DIN's inputs and logits
+        self.tables = ShardedTables(loss, TABLES, device=self.device, world_size=info.world_size,
+                                    lr=s.embedding_lr or s.lr, sharding=s.embedding_sharding)
+        self.plan, self.step_fn = self.tables.plan, self.tables.module
+        seed = self.sharded_din.table_seed
+        self.tables.init(lambda name, start, stop, dim: table_rows(seed, name, start, stop, dim))
+        return None
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """Adam for the dense part; the tables' fused optimizer runs inside the backward pass."""
+        return [torch.optim.Adam(self._dense_parameters(), lr=self.s.lr)]
+
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self) -> str | None:
         if self.checkpoints is not None:
-            buf = io.BytesIO()
-            torch.save(self._shard_state(), buf)
-            self.checkpoints.save_shard(checkpoint_name(self.progress.global_step), self.info.rank, buf.getvalue())
+            self.tables.save_shard(self.checkpoints, checkpoint_name(self.progress.global_step), self.info.rank)
         tdist.barrier(self.info)  # every shard is written before rank 0 completes the checkpoint
         return super().save_checkpoint()
 
     def resume(self, which: str) -> str | None:
         name = super().resume(which)
         if name is not None:
-            self._load_shard_state(self.checkpoints.load_shard(name, self.info.rank))  # type: ignore[union-attr]
+            self.tables.load(self.checkpoints.load_shard(name, self.info.rank))  # type: ignore[union-attr]
         return name
 
     # ------------------------------------------------------------------ evaluation and the result
@@ -228,13 +285,8 @@ class ShardedTrainer(Trainer):
 
     def _final_model(self) -> DIN | None:
         """The tables gathered to rank 0, with the dense part, as one plain DIN (the bundle's format)."""
-        tables = self._table_tensors()
-        full = {}
-        for name, t in tables.items():
-            out = torch.empty(tuple(t.size())) if self.info.is_main else None
-            t.gather(dst=0, out=out)
-            full[name] = out
-        if not self.info.is_main:
+        full = self.tables.gather(self.info.is_main)
+        if full is None:
             return None
         model = DIN(self.sharded_din.cfg)
         dense = {k: v for k, v in self.model.state_dict().items()}

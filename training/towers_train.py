@@ -26,10 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.recall import target_found, top_unseen
-from models.towers import Towers, TowersConfig
+from models.towers import TABLES, Towers, TowersConfig
 from training import dist as tdist
 from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import split_histories
+from training.optim import RowWiseAdagrad
 from training.samples import SampleSet, Split
 from training.settings import TrainSettings
 
@@ -51,18 +52,25 @@ class TowersSettings:
     checkpoint_every: int = 0  # also checkpoint every N steps (0: at epoch ends only)
     device: str = "cpu"
     seed: int = 0
+    table_optimizer: str = "adam"  # or rowwise_adagrad (training.optim; the fused one when sharded)
+    table_lr: float | None = None  # the tables' learning rate (None: lr)
+    embeddings: str = "replicated"  # or sharded: the tables split over the ranks by TorchRec (sampled softmax)
+    sharding: str = "auto"  # with sharded tables: TorchRec's planner, or row_wise / table_wise / column_wise
 
 
 def towers_settings(train: TrainSettings) -> TowersSettings:
     """The recall towers' settings from ``dinrec train``'s (the device is DIN's)."""
     device = train.device if train.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     return TowersSettings(dim=train.recall_dim, epochs=train.recall_epochs, lr=train.recall_lr, seed=train.seed,
-                          checkpoint_every=train.checkpoint_every, device=device)
+                          checkpoint_every=train.checkpoint_every, device=device,
+                          full_softmax_items=train.recall_full_softmax_items, table_optimizer=train.table_optimizer,
+                          table_lr=train.embedding_lr, embeddings=train.embeddings,
+                          sharding=train.embedding_sharding)
 
 
 @dataclass
 class TowersResult:
-    model: Towers
+    model: Towers | None  # None on the ranks but 0 of a sharded run (rank 0 gathers the tables)
     metrics: dict
 
 
@@ -77,6 +85,16 @@ class _Progress:
     best_epoch: int = -1
     done: bool = False  # stopped early: no better validation HR for ``patience`` epochs
     history: list = field(default_factory=list)
+
+
+def sampled_softmax(users: torch.Tensor, pos_v: torch.Tensor, neg_v: torch.Tensor, target: torch.Tensor,
+                    neg: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Each user's target against the batch's shared negatives (an accidental hit of the target masked):
+    users (B, D), pos_v (B, D), neg_v (M, D), target (B,), neg (M,) → the mean loss."""
+    pos_logit = (users * pos_v).sum(-1, keepdim=True)  # (B, 1)
+    neg_logit = (users @ neg_v.T).masked_fill(neg.unsqueeze(0) == target.unsqueeze(1), -torch.inf)  # (B, M)
+    logits = torch.cat([pos_logit, neg_logit], dim=1) / temperature  # (B, 1 + M)
+    return F.cross_entropy(logits, torch.zeros(len(target), dtype=torch.long, device=target.device))
 
 
 class _Loss(nn.Module):
@@ -98,10 +116,7 @@ class _Loss(nn.Module):
         assert neg is not None
         pos_v = model.items(target, self.item_category[target])  # (B, D)
         neg_v = model.items(neg, self.item_category[neg])  # (M, D)
-        pos_logit = (users * pos_v).sum(-1, keepdim=True)  # (B, 1)
-        neg_logit = (users @ neg_v.T).masked_fill(neg.unsqueeze(0) == target.unsqueeze(1), -torch.inf)  # (B, M)
-        logits = torch.cat([pos_logit, neg_logit], dim=1) / t  # (B, 1 + M)
-        return F.cross_entropy(logits, torch.zeros(len(target), dtype=torch.long, device=target.device))
+        return sampled_softmax(users, pos_v, neg_v, target, neg, t)
 
 
 def _positives(split: Split) -> np.ndarray:
@@ -143,16 +158,11 @@ class TowersTrainer:
         vocab = samples.vocab
         self.cfg = TowersConfig(n_items=vocab.n_items, n_categories=len(vocab.categories), dim=settings.dim,
                                 seq_len=samples.seq_len, temperature=settings.temperature)
-        self.model = Towers(self.cfg)
-        self.init_info = init(self.model) if init is not None else None
-        self.model.to(self.device)
         self.item_category = torch.as_tensor(vocab.item_category, dtype=torch.long, device=self.device)  # (I,)
-        self.full = vocab.n_items <= settings.full_softmax_items
-        self.step_fn: nn.Module = _Loss(self.model, self.item_category, self.full)
-        if self.info.enabled:
-            self.step_fn = nn.parallel.DistributedDataParallel(
-                self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
-        self.opt = torch.optim.Adam(self.model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+        # Sharded tables never score the whole catalog per step: their softmax is always sampled.
+        self.full = vocab.n_items <= settings.full_softmax_items and settings.embeddings != "sharded"
+        self.init_info = self._build_model(init)  # self.model, self.step_fn
+        self.opts = self._optimizers()
         self.train_rows = _positives(samples.train)
         # Data order and negatives from generators of their own, the same on every rank, saved in checkpoints.
         self.order_gen = torch.Generator().manual_seed(settings.seed)
@@ -160,6 +170,44 @@ class TowersTrainer:
         self.epoch_order_state = self.order_gen.get_state()
         self.progress = _Progress()
         self.best_state: dict | None = None
+
+    def _build_model(self, init: Callable[[Towers], dict] | None) -> dict | None:
+        self.model: Towers = Towers(self.cfg)
+        info = init(self.model) if init is not None else None
+        self.model.to(self.device)
+        self.step_fn: nn.Module = _Loss(self.model, self.item_category, self.full)
+        if self.info.enabled:
+            self.step_fn = nn.parallel.DistributedDataParallel(
+                self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
+        return info
+
+    def _optimizers(self) -> list[torch.optim.Optimizer]:
+        """Adam; the tables with their own learning rate and, where asked, row-wise Adagrad (training.optim)."""
+        s = self.s
+        if s.table_optimizer == "adam" and s.table_lr is None:
+            return [torch.optim.Adam(self.model.parameters(), lr=s.lr, weight_decay=s.weight_decay)]
+        tables = [getattr(self.model, t).weight for t in TABLES]
+        dense = torch.optim.Adam(self.model.dense_parameters(), lr=s.lr, weight_decay=s.weight_decay)
+        if s.table_optimizer == "rowwise_adagrad":
+            return [RowWiseAdagrad(tables, lr=s.table_lr or s.lr), dense]
+        return [torch.optim.Adam(tables, lr=s.table_lr or s.lr, weight_decay=s.weight_decay), dense]
+
+    def _hit_rate(self, split: Split) -> float:
+        """HR@eval_n of the towers as they are now."""
+        return self._hit_rate_of(self.model, split)
+
+    def _hit_rate_of(self, model: Towers | None, split: Split) -> float:
+        return hit_rate_at(model, self.samples, split, self.s.eval_n, self.item_category)  # type: ignore[arg-type]
+
+    def _snapshot(self) -> dict | None:
+        """The weights to keep as the best epoch's."""
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+    def _final_model(self) -> Towers | None:
+        """The best epoch's towers, for the test split and the bundle."""
+        if self.best_state is not None:
+            self.model.load_state_dict(self.best_state)
+        return self.model.eval()
 
     # ------------------------------------------------------------------ checkpoints
     def _resume_settings(self) -> dict:
@@ -171,7 +219,7 @@ class TowersTrainer:
             return None
         name = checkpoint_name(self.progress.global_step)
         if self.info.is_main:
-            state = {"model": self.model.state_dict(), "optimizer": self.opt.state_dict(),
+            state = {"model": self.model.state_dict(), "optimizers": [o.state_dict() for o in self.opts],
                      "order_gen": self.epoch_order_state, "neg_gen": self.neg_gen.get_state(),
                      "progress": asdict(self.progress), "best_model": self.best_state}
             self.checkpoints.save(name, state, {"settings": self._resume_settings(), "world_size": self.info.world_size,
@@ -188,8 +236,11 @@ class TowersTrainer:
         if meta.get("dataset_fingerprint") != self.samples.fingerprint \
                 or meta.get("settings") != self._resume_settings() or meta.get("world_size") != self.info.world_size:
             raise CheckpointError(f"towers checkpoint {name} was made on other data, settings or ranks")
+        if "optimizers" not in state:
+            raise CheckpointError(f"towers checkpoint {name} is from an older dinrec (one optimizer): start over")
         self.model.load_state_dict(state["model"])
-        self.opt.load_state_dict(state["optimizer"])
+        for o, o_state in zip(self.opts, state["optimizers"], strict=True):
+            o.load_state_dict(o_state)
         self.epoch_order_state = state["order_gen"]
         self.neg_gen.set_state(state["neg_gen"])
         self.progress = _Progress(**state["progress"])
@@ -202,9 +253,11 @@ class TowersTrainer:
         hist, cats = (t.to(self.device) for t in split_histories(self.samples, self.samples.train, local))
         target = torch.from_numpy(self.samples.train.target_item[local]).to(self.device)  # (B,)
         loss = self.step_fn(hist, cats, target, neg)
-        self.opt.zero_grad(set_to_none=True)
+        for o in self.opts:
+            o.zero_grad(set_to_none=True)
         loss.backward()
-        self.opt.step()
+        for o in self.opts:
+            o.step()
         return float(loss.detach()) * len(rows)
 
     def _run_epoch(self) -> None:
@@ -237,26 +290,24 @@ class TowersTrainer:
         s, p = self.s, self.progress
         while p.epoch < s.epochs and not p.done:
             self._run_epoch()
-            hr = hit_rate_at(self.model, self.samples, self.samples.val, s.eval_n, self.item_category)
+            hr = self._hit_rate(self.samples.val)
             n = max(len(self.train_rows), 1)
             p.history.append({"epoch": p.epoch, "loss": round(p.loss_sum / n, 4), f"val_hr@{s.eval_n}": round(hr, 4)})
             log.info("towers epoch %d: loss %.4f, val HR@%d %.4f", p.epoch, p.loss_sum / n, s.eval_n, hr)
             if hr > p.best:
                 p.best, p.best_epoch = hr, p.epoch
-                self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+                self.best_state = self._snapshot()
             elif p.epoch - p.best_epoch >= s.patience:
                 p.done = True
             p.epoch, p.step_in_epoch, p.loss_sum = p.epoch + 1, 0, 0.0
             self.save_checkpoint()
-        if self.best_state is not None:
-            self.model.load_state_dict(self.best_state)
-        self.model.eval()
-        test_hr = hit_rate_at(self.model, self.samples, self.samples.test, s.eval_n, self.item_category)
+        final = self._final_model()
+        test_hr = self._hit_rate_of(final, self.samples.test)
         metrics = {"val_hr": round(p.best, 4), "test_hr": round(test_hr, 4), "eval_n": s.eval_n,
                    "best_epoch": p.best_epoch, "epochs": p.history, "softmax": "full" if self.full else "sampled",
                    "seconds": round(p.seconds, 1), "device": str(self.device), "world_size": self.info.world_size,
-                   "global_step": p.global_step, "warm_start": self.init_info}
-        return TowersResult(self.model.cpu(), metrics)
+                   "global_step": p.global_step, "warm_start": self.init_info, "embeddings": s.embeddings}
+        return TowersResult(final.cpu() if final is not None else None, metrics)
 
 
 def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings(),
@@ -266,8 +317,13 @@ def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings()
     """``init``: called on the fresh towers before training (a warm start: training.warm_start); a
     resumed checkpoint (``resume`` auto: the latest in ``checkpoints``' towers/) replaces it. Raises
     training.loop.TrainingInterrupted when ``stop`` ends it first (after a checkpoint)."""
-    trainer = TowersTrainer(samples, settings, init, checkpoints=checkpoints, stop=stop,
-                            checkpoint_now=checkpoint_now)
+    trainer_type = TowersTrainer
+    if settings.embeddings == "sharded":
+        from training.sharded_towers import ShardedTowersTrainer
+
+        trainer_type = ShardedTowersTrainer
+    trainer = trainer_type(samples, settings, init, checkpoints=checkpoints, stop=stop,
+                           checkpoint_now=checkpoint_now)
     if resume and resume != "none":
         if resume != "auto":
             raise ValueError("the towers resume from their latest checkpoint (auto) only")

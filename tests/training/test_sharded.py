@@ -5,11 +5,7 @@ the fused optimizer; they are the replicated trainer.)"""
 
 from __future__ import annotations
 
-import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -17,7 +13,7 @@ import pytest
 import torch
 
 from models.bundle import load_bundle
-from tests.conftest import REPO, free_port, shared_dataset, synthetic_dataset_dir
+from tests.conftest import dinrec_train, shared_dataset, synthetic_dataset_dir
 from training.sharded import torchrec_missing
 
 pytestmark = [pytest.mark.slow,
@@ -31,19 +27,8 @@ ENV = {"DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATIO
 
 def _train(data: Path, out: Path, *args: str, ranks: int = 1, sharding: str | None = None,
            wait: bool = True, env: dict | None = None):
-    cmd = [sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
-           "--device", "cpu", "--no-progress", *args]
-    if ranks > 1:
-        cmd[1:3] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={free_port()}",
-                    "-m", "dinrec_cli.main"]
     extra = {"DINREC_TRAIN_EMBEDDINGS": "sharded", "DINREC_TRAIN_EMBEDDING_SHARDING": sharding} if sharding else {}
-    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV, **extra, **(env or {})}, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    if not wait:
-        return p
-    out_s, err_s = p.communicate(timeout=900)
-    assert p.returncode == 0, err_s[-4000:]
-    return json.loads(out_s.strip().splitlines()[-1])
+    return dinrec_train(data, out, *args, env={**ENV, **extra, **(env or {})}, ranks=ranks, torchrun=True, wait=wait)
 
 
 def _compare(one: Path, two: Path) -> tuple[float, float]:

@@ -4,17 +4,14 @@ batches and negatives), and a SIGTERM while they train is resumed exactly by `--
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 
 from models.bundle import load_bundle
-from tests.conftest import REPO, free_port, synthetic_dataset_dir
+from tests.conftest import dinrec_train, synthetic_dataset_dir
 
 pytestmark = pytest.mark.slow
 
@@ -24,18 +21,8 @@ ENV = {"DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATIO
 
 
 def _train(data, out, *args: str, ranks: int = 1, wait: bool = True):
-    cmd = [sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out), "--epochs", "1",
-           "--batch-size", "256", "--device", "cpu", "--no-progress", *args]
-    if ranks > 1:
-        cmd[1:3] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={free_port()}",
-                    "-m", "dinrec_cli.main"]
-    p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **ENV}, text=True, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE)
-    if not wait:
-        return p
-    out_s, err_s = p.communicate(timeout=900)
-    assert p.returncode == 0, err_s[-4000:]
-    return json.loads(out_s.strip().splitlines()[-1])
+    return dinrec_train(data, out, "--epochs", "1", "--batch-size", "256", *args, env=ENV, ranks=ranks,
+                        torchrun=True, wait=wait)
 
 
 @pytest.fixture(scope="module")
