@@ -29,8 +29,8 @@ COMMON=(DINREC_TRAIN_RECALL_EPOCHS=0 DINREC_TRAIN_RANKING_BLEND=false DINREC_TRA
         DINREC_TRAIN_BATCH_SIZE=$((4096 * NGPU)) DINREC_TRAIN_ATTENTION_ACTIVATION=prelu)
 run() {  # name, extra environment...
   local name=$1; shift
-  env "${COMMON[@]}" "$@" timeout 170 "$PY" -m torch.distributed.run --nproc_per_node="$NGPU" \
-    -m dinrec_cli.main train --data "$DATA" --out "$OUT/$name" --epochs 1 --device cuda --no-progress \
+  env "${COMMON[@]}" "$@" timeout 170 "$PY" -m dinrec_cli.main train --ranks gpus \
+    --data "$DATA" --out "$OUT/$name" --epochs 1 --device cuda --no-progress \
     > "$OUT/$name.out" 2> "$OUT/$name.err"
   local rc=$?
   if [[ $rc -eq 0 ]]; then

@@ -40,7 +40,8 @@ class ColdLane:
     with one assignment; a request holding this version sees its ``size`` items and no others."""
 
     vectors: AppendOnlyRows      # (C, D) float32 their item-tower vectors (category only), by j
-    names: list[str]             # item id by j; shared by every version, append-only: the first ``size`` are this one's
+    names: list[str]             # item id by j; shared by the versions that extend the latest, append-only:
+                                 # the first ``size`` are this one's (extending an older version forks them)
     categories: list[str]        # category id by j; the same
     ids: dict[str, int]          # item id -> candidate id; shared, append-only (see :meth:`id_of`)
     scorer: Scorer               # the serving scorer, extended with their rows
@@ -63,11 +64,16 @@ class ColdLane:
     def with_items(self, picked: list[tuple[str, str]], cats: torch.Tensor, vectors: torch.Tensor) -> ColdLane:
         """This lane and the (item id, category id) pairs ``picked`` after its items: ``cats`` (C,) their
         category indices, ``vectors`` (C, D) their tower vectors."""
+        names, categories, ids = self.names, self.categories, self.ids
+        if len(names) != self.size:  # a newer version already appended to the shared lists: this one forks
+            end = self.base + self.size
+            names, categories = names[:self.size], categories[:self.size]
+            ids = {item: c for item, c in ids.items() if c < end}
         for j, (item, cat) in enumerate(picked):
-            self.names.append(item)
-            self.categories.append(cat)
-            self.ids[item] = self.base + self.size + j
-        return ColdLane(self.vectors.appended(vectors), self.names, self.categories, self.ids,
+            names.append(item)
+            categories.append(cat)
+            ids[item] = self.base + self.size + j
+        return ColdLane(self.vectors.appended(vectors), names, categories, ids,
                         self.scorer.with_cold_items(cats), self.base)
 
 

@@ -30,6 +30,7 @@ from models.towers import TABLES, Towers, TowersConfig
 from training import dist as tdist
 from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import split_histories
+from training.loop import TrainingInterrupted
 from training.optim import RowWiseAdagrad
 from training.samples import SampleSet, Split
 from training.settings import TrainSettings
@@ -280,8 +281,6 @@ class TowersTrainer:
                 name = self.save_checkpoint()
                 t0 = time.perf_counter()
                 if stop:
-                    from training.loop import TrainingInterrupted
-
                     raise TrainingInterrupted(name)
         p.seconds += time.perf_counter() - t0
         self.epoch_order_state = self.order_gen.get_state()
