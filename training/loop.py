@@ -251,8 +251,8 @@ class Trainer:
         """Adam; the tables with their own learning rate (embedding_lr) and optimizer where asked: row-wise
         Adagrad (training.optim), or with sparse embeddings SparseAdam (lazy: only touched rows' moments move)."""
         s = self.s
-        table_lr = s.embedding_lr or s.lr
-        if s.table_optimizer == "adam" and not s.sparse_embeddings and s.embedding_lr is None:
+        table_lr = s.table_lr or s.lr
+        if s.table_optimizer == "adam" and not s.sparse_embeddings and s.table_lr is None:
             return [torch.optim.Adam(self.model.parameters(), lr=s.lr)]
         tables = [self.model.item_emb.weight, self.model.cat_emb.weight]
         dense = torch.optim.Adam(self._dense_parameters(), lr=s.lr)

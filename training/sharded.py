@@ -233,7 +233,7 @@ class ShardedTrainer(Trainer):
                 self.model.fused_unit = kernels.din_unit
         loss = DINWithLoss(self.sharded_din)  # type: ignore[arg-type]  # DIN's inputs and logits
         self.tables = ShardedTables(loss, TABLES, device=self.device, world_size=info.world_size,
-                                    lr=s.embedding_lr or s.lr, sharding=s.embedding_sharding)
+                                    lr=s.table_lr or s.lr, sharding=s.embedding_sharding)
         self.plan, self.step_fn = self.tables.plan, self.tables.module
         seed = self.sharded_din.table_seed
         self.tables.init(lambda name, start, stop, dim: table_rows(seed, name, start, stop, dim))

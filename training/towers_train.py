@@ -65,7 +65,7 @@ def towers_settings(train: TrainSettings) -> TowersSettings:
     return TowersSettings(dim=train.recall_dim, epochs=train.recall_epochs, lr=train.recall_lr, seed=train.seed,
                           checkpoint_every=train.checkpoint_every, device=device,
                           full_softmax_items=train.recall_full_softmax_items, table_optimizer=train.table_optimizer,
-                          table_lr=train.embedding_lr, embeddings=train.embeddings,
+                          table_lr=train.table_lr, embeddings=train.embeddings,
                           sharding=train.embedding_sharding)
 
 
