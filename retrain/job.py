@@ -72,6 +72,10 @@ class RetrainJob:
             raise ValueError(f"unknown drill {drill!r}: use one of {', '.join(DRILLS)}")
         if drill and spot:
             raise ValueError("gate drills run locally: drop --spot")
+        if spot:  # a job runs one rank per GPU and resumes on as many: its candidate types must agree
+            from spot.wiring import same_rank_count
+
+            same_rank_count(settings.spot_instance_types, "gpus")
         if settings.registry is None:
             raise ValueError("retrain publishes its candidates to a registry: set DINREC_REGISTRY (or --registry)")
         self.s, self.train_settings = settings, train.model_copy(update={"progress": False})

@@ -212,7 +212,9 @@ def test_a_killed_run_resumes_from_its_checkpoint(world, tmp_path):
 def test_bad_input_exits_2_and_says_why(world, tmp_path):
     for args, env, says in [(["--drill", "nonsense"], {}, "unknown drill"),
                             ([], {"DINREC_RETRAIN_HISTORY_DAYS": "-1"}, "history_days"),
-                            (["--rollout", "challenger"], {}, "EXPERIMENTS_FILE")]:
+                            (["--rollout", "challenger"], {}, "EXPERIMENTS_FILE"),
+                            (["--spot"], {"DINREC_RETRAIN_SPOT_INSTANCE_TYPES": '["g4dn.xlarge", "g4dn.12xlarge"]'},
+                             "different GPU counts")]:
         full = {**os.environ, "DINREC_RETRAIN_WORK_DIR": str(tmp_path), **env}
         out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "retrain", *args], cwd=REPO, env=full,
                              capture_output=True, text=True, timeout=120)
