@@ -1,6 +1,7 @@
 # Two set-up commands on a fresh machine:
 #   make demo   — venv, install, then the whole loop on embedded defaults (no servers)
-#   make test   — venv, install, start Redis + Kafka on loopback, run the test suite
+#   make test   — venv, install (and the bench's library peers: make peers), start Redis + Kafka on
+#                 loopback, run the test suite
 # (make test-fast: the tier without services, datasets or slow tests, for the edit-test loop)
 #
 # VENV can live outside the clone (CI keys it on the dependency files, see .ci/run).
@@ -8,10 +9,15 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dinrec-installed
 
-.PHONY: install demo test test-fast lint services-start services-stop bench clean
+.PHONY: install peers demo test test-fast lint services-start services-stop bench clean
 
 # TorchRec for the sharded trainer, without its fbgemm-gpu requirement (pyproject.toml: sharded-cpu).
 TORCHREC := torchrec==1.9.2
+# The library peers of `dinrec bench e2e` (benchmarks/peers): RecTools pins numpy below 2, so they get an
+# environment of their own beside this one, which reads this one's site-packages (torch) after its own.
+PEERS := $(VENV)-peers
+PEERS_STAMP := $(PEERS)/.dinrec-peers-installed
+RECTOOLS := rectools[torch]==0.19.0
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
@@ -22,6 +28,15 @@ $(STAMP): pyproject.toml Makefile
 
 install: $(STAMP)
 
+$(PEERS_STAMP): $(STAMP)
+	test -x $(PEERS)/bin/python || python3 -m venv $(PEERS)
+	$(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])' \
+	  > "$$($(PEERS)/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')/zz-dinrec-venv.pth"
+	$(PEERS)/bin/python -m pip install -q '$(RECTOOLS)'
+	touch $(PEERS_STAMP)
+
+peers: $(PEERS_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/dinrec demo --smoke
 
@@ -29,7 +44,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP)
+test: $(STAMP) $(PEERS_STAMP)
 	$(VENV)/bin/ruff check .
 	eval "$$(deploy/local/services.sh start)" && \
 	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)

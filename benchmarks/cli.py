@@ -195,19 +195,31 @@ def bench_ab_cmd(
 @bench_app.command("e2e")
 def bench_e2e_cmd(
     data: Annotated[Path, typer.Option(help="dataset folder")],
+    seeds: Annotated[str, typer.Option(help="training seeds, e.g. 0,1,2: per-user differences are averaged over "
+                                            "them before the standard error is taken across users")] = "0",
     users: Annotated[int | None, typer.Option(help="serve only the first N test users (all users train)")] = None,
-    sequential: Annotated[bool, typer.Option("--sequential/--no-sequential",
-                                             help="also train the SASRec-style peer")] = True,
-    seed: int = 0,
+    peers: Annotated[str, typer.Option(help="library peers to run beside it (comma-separated; none: '')")] = (
+        "sasrec_rectools,bert4rec_rectools,ease_rectools"),
+    own_sasrec: Annotated[bool, typer.Option(
+        "--own-sasrec/--no-own-sasrec", help="also dinrec's own SASRec-style model (benchmarks/sasrec.py)")] = False,
+    stage: Annotated[bool, typer.Option("--stage/--no-stage", help=(
+        "also the ranking stage taken apart: DIN alone, without each signal, DIN over the catalog, the "
+        "ceiling, and the gate's list"))] = True,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The served list (dinrec train's defaults, GET /recommend on the embedded store after the
-    histories arrive through POST /events) against popularity, item-CF, the recall towers' own order
-    and a SASRec-style model, on the same leave-last-out split: HR@10, NDCG@10, HR@50, coverage,
-    long-tail share, seen items in the list, per-user paired differences with standard errors."""
+    histories arrive through POST /events) against popularity, item-CF, the recall towers' own order and
+    library peers (RecTools' SASRec, BERT4Rec and EASE; `make peers`), and the ranking stage taken apart,
+    on the same leave-last-out split: HR@10, NDCG@10, HR@50, coverage, long-tail share, seen items in the
+    list, per-user paired differences (vs dinrec and vs item-CF) with standard errors, pooled over seeds."""
     from benchmarks.e2e_bench import bench_e2e
+    from benchmarks.peers import LIBRARY_PEERS
 
-    result = bench_e2e(data, max_users=users, seed=seed, sequential=sequential)
+    chosen = [p.strip() for p in peers.split(",") if p.strip()]
+    unknown = sorted(set(chosen) - set(LIBRARY_PEERS))
+    if unknown:
+        raise typer.BadParameter(f"unknown peers {unknown}; choose from {sorted(LIBRARY_PEERS)}", param_hint="--peers")
+    result = bench_e2e(data, seeds=_tuple(seeds), max_users=users, peers=chosen, own_sasrec=own_sasrec, stage=stage)
     _print(result, as_json)
 
 

@@ -1,26 +1,38 @@
-"""`dinrec bench e2e`: the list the service serves, against the simple things it must beat.
+"""`dinrec bench e2e`: the list the service serves, against the simple things it must beat and the
+library models a team would pick instead.
 
 On a dataset's leave-last-out split (training.samples: each user's last behaviour on an item new to
-them is the test target, the one before it validation; training sees only what came before), the
-model is trained and exported exactly as ``dinrec train`` does with its defaults, the service is
-built with ``create_app`` on the embedded store, every behaviour before each user's test target is
-sent through ``POST /events``, and each test user's list is what ``GET /recommend`` answers — the
-same code path as production (history from the store as ingested, every recall lane, DIN, the
-re-ranker and its long-tail lane, the seen-item policy). Beside it, on the same split:
+them is the test target, the one before it validation; training sees only what came before), for each
+seed the model is trained and exported exactly as ``dinrec train`` does with its defaults, the service
+is built with ``create_app`` on the embedded store, every behaviour before each user's test target is
+sent through ``POST /events``, and each test user's list is what ``GET /recommend`` answers — the same
+code path as production (history from the store as ingested, every recall lane, DIN, the blend, the
+re-ranker and its long-tail lane, the popularity fill, the seen-item policy). Beside it, on the same
+split (a seed changes the models' initialisation, negatives and order, never the split):
 
 * ``popularity`` — the most popular items (training behaviours) the user has not taken;
 * ``item_cf`` — item-to-item co-visitation (retrieval.baselines.ItemCF), window and decay chosen on
   the validation split by HR@10;
 * ``towers`` — the recall towers' own order (the FAISS stage alone, no DIN);
-* ``sequential`` — a SASRec-style causal self-attention model (benchmarks.sasrec) trained on the same
-  training behaviours, early-stopped on validation HR@10.
+* library peers (benchmarks.peers, ``make peers``): ``sasrec_rectools`` and ``bert4rec_rectools``
+  (RecTools, softmax loss, early-stopped on the validation loss; BERT4Rec on the first seed only: it is
+  the slow one) and ``ease_rectools`` (its regularisation chosen on validation), each with its library,
+  settings and budget;
+* the ranking stage taken apart, each through the same stage (models.ranking: re-ranking, fill and
+  seen-item policy as served): ``din_alone`` (DIN's score alone over the served candidates, the long-tail
+  lane off), ``without_din`` / ``without_covisit`` / ``without_towers`` (the blend refitted on
+  validation without that signal), ``din_catalog`` (DIN over every item), and ``ceiling`` (the share of
+  targets among the served candidates: what any order of them can reach).
 
 Every method excludes everything the user interacted with before the target. Per method: ``hr@10``,
 ``ndcg@10``, ``hr@50``, ``coverage`` (distinct items in the top 10s ÷ catalog items),
 ``long_tail_share`` (items of the top 10s in the long tail, as the serving lane defines it:
-feature_store.long_tail by training behaviours) and ``seen_in_list`` (top-10 slots holding an item the user
-already took). ``vs_dinrec`` gives each baseline's per-user paired difference from dinrec (dinrec −
-baseline) with its standard error, for HR@10 and NDCG@10.
+feature_store.long_tail by training behaviours), ``seen_in_list`` (top-10 slots holding an item the user
+already took) — means over the seeds it ran — and ``per_seed``. ``vs_dinrec`` (dinrec − method) and
+``vs_item_cf`` (method − item-CF) are paired per user: each user's metric is first averaged over the
+seeds, then the mean difference and its standard error are taken across users (the users are the
+independent units, not user × seed). ``dinrec.gate`` holds the retrain gate's served HR@10 on the same
+holdout (training.evaluation, in-process) beside what HTTP served: the two must be the same list.
 """
 
 from __future__ import annotations
@@ -38,10 +50,14 @@ from benchmarks.machine import machine
 from feature_store.datasets import load_dataset
 from feature_store.datasets.base import Interactions
 from retrieval.baselines import Popularity, tune_item_cf
-from training.samples import training_sequences
+from training.samples import SampleSet, training_sequences
 
 K = 10
 DEEP = 50
+PEERS = ("sasrec_rectools", "bert4rec_rectools", "ease_rectools")
+ONE_SEED_PEERS = ("bert4rec_rectools",)  # slow: the first seed only (said in its JSON)
+DETERMINISTIC = ("popularity", "item_cf", "ease_rectools")  # the same list whatever the seed: run once
+ABLATIONS = ("without_din", "without_covisit", "without_towers")
 
 
 @dataclass(frozen=True)
@@ -49,27 +65,21 @@ class Case:
     """One test user: their behaviours before the target (item indices, oldest first), the target."""
 
     user: str
+    row: int  # the test split's row
     history: np.ndarray  # (H,) item indices, every behaviour before the target
     cats: np.ndarray  # (H,) category indices
     target: int
     ts: float  # the target's time: the service has seen everything before it
 
 
-def _user_starts(data: Interactions) -> np.ndarray:
-    """Where each user's behaviours start in a sample set's flat sequence (users in sorted order, as
-    training.samples lays them out)."""
-    _, counts = np.unique(data.behaviours().user_id, return_counts=True)
-    return np.r_[0, np.cumsum(counts)[:-1]]
-
-
-def _cases(samples, split, starts: np.ndarray) -> list[Case]:
+def _cases(samples: SampleSet, split) -> list[Case]:
     """Each positive of ``split`` with the user's *whole* history before it (the store keeps a capped
     window; the seen-item policy and item-CF look further back)."""
     out = []
-    for r in np.flatnonzero(split.label == 1):
-        u, end = int(split.user[r]), int(split.hist_end[r])
-        out.append(Case(samples.users[u], samples.seq_items[starts[u]:end], samples.seq_cats[starts[u]:end],
-                        int(split.target_item[r]), float(samples.seq_ts[end])))
+    for r in np.flatnonzero(split.label == 1).tolist():
+        span = samples.before(split, r)
+        out.append(Case(samples.users[int(split.user[r])], r, samples.seq_items[span], samples.seq_cats[span],
+                        int(split.target_item[r]), float(samples.seq_ts[span.stop])))
     return out
 
 
@@ -96,7 +106,8 @@ def _served_lists(bundle: Path, events: Interactions, test: Sequence[Case], n: i
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
 
-    settings = ServingSettings(bundle_dir=bundle, request_deadline_ms=60_000, catalog_poll_s=0, log_format="text")
+    settings = ServingSettings(bundle_dir=bundle, request_deadline_ms=60_000, catalog_poll_s=0, log_format="text",
+                               score_precision="fp32")
     fs = FeatureStoreSettings(store="memory", stream="inprocess")
     store = MemoryStore(history_cap=fs.history_len)  # held here to see when ingest has caught up
     app = create_app(settings, fs, store=store)
@@ -145,118 +156,263 @@ def _in_process_agrees(state, test: Sequence[Case], lists: Sequence[list[str]], 
     for c, served in zip(test, lists, strict=True):
         history, interacted = state.store.history_and_interacted(c.user, rec.seq_len)
         ranking = rec.rank(history, n, lambda k: state.store.popular(k) or rec.bundle.popularity,
-                           rerank=state.reranker, seen={h.item_id for h in history} | interacted)
+                           seen=rec.seen_items(history, interacted))
         same += [x.item_id for x in ranking.items] == served
     return round(same / max(len(lists), 1), 4)
 
 
-def _measure(lists: Sequence[Sequence[int]], test: Sequence[Case], n_items: int, tail: np.ndarray) -> dict:
-    """The served-list measures of ``lists`` (item indices, best first; 0 = unknown to the model)."""
-    hit10, ndcg10, hit50, seen, tail_n, slots = [], [], [], 0, 0, 0
-    served: set[int] = set()
+def _per_user(lists: Sequence[Sequence[int]], test: Sequence[Case]) -> dict[str, np.ndarray]:
+    """Each user's HR@10, NDCG@10 and HR@50 of ``lists`` (item indices, best first; 0 = unknown)."""
+    hit10, ndcg10, hit50 = [], [], []
     for lst, c in zip(lists, test, strict=True):
-        top = list(lst[:K])
         where = [j for j, i in enumerate(lst[:DEEP]) if i == c.target]
         hit50.append(float(bool(where)))
         hit10.append(float(bool(where) and where[0] < K))
         ndcg10.append(1.0 / math.log2(where[0] + 2) if where and where[0] < K else 0.0)
+    return {"hr@10": np.asarray(hit10), "ndcg@10": np.asarray(ndcg10), "hr@50": np.asarray(hit50)}
+
+
+def _list_shape(lists: Sequence[Sequence[int]], test: Sequence[Case], n_items: int, tail: np.ndarray) -> dict:
+    """Coverage, long-tail share, seen items and length of the top 10s."""
+    seen, tail_n, slots = 0, 0, 0
+    served: set[int] = set()
+    for lst, c in zip(lists, test, strict=True):
+        top = list(lst[:K])
         taken = set(c.history.tolist())
         seen += sum(i in taken for i in top)
         tail_n += sum(bool(tail[i]) for i in top if i > 0)
         slots += len(top)
         served.update(i for i in top if i > 0)
-    per_user = {"hr@10": np.asarray(hit10), "ndcg@10": np.asarray(ndcg10), "hr@50": np.asarray(hit50)}
-    return {"per_user": per_user,
-            **{name: round(float(v.mean()), 4) for name, v in per_user.items()},
-            "coverage": round(len(served) / max(n_items - 1, 1), 4),
-            "long_tail_share": round(tail_n / max(slots, 1), 4),
-            "seen_in_list": seen, "mean_list_len": round(slots / max(len(test), 1), 2)}
+    return {"coverage": len(served) / max(n_items - 1, 1), "long_tail_share": tail_n / max(slots, 1),
+            "seen_in_list": seen, "mean_list_len": slots / max(len(test), 1)}
 
 
 def _paired(a: np.ndarray, b: np.ndarray) -> dict:
+    """a − b per user: the mean and its standard error across users."""
     d = a - b
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
     return {"diff": round(float(d.mean()), 4), "se": round(se, 4)}
 
 
-def bench_e2e(data: Path, *, max_users: int | None = None, seed: int = 0, sequential: bool = True,
-              train_overrides: dict | None = None) -> dict:
-    """``max_users``: serve only the first N test users (every user trains); ``train_overrides``:
-    TrainSettings fields to change (default: none — the defaults are what is measured)."""
+class Runs:
+    """Every method's lists, seed by seed, and what each says of itself."""
+
+    def __init__(self, test: Sequence[Case], n_items: int, tail: np.ndarray) -> None:
+        self.test, self.n_items, self.tail = test, n_items, tail
+        self.per_user: dict[str, list[dict[str, np.ndarray]]] = {}
+        self.shape: dict[str, list[dict]] = {}
+        self.info: dict[str, dict] = {}
+
+    def add(self, name: str, lists: Sequence[Sequence[int]]) -> None:
+        self.per_user.setdefault(name, []).append(_per_user(lists, self.test))
+        self.shape.setdefault(name, []).append(_list_shape(lists, self.test, self.n_items, self.tail))
+
+    def pooled(self, name: str) -> dict[str, np.ndarray]:
+        """Each user's metrics averaged over the seeds the method ran."""
+        runs = self.per_user[name]
+        return {m: np.mean([r[m] for r in runs], axis=0) for m in runs[0]}
+
+    def summary(self) -> dict:
+        out: dict = {}
+        ours = self.pooled("dinrec")
+        cf = self.pooled("item_cf")
+        for name, runs in self.per_user.items():
+            pooled = self.pooled(name)
+            shapes = self.shape[name]
+            m: dict = {metric: round(float(v.mean()), 4) for metric, v in pooled.items()}
+            m.update({key: round(float(np.mean([s[key] for s in shapes])), 4) for key in ("coverage", "long_tail_share",
+                                                                                         "mean_list_len")})
+            m["seen_in_list"] = int(sum(s["seen_in_list"] for s in shapes))
+            m["seeds_run"] = len(runs)
+            m["per_seed"] = {metric: [round(float(r[metric].mean()), 4) for r in runs]
+                             for metric in ("hr@10", "ndcg@10")}
+            if name != "dinrec":
+                m["vs_dinrec"] = {metric: _paired(ours[metric], pooled[metric]) for metric in ("hr@10", "ndcg@10")}
+            if name != "item_cf":
+                m["vs_item_cf"] = {metric: _paired(pooled[metric], cf[metric]) for metric in ("hr@10", "ndcg@10")}
+            out[name] = {**m, **self.info.get(name, {})}
+        return out
+
+
+def _indices(lists: Sequence[Sequence[str]], index_of: dict[str, int]) -> list[list[int]]:
+    return [[index_of.get(i, 0) for i in lst] for lst in lists]
+
+
+def _towers_lists(rec, test: Sequence[Case]) -> list[list[int]]:
+    out = []
+    for c in test:
+        query = rec.recall.query(c.history[-rec.seq_len:].tolist(), c.cats[-rec.seq_len:].tolist())
+        ids, _ = rec.index.search(query, DEEP, exclude=[set(c.history.tolist())])
+        out.append(ids[0][ids[0] >= 0].tolist())
+    return out
+
+
+def _catalog_lists(rec, test: Sequence[Case]) -> list[list[int]]:
+    """DIN scoring every item the user has not taken: the ranking model on the recall-free footing of
+    the sequential peers."""
+    import torch
+
+    every = torch.arange(1, rec.scorer.n_items)
+    out = []
+    for c in test:
+        items = torch.as_tensor(c.history[-rec.seq_len:], dtype=torch.long)
+        cats = torch.as_tensor(c.cats[-rec.seq_len:], dtype=torch.long)
+        logits = rec.scorer.score(items, cats, every).logits.clone()  # (I − 1,)
+        logits[torch.as_tensor(c.history, dtype=torch.long) - 1] = -torch.inf
+        out.append((every[logits.topk(DEEP).indices]).tolist())
+    return out
+
+
+def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[dict[str, list[list[str]]], dict]:
+    """The ranking stage taken apart (each variant through the same stage, in-process, fp32): the gate's
+    list, DIN alone, the blend refitted without each signal, DIN over the catalog; and the ceiling."""
+    from models.blend import Blend
+    from models.ranking import Recommender
+    from models.ranking_settings import RankingSettings
+    from retrieval.index import FaissIndex
+    from training.evaluation import served_history, served_lists
+
+    index = FaissIndex.load(bundle.item_index_path)
+    settings = RankingSettings()
+    rows = np.asarray([c.row for c in test])
+
+    def stage(blend: Blend | None | str = "bundle") -> Recommender:
+        rec = Recommender(bundle, index, settings, precision="fp32")
+        if blend != "bundle":
+            rec.blend = blend
+        return rec
+
+    out: dict[str, list[list[str]]] = {}
+    served = stage()
+    out["gate"] = served_lists(bundle, samples, samples.test, rows, K, rec=served)
+    out["din_alone"] = served_lists(bundle, samples, samples.test, rows, DEEP, rec=stage(None), tail_share=0.0)
+    ablations = ((bundle.metrics.get("ranking") or {}).get("blend") or {}).get("ablations", {})
+    for name in ABLATIONS:
+        if name in ablations and bundle.blend is not None:
+            out[name] = served_lists(bundle, samples, samples.test, rows, DEEP,
+                                     rec=stage(Blend(tuple(ablations[name]), bundle.blend.temperature)))
+    names = bundle.vocab.items
+    out["din_catalog"] = [[names[i] for i in lst] for lst in _catalog_lists(served, test)]
+    found = 0
+    for c in test:
+        history, taken = served_history(samples, samples.test, c.row, served.seq_len)
+        found += names[c.target] in served.recall_items(history, served.recall_candidates,
+                                                        served.seen_items(history, taken))
+    ceiling = {"hr": round(found / max(len(test), 1), 4), "candidates": served.recall_candidates,
+               "covisit_candidates": served.covisit_candidates}
+    return out, ceiling
+
+
+def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None = None,
+              peers: Sequence[str] = PEERS, own_sasrec: bool = False, stage: bool = True,
+              train_overrides: dict | None = None, peer_params: dict[str, dict] | None = None) -> dict:
+    """``max_users``: serve only the first N test users (every user trains); ``peers``: the library peers
+    to run (benchmarks.peers; missing ones are reported as skipped); ``own_sasrec``: also dinrec's own
+    SASRec-style model (benchmarks.sasrec); ``stage``: the stage's variants (DIN alone, the ablations,
+    DIN over the catalog, the ceiling); ``train_overrides``: TrainSettings fields to change (default: none
+    — the defaults are what is measured)."""
+    from benchmarks.peers import PeerUnavailable, run_library_peer
     from models.bundle import load_bundle
-    from serving.models import load_recommender
-    from serving.settings import ServingSettings
     from training.pipeline import samples_for, train_bundle
     from training.settings import TrainSettings
 
+    seeds = list(seeds)
+    if not seeds:
+        raise ValueError("give at least one seed")
     t0 = time.perf_counter()
     interactions = load_dataset(data)
-    settings = TrainSettings(progress=False, seed=seed, **(train_overrides or {}))
-    samples = samples_for(interactions, settings)
-    starts = _user_starts(interactions)
-    test, val = _cases(samples, samples.test, starts), _cases(samples, samples.val, starts)
+    base = TrainSettings(progress=False, **(train_overrides or {}))
+    samples = samples_for(interactions, base.model_copy(update={"seed": seeds[0]}))
+    test, val = _cases(samples, samples.test), _cases(samples, samples.val)
     if max_users is not None:
         test = test[:max_users]
     if not test:
         raise ValueError(f"{data}: no user has enough behaviours for a held-out target")
     n_items = samples.vocab.n_items
     result: dict = {"dataset": str(data), "source": samples.source, "users": len(test), "items": n_items - 1,
-                    "holdout": "each user's last behaviour on an item new to them (test), the one before (val)",
-                    "k": K, "train_settings": {k: v for k, v in settings.model_dump().items()
-                                               if k in (train_overrides or {})}}
-    with tempfile.TemporaryDirectory(prefix="dinrec-bench-e2e-") as tmp:
-        bundle_path = train_bundle(samples, settings, Path(tmp) / "bundle", run_dir=Path(tmp)).bundle
-        t_train = time.perf_counter()
-        bundle = load_bundle(bundle_path)
-        events = _ingested(interactions, test)
-        served, serving_info = _served_lists(bundle_path, events, test, DEEP)
-        t_serve = time.perf_counter()
+                    "seeds": seeds, "holdout": "each user's last behaviour on an item new to them (test), the one "
+                    "before (val); the split is the same for every seed", "k": K,
+                    "train_settings": {k: v for k, v in base.model_dump().items() if k in (train_overrides or {})}}
+    from feature_store.long_tail import long_tail_mask
+    from training.export import item_counts
 
-        index_of = bundle.vocab.item_index()
-        tail = bundle.long_tail()
-        assert tail is not None
-        lists: dict[str, list[list[int]]] = {"dinrec": [[index_of.get(i, 0) for i in lst] for lst in served]}
-        pop = Popularity(np.bincount(samples.train.target_item[samples.train.label == 1], minlength=n_items))
-        lists["popularity"] = [pop.recall(c.history.tolist(), DEEP).tolist() for c in test]
-        seqs = training_sequences(samples)  # the co-visitation lane's own: what the baseline may learn from
-        cf, tried = tune_item_cf(seqs, n_items, [(c.history.tolist(), c.target) for c in val], k=K)
-        cf_info = {"window": cf.cfg.window, "decay": cf.cfg.decay, "val_hr@10": tried}
-        lists["item_cf"] = [cf.recall(c.history.tolist(), DEEP).tolist() for c in test]
-        rec = load_recommender(ServingSettings(bundle_dir=bundle_path), bundle_path)  # the recall stage alone
-        seq_len = bundle.seq_len
-        towers_lists = []
-        for c in test:
-            query = rec.recall.query(c.history[-seq_len:].tolist(), c.cats[-seq_len:].tolist())
-            ids, _ = rec.index.search(query, DEEP, exclude=[set(c.history.tolist())])
-            towers_lists.append(ids[0][ids[0] >= 0].tolist())
-        lists["towers"] = towers_lists
-        seq_info = None
-        if sequential:
+    tail = long_tail_mask(item_counts(samples))
+    runs = Runs(test, n_items, tail)
+    seqs = training_sequences(samples)  # what a baseline may learn from: behaviours before validation
+    pop = Popularity(np.bincount(np.concatenate(seqs), minlength=n_items))
+    runs.add("popularity", [pop.recall(c.history.tolist(), DEEP).tolist() for c in test])
+    cf, tried = tune_item_cf(seqs, n_items, [(c.history.tolist(), c.target) for c in val], k=K)
+    runs.add("item_cf", [cf.recall(c.history.tolist(), DEEP).tolist() for c in test])
+    runs.info["item_cf"] = {"window": cf.cfg.window, "decay": cf.cfg.decay, "val_hr@10": tried}
+    seconds: dict[str, float] = {"baselines": round(time.perf_counter() - t0, 1)}
+    dinrec_info: dict = {"serving": [], "gate": [], "model_version": [], "ranking_blend": [], "train_seconds": []}
+    ceilings = []
+    for n, seed in enumerate(seeds):
+        settings = base.model_copy(update={"seed": seed})
+        seed_samples = samples if n == 0 else samples_for(interactions, settings)
+        with tempfile.TemporaryDirectory(prefix="dinrec-bench-e2e-") as tmp:
+            ts = time.perf_counter()
+            bundle_path = train_bundle(seed_samples, settings, Path(tmp) / "bundle", run_dir=Path(tmp)).bundle
+            dinrec_info["train_seconds"].append(round(time.perf_counter() - ts, 1))
+            bundle = load_bundle(bundle_path)
+            served, serving_info = _served_lists(bundle_path, _ingested(interactions, test), test, DEEP)
+            index_of = bundle.vocab.item_index()
+            runs.add("dinrec", _indices(served, index_of))
+            dinrec_info["serving"].append(serving_info)
+            dinrec_info["model_version"].append(bundle.model_version)
+            # What the ranking stage learned: each signal's validation HR@10 alone, the blend's, its weights.
+            dinrec_info["ranking_blend"].append(bundle.metrics.get("ranking", {}).get("blend"))
+            from models.ranking import Recommender
+            from retrieval.index import FaissIndex
+
+            rec = Recommender(bundle, FaissIndex.load(bundle.item_index_path), precision="fp32")
+            runs.add("towers", _towers_lists(rec, test))
+            if stage:
+                variants, ceiling = _stage_variants(bundle, seed_samples, test)
+                gate = variants.pop("gate")
+                agrees = float(np.mean([g == h[:K] for g, h in zip(gate, served, strict=True)]))
+                gate_hr = float(np.mean([bundle.vocab.items[c.target] in g for g, c in zip(gate, test, strict=True)]))
+                dinrec_info["gate"].append({"served_hr@10": round(gate_hr, 4), "lists_equal_http": round(agrees, 4)})
+                for name, lists in variants.items():
+                    runs.add(name, _indices(lists, index_of))
+                ceilings.append(ceiling)
+        for name in peers:
+            if (name in DETERMINISTIC and n > 0) or (name in ONE_SEED_PEERS and n > 0):
+                continue
+            try:
+                peer = run_library_peer(name, samples, np.asarray([c.row for c in test]), DEEP, seed,
+                                        (peer_params or {}).get(name))
+            except PeerUnavailable as exc:
+                runs.info[name] = {"skipped": str(exc)}
+                continue
+            runs.add(name, [[i for i in lst.tolist() if i > 0] for lst in peer.lists])
+            runs.info.setdefault(name, {"runs": []})["runs"].append(peer.info)
+            if name in ONE_SEED_PEERS:
+                runs.info[name]["note"] = "run on the first seed only (the slowest peer)"
+        if own_sasrec:
             from benchmarks.sasrec import train_sasrec
 
-            sas, seq_info = train_sasrec(seqs, n_items, val, seed=seed)
-            lists["sequential"] = [sas.recommend(c.history, DEEP).tolist() for c in test]
-    t_end = time.perf_counter()
-
-    measured = {name: _measure(lst, test, n_items, tail) for name, lst in lists.items()}
-    ours = measured["dinrec"]["per_user"]
-    for name, m in measured.items():
-        per_user = m.pop("per_user")
-        if name != "dinrec":
-            m["vs_dinrec"] = {metric: _paired(ours[metric], per_user[metric]) for metric in ("hr@10", "ndcg@10")}
-        result[name] = m
-    result["dinrec"]["serving"] = serving_info
-    result["dinrec"]["model_version"] = bundle.model_version
-    # What the ranking stage learned: each signal's validation HR@10 alone, the blend's, its weights.
-    result["dinrec"]["ranking_blend"] = bundle.metrics.get("ranking", {}).get("blend")
-    result["item_cf"].update(cf_info)
-    if seq_info is not None:
-        result["sequential"].update(seq_info)
-    base = {name: result[name] for name in ("popularity", "item_cf")}
+            sas, sas_info = train_sasrec(seqs, n_items, val, seed=seed)
+            runs.add("sasrec_own", [sas.recommend(c.history, DEEP).tolist() for c in test])
+            runs.info.setdefault("sasrec_own", {"runs": []})["runs"].append(sas_info)
+        seconds[f"seed_{seed}"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+    summary = runs.summary()
+    for name, info in runs.info.items():
+        if name not in summary:
+            summary[name] = info  # skipped
+    result.update(summary)
+    result["dinrec"].update(dinrec_info)
+    if ceilings:
+        result["ceiling"] = {"hr": round(float(np.mean([c["hr"] for c in ceilings])), 4),
+                             "per_seed": [c["hr"] for c in ceilings], "candidates": ceilings[0]["candidates"],
+                             "covisit_candidates": ceilings[0]["covisit_candidates"],
+                             "what": "share of test targets among the served candidates (every lane): the HR any "
+                                     "order of them can reach"}
+    base_methods = {name: result[name] for name in ("popularity", "item_cf")}
     result["ratios"] = {f"dinrec_vs_{name}_{metric}": (round(result["dinrec"][metric] / m[metric], 3)
                                                        if m[metric] else None)
-                        for name, m in base.items() for metric in ("hr@10", "ndcg@10")}
-    result["seconds"] = {"train": round(t_train - t0, 1), "serve": round(t_serve - t_train, 1),
-                         "total": round(t_end - t0, 1)}
+                        for name, m in base_methods.items() for metric in ("hr@10", "ndcg@10")}
+    seconds["total"] = round(time.perf_counter() - t0, 1)
+    result["seconds"] = seconds
     result["machine"] = machine()  # the seconds are this machine's; the list metrics are not timing
     return result

@@ -26,12 +26,12 @@ import numpy as np
 import torch
 
 from feature_store.datasets import load_dataset
+from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace
+from models.rerank import Reranker
 from models.scorer import Scorer
 from retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_mask, long_tail_share
 from retrieval.index import FaissIndex
-from serving.rerank import Reranker
-from serving.settings import ServingSettings
 from training.export import build_item_index, item_counts
 from training.loop import train
 from training.samples import SampleSet, Split, build_samples, training_sequences
@@ -104,7 +104,7 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
     # The final lists as the service ranks them: DIN's scores over the 200 candidates, then the
     # reranker with and without the long-tail lane (its default share).
     scorer = Scorer(din, torch.as_tensor(samples.vocab.item_category, dtype=torch.long), "fp32")
-    lane = Reranker(tail_share=ServingSettings.model_fields["tail_share"].default)
+    lane = Reranker(tail_share=RankingSettings.model_fields["tail_share"].default)
     tail = long_tail_mask(counts)
     finals: dict[str, list[list[int]]] = {"lane": [], "no_lane": []}
     for (items, cats, _), cand in zip(test, recalled["faiss"], strict=True):

@@ -21,6 +21,7 @@ from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
 from feature_store.settings import FeatureStoreSettings
+from models.ranking_settings import RankingSettings
 from retrain.settings import RetrainSettings
 from serving.settings import ServingSettings
 from spot.settings import SpotSettings
@@ -33,6 +34,7 @@ PREFIX = "DINREC_"
 COMPONENTS: tuple[tuple[str, type[BaseSettings], str], ...] = (
     ("Shared by every process", SharedSettings, "serve, ingest, demo, retrain, models"),
     ("Feature store and stream", FeatureStoreSettings, "serve, ingest, demo, retrain, bench"),
+    ("The served list", RankingSettings, "serve, train, retrain, demo, simulate, bench"),
     ("Serving", ServingSettings, "serve, demo, simulate, bench"),
     ("Training", TrainSettings, "train, retrain, spot run, demo"),
     ("Retraining", RetrainSettings, "retrain"),
@@ -49,6 +51,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
     "DINREC_SPOT_SHUTDOWN_CMD": ("the spot job's shell script", "shutdown -h now",
                                  "run on the instance when training ends other than by an interruption"),
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
+    "DINREC_PEERS_PYTHON": ("benchmarks/peers", "<venv>-peers/bin/python (make peers)",
+                            "the interpreter of the library peers' environment (RecTools) `dinrec bench e2e` runs"),
     "DINREC_REQUIRE_SERVICES": ("tests", "unset", "1: a test whose service (Redis, Kafka, AEMM) is missing fails "
                                                   "instead of skipping"),
     "DINREC_AEMM": ("tests, deploy/local/services.sh", "built by services.sh",
@@ -83,10 +87,10 @@ def variable(settings: type[BaseSettings], field: str) -> str:
 
 
 def own_fields(settings: type[BaseSettings]) -> list[str]:
-    """The fields ``settings`` adds (the shared ones are listed once, under SharedSettings)."""
-    if settings is SharedSettings:
-        return list(settings.model_fields)
-    return [f for f in settings.model_fields if f not in SharedSettings.model_fields]
+    """The fields ``settings`` adds (those it inherits from another listed class are listed once, there)."""
+    inherited = {f for _, other, _ in COMPONENTS if other is not settings and issubclass(settings, other)
+                 for f in other.model_fields}
+    return [f for f in settings.model_fields if f not in inherited]
 
 
 def known_variables() -> set[str]:

@@ -1,6 +1,6 @@
 """Tables that grow by appending rows while readers hold earlier versions of them.
 
-Serving extends its item tables as new catalog items arrive (the cold lane: serving.ranking.ColdLane)
+Serving extends its item tables as new catalog items arrive (the cold lane: models.ranking.ColdLane)
 while requests score against them on other threads. Copying a table of a million items for each new
 item would cost more than the item is worth, so a table keeps spare rows past its end: appending writes
 the new rows there and returns a new, longer view of the same buffer; a reader holding the old view

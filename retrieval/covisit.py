@@ -16,6 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from retrieval.baselines import ItemCF
 
@@ -106,3 +107,34 @@ class CoVisitation:
             m, last, window = (int(x) for x in f["config"])
             return cls(f["neighbours"], f["weights"], CoVisitConfig(neighbours=m, last=last,
                                                                    decay=float(f["decay"][0]), window=window))
+
+
+class PairTable:
+    """sim(h, c) — the lane's similarity of a behaviour's item h to a candidate c (0 where c is not among
+    h's neighbours) — for every (candidate, behaviour) of a batch at once, from one lane or one per fold
+    (training reads each user's from the lane fitted without them). Each lane's neighbour rows are kept
+    sorted by item, so a lookup is one batched binary search; nothing grows with the catalog but the
+    tables themselves."""
+
+    def __init__(self, lanes: Sequence[CoVisitation]) -> None:
+        if not lanes or len({lane.neighbours.shape for lane in lanes}) != 1:
+            raise ValueError("a pair table needs lanes of one shape")
+        ids = np.stack([np.where(lane.weights > 0, lane.neighbours, -1) for lane in lanes])  # (F, I, M); -1: none
+        weights = np.stack([lane.weights for lane in lanes])
+        order = np.argsort(ids, axis=2, kind="stable")
+        self.ids = torch.from_numpy(np.take_along_axis(ids, order, axis=2))  # (F, I, M) ascending per row
+        self.weights = torch.from_numpy(np.take_along_axis(weights, order, axis=2).astype(np.float32))
+        self.n_items = lanes[0].n_items
+
+    def lookup(self, hist: torch.Tensor, cand: torch.Tensor, fold: torch.Tensor | None = None) -> torch.Tensor:
+        """hist (B, L) and cand (B, N) item indices (0: padding or unknown; past the lanes' items: cold,
+        never similar), fold (B,) the lane each row reads (default: the first) → (B, N, L) float32."""
+        b, length = hist.shape
+        f = torch.zeros(b, dtype=torch.long) if fold is None else fold
+        known = (hist > 0) & (hist < self.n_items)
+        rows = self.ids[f.unsqueeze(1), hist * known]  # (B, L, M)
+        values = cand.unsqueeze(1).expand(b, length, cand.shape[1]).contiguous()  # (B, L, N)
+        pos = torch.searchsorted(rows, values).clamp_max(rows.shape[-1] - 1)  # (B, L, N)
+        hit = (rows.gather(2, pos) == values) & known.unsqueeze(2)
+        sims = torch.where(hit, self.weights[f.unsqueeze(1), hist * known].gather(2, pos), 0.0)  # (B, L, N)
+        return sims.transpose(1, 2).contiguous()  # (B, N, L)

@@ -1,6 +1,6 @@
 """New items, recallable before the next retraining: the store's catalog (every item in the order it
 was first seen in a behaviour) is polled every ``DINREC_CATALOG_POLL_S``; items the serving model
-does not know join its cold lane (serving.ranking.ColdLane: recalled through their category's
+does not know join its cold lane (models.ranking.ColdLane: recalled through their category's
 vector, scored by DIN as an unknown item of that category). A model that loads later gets the
 same list, and keeps only what it does not know itself.
 """

@@ -18,12 +18,11 @@ from feature_store.online import OnlineStore
 from feature_store.outbox import Outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
+from models.ranking import Recommender
 from serving.degraded import GuardedStore
 from serving.impressions import ImpressionLog
 from serving.metrics import ServiceMetrics
 from serving.models import ModelManager
-from serving.ranking import Recommender
-from serving.rerank import Reranker
 from serving.settings import ServingSettings
 
 
@@ -37,7 +36,6 @@ class ServiceState:
     metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
     features: GuardedStore = field(init=False)  # the store's reads, behind a circuit breaker
     experiment_state: ExperimentState = field(init=False)  # A/B counters and decisions, beside the store
-    reranker: Reranker = field(init=False)
     models: ModelManager | None = None  # what serves, and hot reloads
     experiments: Experiments = field(default_factory=lambda: Experiments([]))
     experiments_doc: ExperimentsDocument | None = field(init=False)  # where they are kept (DINREC_EXPERIMENTS_FILE)
@@ -61,8 +59,6 @@ class ServiceState:
         self.features = GuardedStore(self.store, s.store_cooldown_s, popular_cache_s=s.popular_cache_s)
         self.experiment_state = open_state(self.store)
         self.experiments_doc = ExperimentsDocument.open(s.experiments_file) if s.experiments_file else None
-        self.reranker = Reranker(s.max_per_category, s.blocked_items, s.blocked_categories, s.shown_penalty,
-                                 s.tail_share)
 
 
 async def get_state(request: Request) -> ServiceState:  # async: no thread-pool hop per request

@@ -93,7 +93,7 @@ class ServiceMetrics:
                            multiprocess_mode="liveall")
 
     def serving_model(self, rec) -> None:
-        """``rec``: the serving.ranking.Recommender now serving."""
+        """``rec``: the models.ranking.Recommender now serving."""
         self.model.clear()
         self.model.labels(version=rec.model_version, precision=rec.precision, scorer=rec.scorer.impl,
                           recall_index=rec.index.kind).set(1)

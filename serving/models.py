@@ -21,10 +21,10 @@ from pathlib import Path
 
 from feature_store.features import HistoryItem
 from models.bundle import load_bundle
+from models.ranking import Recommender
 from registry.store import RegistryError, open_registry
 from retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from serving.loops import every
-from serving.ranking import Recommender
 from serving.settings import ServingSettings
 
 log = logging.getLogger(__name__)
@@ -45,12 +45,7 @@ def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender
     spec = bundle.item_index_info.get("spec", {})
     ef_search = settings.recall_ef_search or spec.get("ef_search", IndexSpec.ef_search)
     index = FaissIndex.load(bundle.item_index_path, ef_search=ef_search)
-    rec = Recommender(bundle, index, settings.recall_candidates, settings.score_precision)
-    rec.fresh_candidates = settings.fresh_candidates
-    rec.popular_candidates = settings.popular_candidates
-    if rec.covisit is not None:
-        rec.covisit_candidates = settings.covisit_candidates
-    return rec
+    return Recommender(bundle, index, settings, settings.score_precision)
 
 
 def smoke_score(rec: Recommender) -> None:

@@ -21,11 +21,11 @@ from feature_store.errors import StoreUnavailable
 from feature_store.features import HistoryItem
 from feature_store.schema import BehaviourEvent, ExternalId
 from feature_store.streams.base import event_record
+from models.ranking import Ranking, Recommender
 from serving.admin import is_admin
 from serving.deps import State
 from serving.errors import InvalidRequest, error_response
 from serving.impressions import ServedList
-from serving.ranking import Ranking, Recommender
 from serving.schemas import (
     ContextItem,
     EventsRequest,
@@ -101,8 +101,7 @@ def _features(state: State, rec: Recommender, user_id: str, overrides: Overrides
     """The user's history (the store's; the request's own context when the store is down or slow) and
     the items the seen-item policy keeps out of the list."""
     t0 = time.perf_counter()
-    policy = state.settings.seen_policy
-    if policy == "all":  # the history and every item the user took, in one read
+    if rec.settings.seen_policy == "all":  # the history and every item the user took, in one read
         read = state.features.history_and_interacted(user_id, rec.seq_len)
         history, interacted = read if read is not None else (None, frozenset())
     else:
@@ -111,7 +110,7 @@ def _features(state: State, rec: Recommender, user_id: str, overrides: Overrides
     if history is None:
         reasons.append("feature_store")
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
-    seen = set() if policy == "none" else {h.item_id for h in history} | interacted
+    seen = rec.seen_items(history, interacted)
     if overrides and overrides.seq_len:  # the variant looks at fewer behaviours (20 vs 50, say)
         history = history[-overrides.seq_len:]
     return history, seen
@@ -131,17 +130,16 @@ def _rank(state: State, started: float, rec: Recommender, user_id: str, history:
     if time.perf_counter() - started > state.settings.request_deadline_ms / 1000:
         reasons.append("deadline")  # the store answered, but too late to rank: no further call
     elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
-        return rec.rank_by_popularity(history, k, popular, rerank=state.reranker, shown=shown, seen=seen)
+        return rec.rank_by_popularity(history, k, popular, shown=shown, seen=seen)
     else:
         try:
-            return rec.rank(history, k, popular, rerank=state.reranker, shown=shown, explain=explain,
+            return rec.rank(history, k, popular, shown=shown, explain=explain,
                             candidates=overrides.recall_candidates if overrides else None,
                             tail_share=overrides.tail_share if overrides else None, seen=seen)
         except Exception:  # recall or model failure: still an answer, from the bundle's popularity
             log.exception("ranking failed for user %r; answering with popular items", user_id)
             reasons.append("ranking")
-    return rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, rerank=state.reranker,
-                                  shown=shown, seen=seen)
+    return rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, shown=shown, seen=seen)
 
 
 def _render(request: Request, user_id: str, rec: Recommender, ranking: Ranking, history_len: int,

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
+from models.ranking_settings import RankingSettings
 from storage.settings import SharedSettings
 
 MIN_ADMIN_TOKEN_CHARS = 32
@@ -15,7 +16,10 @@ MIN_ADMIN_TOKEN_CHARS = 32
 _PLACEHOLDER_WORDS = ("change-me", "changeme", "secret", "password", "token", "example", "xxxx")
 
 
-class ServingSettings(SharedSettings):
+class ServingSettings(SharedSettings, RankingSettings):
+    """The service's settings; what the served list is made of (lanes, seen policy, rules, the long-tail
+    lane) is RankingSettings', read from the same variables by everything that measures that list."""
+
     model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True,
                                       populate_by_name=True)
 
@@ -28,16 +32,9 @@ class ServingSettings(SharedSettings):
         "spaces (`openssl rand -hex 32`); a weaker or placeholder token is refused at start-up; empty: off"))
     host: str = Field("127.0.0.1", description="address the HTTP server binds")
     port: int = Field(8000, ge=0, le=65535, description="port the HTTP server binds (0: any free port)")
-    recall_candidates: int = Field(200, ge=1, le=10_000, description="FAISS candidates scored by DIN")
     catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
         "how often the store's item catalog is read for items the model does not know (recalled by category); "
         "0: never"))
-    covisit_candidates: int = Field(100, ge=0, le=10_000, description=(
-        "the co-visitation lane's best unseen items added to every recall (bundles that have the lane; 0: off)"))
-    popular_candidates: int = Field(0, ge=0, le=1000, description=(
-        "the popularity lane: this many of the most popular unseen items join every recall (DIN ranks them)"))
-    fresh_candidates: int = Field(0, ge=0, le=1000, description=(
-        "the freshness lane: this many of the best new items (unknown to the model) join every recall"))
     recall_ef_search: int | None = Field(None, ge=1, le=100_000,
                                          description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(
@@ -53,17 +50,6 @@ class ServingSettings(SharedSettings):
     popular_cache_s: float = Field(1.0, ge=0, le=60, description=(
         "how long a worker reuses the store's live popularity (a sharded store merges its shards on every "
         "read): 0 reads it on every request that needs it"))
-    seen_policy: Literal["all", "recent", "none"] = Field("all", description=(
-        "items never recommended to a user: all they interacted with (the store keeps DINREC_INTERACTED_CAP "
-        "per user beyond the history), only the recent history the model reads, or none (catalogs of "
-        "repeat purchases)"))
-    max_per_category: int | None = Field(None, ge=1, description="at most this many items of one category per list")
-    blocked_items: frozenset[str] = Field(frozenset(), description='never recommended (JSON list: ["i1", "i2"])')
-    blocked_categories: frozenset[str] = Field(frozenset(), description="no item of these categories (JSON list)")
-    shown_penalty: float = Field(0.5, ge=0, le=1, description="score factor of items the request says were shown")
-    tail_share: float = Field(0.1, ge=0, le=1, description=(
-        "the long-tail lane: share of every prefix of each list kept for the best-scoring recalled long-tail "
-        "items (feature_store.long_tail, by training count; 0: off)"))
     user_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description=(
         "behind a gateway that authenticates users: the header carrying the user's id (e.g. x-user-id); "
         "/recommend and /events then answer only for that user (401 without it, 403 for another id)"))

@@ -216,27 +216,75 @@ def test_bench_retrain_replays_a_log_and_prints_retrain_peer_and_drills(tmp_path
 
 @pytest.mark.slow
 def test_bench_e2e_serves_through_http_and_measures_every_method(tmp_path):
+    """Two seeds, the library peers from their own environment (make peers), the stage taken apart; the
+    gate's list is the list HTTP served."""
     from tests.conftest import synthetic_dataset_dir
 
     data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=120, n_categories=6,
                                  mean_events_per_user=20, seed=3)
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "e2e", "--data", str(data), "--json"],
-                         cwd=REPO, capture_output=True, text=True, timeout=900)
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "e2e", "--data", str(data),
+                          "--seeds", "0,1", "--peers", "sasrec_rectools,ease_rectools", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
-    assert result["users"] > 50
-    keys = {"hr@10", "ndcg@10", "hr@50", "coverage", "long_tail_share", "seen_in_list"}
-    for method in ("dinrec", "popularity", "item_cf", "towers", "sequential"):
+    assert result["users"] > 50 and result["seeds"] == [0, 1]
+    keys = {"hr@10", "ndcg@10", "hr@50", "coverage", "long_tail_share", "seen_in_list", "per_seed", "vs_item_cf"}
+    methods = ("dinrec", "popularity", "item_cf", "towers", "din_alone", "din_catalog", "without_din",
+               "without_covisit", "without_towers", "sasrec_rectools", "ease_rectools")
+    for method in methods:
         m = result[method]
-        assert keys <= set(m), method
+        assert keys - ({"vs_item_cf"} if method == "item_cf" else set()) <= set(m), method
         assert 0 <= m["ndcg@10"] <= m["hr@10"] <= m["hr@50"] <= 1 and 0 < m["coverage"] <= 1
         assert m["seen_in_list"] == 0, method  # every method keeps out what the user took
         assert m["mean_list_len"] == 10, method
+        # A mean over the seeds it ran (the deterministic baselines and EASE run once).
+        assert m["seeds_run"] == (1 if method in ("popularity", "item_cf", "ease_rectools") else 2), method
+        assert m["hr@10"] == pytest.approx(sum(m["per_seed"]["hr@10"]) / m["seeds_run"], abs=2e-4)
         if method != "dinrec":
-            assert {"diff", "se"} <= set(m["vs_dinrec"]["hr@10"])
             assert m["vs_dinrec"]["hr@10"]["diff"] == pytest.approx(result["dinrec"]["hr@10"] - m["hr@10"], abs=2e-4)
-    serving = result["dinrec"]["serving"]
-    assert serving["strategies"] == {"din": result["users"]} and serving["degraded"] == 0
-    assert serving["http_matches_in_process"] == 1.0  # the same lists through HTTP as in-process
+        if method != "item_cf":
+            assert m["vs_item_cf"]["hr@10"]["diff"] == pytest.approx(m["hr@10"] - result["item_cf"]["hr@10"], abs=2e-4)
+            assert m["vs_item_cf"]["hr@10"]["se"] > 0
+    for peer in ("sasrec_rectools", "ease_rectools"):
+        runs = result[peer]["runs"]
+        assert runs and all(r["library"].startswith("rectools ") and r["settings"] for r in runs), peer
+    assert {"epochs_run", "best_epoch", "train_seconds"} <= set(result["sasrec_rectools"]["runs"][0])
+    dinrec = result["dinrec"]
+    for serving in dinrec["serving"]:
+        assert serving["strategies"] == {"din": result["users"]} and serving["degraded"] == 0
+        assert serving["http_matches_in_process"] == 1.0  # the same lists through HTTP as in-process
+    # The retrain gate's served list (training.evaluation, in-process) is the list HTTP served.
+    for gate, hr in zip(dinrec["gate"], dinrec["per_seed"]["hr@10"], strict=True):
+        assert gate["lists_equal_http"] == 1.0 and gate["served_hr@10"] == pytest.approx(hr, abs=1e-4)
+    assert 0 < result["ceiling"]["hr"] <= 1 and result["ceiling"]["candidates"] > 0
     assert result["dinrec"]["hr@10"] > result["popularity"]["hr@10"]  # the synthetic world has tastes to find
     assert result["machine"]["cores"] >= 1 and result["machine"]["cpu"]  # the seconds name their machine
+
+
+def test_bench_e2e_pools_a_users_seeds_before_the_standard_error():
+    """Users are the independent units: a user's difference is averaged over the seeds first, so two seeds
+    that agree do not halve the standard error, and per-seed noise that cancels within users shrinks it."""
+    import numpy as np
+
+    from benchmarks.e2e_bench import Case, Runs
+
+    test = [Case(f"u{i}", i, np.array([1]), np.array([1]), 2 + i % 3, 0.0) for i in range(40)]
+    runs = Runs(test, n_items=10, tail=np.zeros(10, dtype=bool))
+    hits = [[c.target] + [9] * 9 for c in test]
+    misses = [[9] * 10 for _ in test]
+    half = [hits[i] if i % 2 else misses[i] for i in range(40)]
+    runs.add("item_cf", half)
+    runs.add("dinrec", hits)
+    runs.add("dinrec", hits)  # a second seed that agrees: the same 40 units
+    out = runs.summary()
+    d = np.r_[np.ones(20), np.zeros(20)]  # dinrec − item-CF per user: 1 where item-CF missed
+    assert out["dinrec"]["vs_item_cf"]["hr@10"] == {"diff": 0.5, "se": round(float(d.std(ddof=1) / np.sqrt(40)), 4)}
+    alternating = Runs(test, n_items=10, tail=np.zeros(10, dtype=bool))
+    alternating.add("item_cf", half)
+    alternating.add("dinrec", half)
+    alternating.add("dinrec", [misses[i] if i % 2 else hits[i] for i in range(40)])  # the other half
+    pooled = alternating.summary()["dinrec"]
+    assert pooled["hr@10"] == 0.5 and pooled["per_seed"]["hr@10"] == [0.5, 0.5]
+    # Each user: 0.5 on average over the seeds; item-CF 1 or 0 → differences ±0.5, mean 0.
+    d = np.where(np.arange(40) % 2 == 1, -0.5, 0.5)
+    assert pooled["vs_item_cf"]["hr@10"] == {"diff": 0.0, "se": round(float(d.std(ddof=1) / np.sqrt(40)), 4)}

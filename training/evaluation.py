@@ -20,8 +20,9 @@ on:
   is in the long tail (feature_store.long_tail, by behaviours in the window); and the long-tail
   share of the recalled items.
 
-* the served list: ``served_hr`` — HR@10 of the top 10 the ranking stage serves from the bundle's
-  recall lanes (towers and co-visitation, history excluded), scored by its blend (or DIN's alone);
+* the served list: ``served_hr`` — HR@10 of the top 10 the ranking stage (models.ranking) serves with
+  the served configuration (models.ranking_settings): every lane, DIN, the blend, re-ranking and the
+  long-tail lane, the popularity fill and the seen-item policy — the list ``GET /recommend`` answers;
   and, on the same held-out behaviours, what popularity and item-CF serve (:func:`baselines`): a
   candidate that loses to them must not ship, however it compares with the champion.
 
@@ -38,13 +39,15 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
+from feature_store.features import HistoryItem
 from feature_store.long_tail import long_tail_mask
 from models.bundle import Bundle
+from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace, target_found, top_unseen
 from training.data import gather_history
 from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
-from training.samples import SampleSet
+from training.samples import SampleSet, Split
 
 SERVED_K = 10
 
@@ -111,37 +114,51 @@ def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int 
         units["gauc"] = user_aucs(users, labels, z)  # (AUC_u, n_u): the same users, in the same order
         units["logloss"] = (row_logloss(labels, zc), None)
     out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k, units))
-    out.update(_served(bundle, rows[labels == 1], histories, item_map[torch.from_numpy(split.target_item)], units))
+    out.update(_served(bundle, samples, rows[labels == 1], units))
     return {k: round(v, 5) if isinstance(v, float) else v for k, v in out.items()}
 
 
-def _served(bundle: Bundle, positives: np.ndarray, histories, targets, units: dict | None = None,
-            k: int = SERVED_K, batch: int = 1024) -> dict:
-    """HR@k of the list the ranking stage serves (training.blend_fit.candidate_features: the towers'
-    and co-visitation's candidates, blended; DIN alone without a blend)."""
-    from models.scorer import Scorer
-    from retrieval.index import FaissIndex
-    from training.blend_fit import candidate_features
-
-    space = RecallSpace(bundle.model, bundle.towers, bundle.vocab.item_category)
-    index = FaissIndex.load(bundle.item_index_path)
-    scorer = Scorer(bundle.model, torch.as_tensor(bundle.vocab.item_category, dtype=torch.long), "fp32")
-    counts = (bundle.item_counts if bundle.item_counts is not None
-              else np.zeros(len(bundle.vocab.items))).astype(np.float32)
-    temperature = bundle.blend.temperature if bundle.blend is not None else 1.0
-    hits = []
-    for s in range(0, len(positives), batch):
-        r = positives[s:s + batch]
-        hist, cats = histories(r)
-        for h, c, t in zip(hist.tolist(), cats.tolist(), targets[torch.from_numpy(r)].tolist(), strict=True):
-            cand, x = candidate_features(scorer, space, index, bundle.covisit, counts, h, c, 200, 100, temperature)
-            score = bundle.blend.combine(x) if bundle.blend is not None else x[:, 0]
-            top = cand[np.argsort(-score, kind="stable")[:k]]
-            hits.append(bool(t) and t in top.tolist())
-    hit = np.asarray(hits, dtype=bool)
+def _served(bundle: Bundle, samples: SampleSet, positives: np.ndarray, units: dict | None = None,
+            k: int = SERVED_K) -> dict:
+    """HR@k of the list the ranking stage serves (models.ranking, with the served configuration:
+    models.ranking_settings) to each held-out positive's user, from everything they did before it: the
+    same lanes, scores, re-ranking, fill and seen-item policy as ``GET /recommend``."""
+    hit = np.asarray([target in listed for target, listed in zip(
+        (samples.vocab.items[t] for t in samples.test.target_item[positives]),
+        served_lists(bundle, samples, samples.test, positives, k), strict=True)], dtype=bool)
     if units is not None:
         units["served_hr"] = (hit, None)
     return {"served_hr": int(hit.sum()) / max(len(hit), 1), "served_k": k}
+
+
+def served_history(samples: SampleSet, split: Split, row: int, seq_len: int) -> tuple[list[HistoryItem], list[str]]:
+    """What the online store holds for ``split``'s ``row``'s user when their target happens: the newest
+    ``seq_len`` behaviours before it (with their times) and every item they took before it."""
+    items, cats = samples.vocab.items, samples.vocab.categories
+    span = samples.before(split, row)
+    history = [HistoryItem(float(samples.seq_ts[p]), f"sample-{p}", items[samples.seq_items[p]],
+                           cats[samples.seq_cats[p]]) for p in range(max(span.start, span.stop - seq_len), span.stop)]
+    return history, [items[i] for i in samples.seq_items[span].tolist()]
+
+
+def served_lists(bundle: Bundle, samples: SampleSet, split: Split, rows: np.ndarray, k: int,
+                 settings: RankingSettings | None = None, *, rec=None, tail_share: float | None = None
+                 ) -> list[list[str]]:
+    """The top ``k`` (item ids) the ranking stage serves ``bundle``'s users for ``split``'s ``rows``, from
+    what the store would hold (:func:`served_history`), the fill from the bundle's popularity. ``rec``: a
+    ranking stage over ``bundle`` to use (default: one with ``settings``, in fp32); ``tail_share``
+    overrides the long-tail lane's share (as an experiment variant may)."""
+    from models.ranking import Recommender
+    from retrieval.index import FaissIndex
+
+    rec = rec or Recommender(bundle, FaissIndex.load(bundle.item_index_path), settings, precision="fp32")
+    out = []
+    for r in rows.tolist():
+        history, taken = served_history(samples, split, r, rec.seq_len)
+        ranking = rec.rank(history, k, lambda n: bundle.popularity, seen=rec.seen_items(history, taken),
+                           tail_share=tail_share)
+        out.append([x.item_id for x in ranking.items])
+    return out
 
 
 def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K) -> tuple[dict, dict]:

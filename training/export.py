@@ -34,8 +34,11 @@ from training.samples import SampleSet, training_sequences
 
 
 def item_counts(samples: SampleSet) -> np.ndarray:
-    """(n_items,) int64 behaviours per item index in the log; padding (0) counts none."""
-    counts = np.bincount(samples.seq_items, minlength=samples.vocab.n_items).astype(np.int64)
+    """(n_items,) int64 training behaviours per item index (training.samples.training_sequences: before each
+    user's validation target, so no held-out behaviour counts); padding (0) counts none."""
+    seqs = training_sequences(samples)
+    flat = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int64)
+    counts = np.bincount(flat, minlength=samples.vocab.n_items).astype(np.int64)
     counts[0] = 0
     return counts
 
@@ -110,10 +113,17 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
                    ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
                    ITEM_COUNTS_FILE: lambda p: np.save(p, counts)}
     if blend and towers is not None and int((samples.val.label == 1).sum()) > 0:
+        from models.bundle import Bundle
+        from models.ranking import Recommender
         from training.blend_fit import fit_blend
 
         lane, lane_info = fit_covisitation(samples)
-        fitted, blend_info = fit_blend(model, towers, lane, samples, counts, index)
+        # The ranking stage over what this bundle will hold, before it is written: the blend is fitted on
+        # the candidates and signals the stage itself has, with the served configuration.
+        unexported = Bundle(path=Path(out), manifest={"model_version": "unexported"}, config=model.cfg,
+                            vocab=samples.vocab, metrics=metrics, popularity=popularity(samples, counts=counts),
+                            model=model, towers=towers, item_counts=counts, covisit=lane)
+        fitted, blend_info = fit_blend(Recommender(unexported, index, precision="fp32"), samples)
         metrics["ranking"] = {"covisit": lane_info, "blend": blend_info}
         extra[COVISIT_FILE] = lane.save
         extra[BLEND_FILE] = lambda p: p.write_text(json.dumps(fitted.to_json(), indent=1))

@@ -29,7 +29,7 @@ import numpy as np
 from feature_store.datasets.base import Interactions
 from models.vocab import Vocab
 
-SAMPLES_FORMAT_VERSION = 1
+SAMPLES_FORMAT_VERSION = 2  # 2: user_offsets
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,8 @@ class SampleSet:
     users: list[str]
     seq_items: np.ndarray  # (E,) int64
     seq_cats: np.ndarray  # (E,) int64
-    seq_ts: np.ndarray  # (E,) float64, kept for leakage checks and inspection
+    seq_ts: np.ndarray  # (E,) float64: behaviour times (leakage checks, time gaps, the served history's ts)
+    user_offsets: np.ndarray  # (U + 1,) int64: user u's behaviours are seq_*[user_offsets[u]:user_offsets[u + 1]]
     train: Split
     val: Split
     test: Split
@@ -67,11 +68,16 @@ class SampleSet:
     def split(self, name: str) -> Split:
         return {"train": self.train, "val": self.val, "test": self.test}[name]
 
+    def before(self, split: Split, row: int) -> slice:
+        """Where every behaviour of ``split``'s ``row``'s user before its target lies in seq_* (the whole
+        history, not only the ``seq_len`` newest its sample reads)."""
+        return slice(int(self.user_offsets[split.user[row]]), int(split.hist_end[row]))
+
     # ------------------------------------------------------------------ on disk
     def save(self, folder: str | Path) -> Path:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        for name in ("seq_items", "seq_cats", "seq_ts"):
+        for name in ("seq_items", "seq_cats", "seq_ts", "user_offsets"):
             np.save(folder / f"{name}.npy", getattr(self, name))
         for split in ("train", "val", "test"):
             for f in Split.FIELDS:
@@ -95,35 +101,30 @@ class SampleSet:
         return cls(vocab=Vocab.from_json(json.loads((folder / "vocab.json").read_text())),
                    users=json.loads((folder / "users.json").read_text()),
                    seq_items=np.load(folder / "seq_items.npy"), seq_cats=np.load(folder / "seq_cats.npy"),
-                   seq_ts=np.load(folder / "seq_ts.npy"), **splits, seq_len=meta["seq_len"],
+                   seq_ts=np.load(folder / "seq_ts.npy"), user_offsets=np.load(folder / "user_offsets.npy"),
+                   **splits, seq_len=meta["seq_len"],
                    negatives=meta["negatives"], source=meta["source"], fingerprint=meta["fingerprint"])
 
 
 def training_sequences(samples: SampleSet) -> list[np.ndarray]:
     """Each user's behaviours strictly before their validation target (all of them for users without
-    one), oldest first: the sequences item-to-item co-visitation is fitted on.
+    one), oldest first: what may be learned from — the sequences item-to-item co-visitation is fitted on,
+    the counts popularity and the long tail are read from. A user's first behaviours (those at the first
+    timestamp) are no training *target* — they have no history — but are behaviours like any other here:
+    sequences of training targets alone would drop every session's first click, the pair short-session
+    logs (DIGINETICA) learn most from."""
+    return [samples.seq_items[a:b] for a, b in zip(samples.user_offsets[:-1].tolist(), training_ends(samples).tolist(),
+                                                   strict=True) if b > a]
 
-    A user's first behaviours (those at the first timestamp) are no training *target* — they have no
-    history — but are behaviours like any other for co-visitation: sequences of training targets alone
-    would drop every session's first click, the pair short-session logs (DIGINETICA) learn most from.
-    A user's behaviours start where their first training target's history does (exact unless more than
-    ``seq_len`` behaviours share the user's first timestamp) and, without a holdout, end after the first
-    timestamp's behaviours and every training target."""
-    train, val = samples.train, samples.val
-    rows, vrows = np.flatnonzero(train.label == 1), np.flatnonzero(val.label == 1)
-    # A user's validation target (users may have one and no training target) bounds where they start, too.
-    user = np.r_[train.user[rows], val.user[vrows]]
-    if len(user) == 0:
-        return []
-    end, length = np.r_[train.hist_end[rows], val.hist_end[vrows]], np.r_[train.hist_len[rows], val.hist_len[vrows]]
-    order = np.argsort(user, kind="stable")
-    user, end, length = user[order], end[order], length[order]
-    firsts = np.flatnonzero(np.r_[True, user[1:] != user[:-1]])
-    starts = np.minimum.reduceat(end - length, firsts)
-    stops = np.minimum.reduceat(end, firsts) + np.diff(np.r_[firsts, len(user)])  # users without a holdout
-    val_end = dict(zip(val.user[vrows].tolist(), val.hist_end[vrows].tolist(), strict=True))
-    stops = [val_end.get(u, s) for u, s in zip(user[firsts].tolist(), stops.tolist(), strict=True)]
-    return [samples.seq_items[a:b] for a, b in zip(starts.tolist(), stops, strict=True) if b > a]
+
+def training_ends(samples: SampleSet) -> np.ndarray:
+    """(U,) where each user's training behaviours end in seq_*: at their validation target's timestamp, or
+    after their last behaviour."""
+    val = samples.val
+    rows = np.flatnonzero(val.label == 1)
+    ends = samples.user_offsets[1:].copy()
+    ends[val.user[rows]] = val.hist_end[rows]
+    return ends
 
 
 def is_sample_dir(path: str | Path) -> bool:
@@ -222,6 +223,7 @@ def build_samples(data: Interactions, *, seq_len: int = 50, negatives: int = 1, 
 
     return SampleSet(vocab=Vocab(["<pad>", *items.tolist()], ["<pad>", *cats.tolist()], item_category),
                      users=users.tolist(), seq_items=seq_items, seq_cats=seq_cats, seq_ts=ts,
+                     user_offsets=np.r_[user_start, n].astype(np.int64),
                      train=make(train_pos, negatives, popular=True), val=make(val_pos, eval_negatives),
                      test=make(test_pos, eval_negatives), seq_len=seq_len,
                      negatives=negatives, source=data.source, fingerprint=data.fingerprint())

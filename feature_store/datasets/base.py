@@ -71,11 +71,13 @@ class Interactions:
         return h.hexdigest()[:16]
 
     def events(self, prefix: str = "") -> Iterator[BehaviourEvent]:
-        """Row-by-row events (slow path: for seeding stores and streams, not for training)."""
+        """Row-by-row events (slow path: for seeding stores and streams, not for training). Event ids end in
+        the zero-padded row number: a store orders a history by (ts, event id), so behaviours that share a
+        timestamp keep the rows' order, the order training's samples give them."""
         for i in range(len(self)):
             v = self.value[i]
             yield BehaviourEvent(
-                event_id=f"{prefix}{self.source}:{i}", user_id=self.user_id[i], item_id=self.item_id[i],
+                event_id=f"{prefix}{self.source}:{i:010d}", user_id=self.user_id[i], item_id=self.item_id[i],
                 category_id=self.category_id[i], event_type=self.event_type[i], ts=float(self.ts[i]),
                 value=None if np.isnan(v) else float(v),
             )

@@ -1,6 +1,9 @@
-"""The request path: history → query vector (models.recall: the recall towers' user tower) → FAISS
-recall → DIN scores (models.scorer) → top-k.
+"""The ranking stage — the one place the served list is made: history → recall lanes (models.recall:
+the towers' user tower and FAISS; co-visitation; the cold, popular and fresh lanes) → DIN scores
+(models.scorer) → blend → re-rank (business rules, the long-tail lane) → fill → the seen-item policy.
 
+``GET /recommend`` serves through it, and everything that measures the served list calls it with the
+served configuration (models.ranking_settings): the retrain gate, the blend's fit and ``dinrec bench e2e``.
 Built once per bundle (the service swaps the whole Recommender when a new bundle loads).
 """
 
@@ -14,14 +17,22 @@ import numpy as np
 import torch
 
 from feature_store.features import HistoryItem
-from models.blend import candidate_signals
+from models.blend import FEATURES, candidate_signals
 from models.bundle import Bundle
+from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace
 from models.rows import AppendOnlyRows
 from models.scorer import Scorer, choose_scorer
 from retrieval.index import FaissIndex, choose_search_index, exact_search
-from serving.rerank import Reranker
-from serving.schemas import Because  # one of the user's behaviours that drew an item, and its weight
+
+
+@dataclass(frozen=True)
+class Because:
+    """One of the user's behaviours that drew an item, and its weight in DIN's activation unit."""
+
+    item_id: str
+    category_id: str
+    weight: float
 
 
 @dataclass(frozen=True)
@@ -89,12 +100,17 @@ class Ranking:
 
 
 class Recommender:
-    def __init__(self, bundle: Bundle, index: FaissIndex, recall_candidates: int = 200,
+    def __init__(self, bundle: Bundle, index: FaissIndex, settings: RankingSettings | None = None,
                  precision: str = "auto") -> None:
+        """``settings``: the served list's configuration (default: read from the environment, as the
+        service reads it)."""
+        settings = settings if settings is not None else RankingSettings()
+        self.settings = settings
+        self.reranker = settings.reranker()
         self.bundle = bundle
         self.model = bundle.model.eval()
         self.index = index
-        self.recall_candidates = recall_candidates
+        self.recall_candidates = settings.recall_candidates
         self.explain_top = 3  # behaviours named per item with explain
         self.seq_len = bundle.seq_len
         self._item_idx = bundle.vocab.item_index()
@@ -113,15 +129,15 @@ class Recommender:
         self.scorer, self.scorer_choice = choose_scorer(self.model, self._item_cat, precision, probes[:4])
         # and the faster of the exact scan and its half-precision copy (the same top items), timed now
         queries = np.concatenate([self.recall.query(h.tolist(), c.tolist()) for h, c, _ in probes])
-        self.index, self.index_choice = choose_search_index(index, queries, recall_candidates + self.seq_len)
-        self.fresh_candidates = 0  # cold items every recall includes, however they score (a freshness lane)
-        self.popular_candidates = 0  # the bundle's most popular items every recall includes (a popularity lane)
+        self.index, self.index_choice = choose_search_index(index, queries, self.recall_candidates + self.seq_len)
+        self.fresh_candidates = settings.fresh_candidates  # cold items every recall includes, however they score
+        self.popular_candidates = settings.popular_candidates  # the most popular unseen items, in every recall
         self._popular_idx = [i for i in (self._item_idx.get(item) for item, _ in bundle.popularity) if i]
         self.cold: ColdLane | None = None
         # The co-visitation lane's best unseen items join every recall (0: off), and with a blend
         # the served score is DIN's blended with the lanes' (models.blend).
         self.covisit = bundle.covisit
-        self.covisit_candidates = 100 if bundle.covisit is not None else 0
+        self.covisit_candidates = settings.covisit_candidates if bundle.covisit is not None else 0
         self.blend = bundle.blend
         self._counts = (bundle.item_counts.astype(np.float32) if bundle.item_counts is not None
                         else np.zeros(len(bundle.vocab.items), dtype=np.float32))
@@ -177,11 +193,10 @@ class Recommender:
             cand = np.concatenate([cand, extra])
         return cand, query
 
-    def _blended(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], cats: list[int],
-                 query: np.ndarray, cold: ColdLane | None, scorer: Scorer) -> torch.Tensor:
-        """DIN's logits (N,) blended with the towers', co-visitation's, recent category's and
-        popularity's signals (N,)."""
-        assert self.blend is not None and self.covisit is not None
+    def _signals(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], cats: list[int],
+                 query: np.ndarray, cold: ColdLane | None, scorer: Scorer) -> np.ndarray:
+        """The blend's (N, F) features (models.blend) of the candidates ``cand`` (N,): DIN's logits, the
+        towers' cosines, co-visitation's scores, the recent category's share and popularity."""
         base = len(self.bundle.vocab.items)
         known = cand < base
         vectors = np.empty((len(cand), self.recall.dim), dtype=np.float32)  # (N, D)
@@ -191,9 +206,24 @@ class Recommender:
             vectors[~known] = cold.vectors.rows.numpy()[cand[~known] - base]
         counts = np.zeros(len(cand), dtype=np.float32)
         counts[known] = self._counts[cand[known]]
-        x = candidate_signals(logits.numpy(), vectors @ query[0], self.covisit, items, cats, cand,
-                              scorer.item_category[torch.from_numpy(cand)].numpy(), counts, self.blend.temperature)
-        return torch.from_numpy(self.blend.combine(x))
+        temperature = self.blend.temperature if self.blend is not None else (
+            self.bundle.towers.cfg.temperature if self.bundle.towers is not None else 1.0)
+        return candidate_signals(logits.numpy(), vectors @ query[0], self.covisit, items, cats, cand,
+                                 scorer.item_category[torch.from_numpy(cand)].numpy(), counts, temperature)
+
+    @torch.inference_mode()
+    def signals(self, history: list[HistoryItem], seen: Collection[str]) -> tuple[np.ndarray, np.ndarray]:
+        """What the ranking stage has for ``history``, before it blends: the candidates every lane recalls
+        (N,) (item indices; ``seen`` never) and their (N, F) signals — what the blend is fitted on."""
+        items, cats = self._encode(history[-self.seq_len:])
+        cold = self.cold
+        cand, query = self._candidates(items, cats, self.recall_candidates, self._excluded(seen, cold), cold)
+        if len(cand) == 0:
+            return cand, np.zeros((0, len(FEATURES)), dtype=np.float32)
+        scorer = cold.scorer if cold is not None else self.scorer
+        logits = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
+                              torch.as_tensor(cand, dtype=torch.long)).logits
+        return cand, self._signals(logits, cand, items, cats, query, cold, scorer)
 
     def _by_score(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
         base = len(self.bundle.vocab.items)
@@ -236,22 +266,21 @@ class Recommender:
 
     @torch.inference_mode()
     def rank(self, history: list[HistoryItem], k: int, popular: Callable[[int], list[tuple[str, float]]], *,
-             rerank: Reranker | None = None, shown: Collection[str] = (), explain: bool = False,
-             candidates: int | None = None, tail_share: float | None = None,
-             seen: Collection[str] | None = None) -> Ranking:
+             shown: Collection[str] = (), explain: bool = False, candidates: int | None = None,
+             tail_share: float | None = None, seen: Collection[str] | None = None) -> Ranking:
         """``popular(n)``: the n most popular (item, count), for users with no usable behaviour and to
-        fill a list recall could not. ``seen``: the items never to recommend (the seen-item policy;
-        default: the history's). ``rerank`` applies the business rules (``shown``: items recently shown
-        to the user) and the long-tail lane (``tail_share`` overrides its share); with ``explain`` each
-        item says which behaviours drew it (DIN's attention weights, largest first). The list has
-        ``k`` items whenever the catalog has that many the rules allow."""
-        rerank = rerank or Reranker()
+        fill a list recall could not. ``seen``: the items never to recommend (:meth:`seen_items`;
+        default: the history's). The stage's re-ranker applies the business rules (``shown``: items
+        recently shown to the user) and the long-tail lane (``tail_share`` overrides its share: an
+        experiment variant's); with ``explain`` each item says which behaviours drew it (DIN's attention
+        weights, largest first). The list has ``k`` items whenever the catalog has that many the rules allow."""
+        rerank = self.reranker
         seen = {h.item_id for h in history} if seen is None else seen
         window = history[-self.seq_len:]
         items, cats = self._encode(window)
         known = [i for i in items if i]
         if not known:
-            return self.rank_by_popularity(history, k, popular, rerank=rerank, shown=shown, seen=seen)
+            return self.rank_by_popularity(history, k, popular, shown=shown, seen=seen)
 
         t0, c0 = time.perf_counter(), time.thread_time()
         cold = self.cold  # read once: a catalog update swaps it whole
@@ -260,12 +289,12 @@ class Recommender:
         t1, c1 = time.perf_counter(), time.thread_time()
         if len(cand) == 0:
             return self._filled(Ranking([], "din", len(known), {"recall": t1 - t0}, {"recall": c1 - c0}), k, popular,
-                                rerank, shown, seen)
+                                shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
         scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                               torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
-        logits = (scored.logits if self.blend is None
-                  else self._blended(scored.logits, cand, items, cats, query, cold, scorer))
+        logits = (scored.logits if self.blend is None else torch.from_numpy(
+            self.blend.combine(self._signals(scored.logits, cand, items, cats, query, cold, scorer))))
         scores = torch.sigmoid(logits).tolist()  # (N,)
         c2 = time.thread_time()
         cand_list = cand.tolist()
@@ -285,16 +314,16 @@ class Recommender:
             out.append(Scored(candidates[j][0], candidates[j][1], score, because))
         ranking = Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1},
                           {"recall": c1 - c0, "score": c2 - c1})
-        return self._filled(ranking, k, popular, rerank, shown, seen)
+        return self._filled(ranking, k, popular, shown, seen)
 
     def _filled(self, ranking: Ranking, k: int, popular: Callable[[int], list[tuple[str, float]]],
-                rerank: Reranker, shown: Collection[str], seen: Collection[str]) -> Ranking:
+                shown: Collection[str], seen: Collection[str]) -> Ranking:
         """``ranking`` with popular items after its own when it has fewer than ``k`` (recall found too
         few it may show); they score below every item the model chose."""
         if len(ranking.items) >= k:
             return ranking
         taken = {x.item_id for x in ranking.items}
-        more = self.rank_by_popularity([], k - len(ranking.items), popular, rerank=rerank, shown=shown,
+        more = self.rank_by_popularity([], k - len(ranking.items), popular, shown=shown,
                                        seen=taken | set(seen), listed=[x.category_id for x in ranking.items]).items
         floor = min((x.score for x in ranking.items), default=1.0)
         tail = [Scored(x.item_id, x.category_id, floor * x.score) for x in more]
@@ -302,19 +331,27 @@ class Recommender:
                        ranking.cpu_seconds)
 
     def rank_by_popularity(self, history: list[HistoryItem], k: int,
-                           popular: Callable[[int], list[tuple[str, float]]], *, rerank: Reranker | None = None,
-                           shown: Collection[str] = (), seen: Collection[str] | None = None,
-                           listed: Collection[str] = ()) -> Ranking:
+                           popular: Callable[[int], list[tuple[str, float]]], *, shown: Collection[str] = (),
+                           seen: Collection[str] | None = None, listed: Collection[str] = ()) -> Ranking:
         """The ``k`` most popular items not in ``seen`` (default: the history's items), after the
         business rules (``listed``: categories already in the list this fills, counted by the category
         cap); score relative to the top item."""
-        rerank = rerank or Reranker()
+        rerank = self.reranker
         seen = {h.item_id for h in history} if seen is None else seen
         ranked = popular(5 * k + len(seen))  # headroom for blocklists and category caps
         peak = max((s for _, s in ranked), default=1.0) or 1.0
         candidates = [(i, self.category_of(i), s / peak) for i, s in ranked if i not in seen]
         chosen = rerank.select(candidates, k, shown, listed=listed)
         return Ranking([Scored(candidates[j][0], candidates[j][1], s) for j, s in chosen], "popular", 0)
+
+    def seen_items(self, history: list[HistoryItem], interacted: Collection[str] = ()) -> set[str]:
+        """The items the seen-item policy keeps out of ``history``'s list: everything the user took
+        (``all``: the history and ``interacted``, what the store keeps beyond it), the history alone
+        (``recent``), or nothing (``none``)."""
+        policy = self.settings.seen_policy
+        if policy == "none":
+            return set()
+        return {h.item_id for h in history} | (set(interacted) if policy == "all" else set())
 
     def recall_items(self, history: list[HistoryItem], n: int, seen: Collection[str] | None = None) -> list[str]:
         """The ids of the n candidates recall finds for ``history`` (before DIN), ``seen`` (default: the
