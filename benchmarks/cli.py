@@ -57,15 +57,23 @@ def bench_train_cmd(
     seeds: Annotated[str, typer.Option(help="training seeds, e.g. 0,1,2,3,4: both sides train once per seed")] = "0",
     device: str = "auto",
     eval_negatives: Annotated[int, typer.Option(help="negatives per val/test positive")] = 20,
+    objective: Annotated[str, typer.Option(help="dinrec's objective: listwise (the default's) or pointwise")] = (
+        "listwise"),
+    also_pointwise: Annotated[bool, typer.Option("--also-pointwise/--no-also-pointwise", help=(
+        "with listwise: also dinrec's pointwise objective in the same run (the throughput before it)"))] = False,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
-    """Train DIN on a dataset and report samples/s, memory and test AUC/GAUC (and the peer's)."""
+    """Train DIN on a dataset and report samples/s (a sample: a positive with its negatives), candidates/s,
+    memory, test AUC/GAUC and, listwise, the training time to the peer's test GAUC (and the peer's)."""
     from benchmarks.train_bench import bench_train
 
+    if objective not in ("listwise", "pointwise"):
+        raise typer.BadParameter("listwise or pointwise", param_hint="--objective")
     result = bench_train(data, vs=vs, epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim,
                          cat_dim=cat_dim, attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation, seeds=_tuple(seeds),
-                         device=device, eval_negatives=eval_negatives)
+                         device=device, eval_negatives=eval_negatives, objective=objective,
+                         also_pointwise=also_pointwise)
     _print(result, as_json)
 
 

@@ -247,19 +247,23 @@ def _towers_lists(rec, test: Sequence[Case]) -> list[list[int]]:
     return out
 
 
-def _catalog_lists(rec, test: Sequence[Case]) -> list[list[int]]:
-    """DIN scoring every item the user has not taken: the ranking model on the recall-free footing of
-    the sequential peers."""
+def _catalog_lists(rec, samples: SampleSet, test: Sequence[Case]) -> list[list[int]]:
+    """DIN scoring every item the user has not taken — with what it reads at serving time (models.context)
+    — the ranking model on the recall-free footing of the sequential peers."""
     import torch
 
-    every = torch.arange(1, rec.scorer.n_items)
+    from training.evaluation import served_history
+
+    every = np.arange(1, rec.scorer.n_items)
     out = []
     for c in test:
-        items = torch.as_tensor(c.history[-rec.seq_len:], dtype=torch.long)
-        cats = torch.as_tensor(c.cats[-rec.seq_len:], dtype=torch.long)
-        logits = rec.scorer.score(items, cats, every).logits.clone()  # (I − 1,)
+        history, _ = served_history(samples, samples.test, c.row, rec.seq_len)
+        items, cats = rec._encode(history)
+        logits = rec.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
+                                  torch.from_numpy(every), context=rec._context(history, items, every, rec.scorer)
+                                  ).logits.clone()  # (I − 1,)
         logits[torch.as_tensor(c.history, dtype=torch.long) - 1] = -torch.inf
-        out.append((every[logits.topk(DEEP).indices]).tolist())
+        out.append(every[logits.topk(DEEP).indices.numpy()].tolist())
     return out
 
 
@@ -292,7 +296,7 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
             out[name] = served_lists(bundle, samples, samples.test, rows, DEEP,
                                      rec=stage(Blend(tuple(ablations[name]), bundle.blend.temperature)))
     names = bundle.vocab.items
-    out["din_catalog"] = [[names[i] for i in lst] for lst in _catalog_lists(served, test)]
+    out["din_catalog"] = [[names[i] for i in lst] for lst in _catalog_lists(served, samples, test)]
     found = 0
     for c in test:
         history, taken = served_history(samples, samples.test, c.row, served.seq_len)

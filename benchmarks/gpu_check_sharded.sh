@@ -25,7 +25,7 @@ cfg = SyntheticConfig(n_users=100_000, n_items=1_000_000, n_categories=2_000, me
 open('$DATA/events.jsonl', 'w').write(dumps_many(list(generate(cfg).events())))
 "
 fi
-COMMON=(DINREC_TRAIN_RECALL_EPOCHS=0 DINREC_TRAIN_RANKING_BLEND=false DINREC_TRAIN_PRECISION=bf16
+COMMON=(DINREC_TRAIN_OBJECTIVE=pointwise DINREC_TRAIN_RECALL_EPOCHS=0 DINREC_TRAIN_RANKING_BLEND=false DINREC_TRAIN_PRECISION=bf16
         DINREC_TRAIN_BATCH_SIZE=$((4096 * NGPU)) DINREC_TRAIN_ATTENTION_ACTIVATION=prelu)
 run() {  # name, extra environment...
   local name=$1; shift

@@ -68,7 +68,10 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
                  seed: int = 0) -> dict:
     t0 = time.perf_counter()
     samples = build_samples(load_dataset(data), seq_len=seq_len, eval_negatives=20, seed=seed)
-    settings = TrainSettings(epochs=epochs, seq_len=seq_len, seed=seed, progress=False, recall_epochs=recall_epochs)
+    # DIN here only lends its item embeddings to a recall space (din_mean): the pointwise objective, which
+    # needs no lanes (the listwise one trains on what the towers and co-visitation recall: dinrec train).
+    settings = TrainSettings(epochs=epochs, seq_len=seq_len, seed=seed, progress=False, recall_epochs=recall_epochs,
+                             objective="pointwise")
     with tempfile.TemporaryDirectory(prefix="dinrec-bench-recall-") as tmp:
         din = train(samples, settings, Path(tmp)).model.eval()
     t_din = time.perf_counter()

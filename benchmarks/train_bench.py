@@ -1,10 +1,16 @@
 """`dinrec bench train`: dinrec's trainer, alone or side by side with DeepCTR-Torch's DIN.
 
-Both sides get the same samples (same split, same negatives), the same features (item + category),
-the same embedding and layer sizes and activations, the same batch size, learning rate and
-epochs, in one process, one after the other, each with all CPU threads. Metrics come from the same
-code (training.metrics). Throughput is training samples per second of training time (evaluation
-excluded) — the peer is measured in the same run, never remembered from an earlier one.
+Both sides get the same samples (same split, same held-out negatives), the same features (item +
+category), the same embedding and layer sizes and activations, the same learning rate and epochs, in
+one process, one after the other, each with all CPU threads. Metrics come from the same code
+(training.metrics). A *sample* is one training positive with its negatives: DeepCTR (and dinrec's
+pointwise objective) train on a positive and one sampled negative, dinrec's listwise objective on a
+positive and ``list_negatives`` mined and popular ones; ``samples_per_s`` counts those per second of
+training time (evaluation excluded), ``candidates_per_s`` the items scored. With the listwise objective
+dinrec's test GAUC is probed after every epoch, for the training time it takes to reach the peer's
+final test GAUC (the recall towers it mines its negatives from are trained first and timed apart).
+``also_pointwise`` adds dinrec's pointwise objective to the same run: the throughput before it. The peer
+is measured in the same run, never remembered from an earlier one.
 
 With several training seeds (``seeds``), both sides train once per seed, interleaved, on the same
 samples; each side reports the mean over seeds and every run. One seed is not enough to compare
@@ -26,16 +32,46 @@ from training.samples import SampleSet, build_samples
 from training.settings import TrainSettings
 from training.telemetry import peak_rss_mb
 
-_REPORTED = ("samples_per_s", "test_auc", "test_gauc", "test_logloss", "val_gauc")
+_REPORTED = ("samples_per_s", "candidates_per_s", "test_auc", "test_gauc", "test_logloss", "val_gauc")
 
 
-def _dinrec_once(samples: SampleSet, settings: TrainSettings) -> dict:
+def _dinrec_once(samples: SampleSet, settings: TrainSettings, peer_gauc: float | None = None) -> dict:
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
-    m = train(samples, settings).metrics
-    run = {k: m[k] for k in _REPORTED}
+    probes: list[dict] = []
+    lists, towers_s = None, 0.0
+    if settings.objective == "listwise":
+        from training.export import fit_covisitation
+        from training.lists import ListData
+        from training.pipeline import list_settings
+        from training.towers_train import towers_settings, train_towers
+
+        t0 = time.perf_counter()
+        towers = train_towers(samples, towers_settings(settings)).model
+        lists = ListData(samples, list_settings(settings), towers, fit_covisitation(samples)[0],
+                         min(settings.seq_len, samples.seq_len))
+        towers_s = time.perf_counter() - t0
+
+    def probe(trainer) -> None:  # the test split after each epoch: when the peer's GAUC is reached
+        from training.loop import evaluate_lists
+
+        test = evaluate_lists(trainer.model, trainer.lists, trainer.test_t, "test", trainer.precision)
+        probes.append({"epoch": trainer.progress.epoch, "train_seconds": round(trainer.progress.train_seconds, 2),
+                       "test_gauc": round(test["gauc"], 5)})
+
+    m = train(samples, settings, lists=lists, on_epoch=probe if lists is not None else None).metrics
+    run = {k: m[k] for k in _REPORTED if k in m}
+    per_sample = 1 + (settings.list_negatives if lists is not None else samples.negatives)
     run.update(peak_rss_mb=peak_rss_mb(), device=m["device"], precision=m.get("precision", "fp32"),
-               fused_kernel=m["fused_kernel"])
+               fused_kernel=m["fused_kernel"], objective=settings.objective,
+               candidates_per_s=m["samples_per_s"] * per_sample)
+    if lists is None:  # pointwise: the trainer counts rows; a sample is a positive with its negatives
+        run["samples_per_s"] = m["samples_per_s"] / per_sample
+        run["candidates_per_s"] = m["samples_per_s"]
+    else:
+        run.update(towers_seconds=round(towers_s, 1), epochs=probes)
+        reached = [p for p in probes if peer_gauc is not None and p["test_gauc"] >= peer_gauc]
+        run["seconds_to_peer_gauc"] = reached[0]["train_seconds"] if reached else None
     for key in ("gpu_name", "gpu_peak_mem_mb", "gpu_sm_util", "gpu_mem_bw_util"):
         if key in m:
             run[key] = m[key]
@@ -51,7 +87,10 @@ def _deepctr_once(samples: SampleSet, settings: TrainSettings) -> dict:
                     attention_activation=s.attention_activation, mlp_activation=s.mlp_activation, seed=s.seed,
                     lr=s.lr)
     t, v = samples.test, samples.val
-    return {"samples_per_s": p["samples_per_s"], "test_auc": auc(t.label, p["test_scores"]),
+    rows_per_s = p["samples_per_s"]  # DeepCTR counts rows: a positive and its negative are two
+    per_sample = 1 + samples.negatives
+    return {"samples_per_s": rows_per_s / per_sample, "candidates_per_s": rows_per_s,
+            "test_auc": auc(t.label, p["test_scores"]),
             "test_gauc": gauc(t.user, t.label, p["test_scores"]), "test_logloss": logloss(t.label, p["test_scores"]),
             "val_gauc": gauc(v.user, v.label, p["val_scores"])}
 
@@ -68,7 +107,8 @@ def _summary(runs: list[dict], seeds: list[int]) -> dict:
 def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_size: int, item_dim: int,
                 cat_dim: int, attention_hidden: tuple[int, ...], mlp_hidden: tuple[int, ...],
                 attention_activation: str, mlp_activation: str, seeds: tuple[int, ...] = (0,),
-                device: str = "auto", eval_negatives: int = 20) -> dict:
+                device: str = "auto", eval_negatives: int = 20, objective: str = "listwise",
+                also_pointwise: bool = False) -> dict:
     if vs not in (None, "deepctr"):
         raise ValueError(f"unknown peer {vs!r}; the only one is 'deepctr'")
     if not seeds:
@@ -80,14 +120,25 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
     prep_s = time.perf_counter() - t0
     mine: list[dict] = []
     peer: list[dict] = []
+    pointwise: list[dict] = []
     for seed in seeds:
-        settings = TrainSettings(epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim,
-                                 cat_dim=cat_dim, attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,
-                                 attention_activation=attention_activation, mlp_activation=mlp_activation,
-                                 seed=seed, device=device, progress=False)
-        mine.append(_dinrec_once(samples, settings))
+        common = dict(epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim, cat_dim=cat_dim,
+                      attention_hidden=attention_hidden, mlp_hidden=mlp_hidden, mlp_activation=mlp_activation,
+                      seed=seed, device=device, progress=False, patience=0)
+        # DeepCTR (and dinrec's pointwise objective) with the paper's activation unit; listwise lists need
+        # a unit without batch statistics (models.din), PReLU in its place.
+        peer_settings = TrainSettings(objective="pointwise", attention_activation=attention_activation, **common)
         if vs == "deepctr":
-            peer.append(_deepctr_once(samples, settings))
+            peer.append(_deepctr_once(samples, peer_settings))
+        if objective == "pointwise":
+            settings = peer_settings
+        else:  # dinrec as it ships: its listwise unit (one narrow PReLU layer, run per candidate) and batch
+            shipped = TrainSettings()
+            settings = TrainSettings(objective="listwise", **{**common, "attention_hidden": shipped.attention_hidden,
+                                                              "batch_size": shipped.batch_size})
+        mine.append(_dinrec_once(samples, settings, peer[-1]["test_gauc"] if peer else None))
+        if also_pointwise and objective != "pointwise":
+            pointwise.append(_dinrec_once(samples, peer_settings))
     out = {
         "dataset": str(data), "train_samples": len(samples.train), "test_samples": len(samples.test),
         "n_items": samples.vocab.n_items, "n_categories": samples.vocab.n_categories,
@@ -95,9 +146,17 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
         "config": {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size, "item_dim": item_dim,
                    "cat_dim": cat_dim, "attention_hidden": list(attention_hidden), "mlp_hidden": list(mlp_hidden),
                    "attention_activation": attention_activation, "mlp_activation": mlp_activation,
-                   "lr": settings.lr, "negatives": 1, "eval_negatives": eval_negatives, "seeds": list(seeds)},
-        "dinrec": _summary(mine, list(seeds)),
+                   "lr": settings.lr, "negatives": 1, "list_negatives": settings.list_negatives,
+                   "eval_negatives": eval_negatives, "seeds": list(seeds),
+                   "dinrec_listwise": {k: v for k, v in settings.model_dump().items() if k in (
+                       "attention_hidden", "attention_activation", "batch_size", "list_negatives",
+                       "hard_negative_share", "din_context")} if objective == "listwise" else None},
+        "objective": objective, "dinrec": _summary(mine, list(seeds)),
     }
+    if pointwise:
+        out["dinrec_pointwise"] = _summary(pointwise, list(seeds))
+        out["listwise_vs_pointwise_samples_per_s"] = out["dinrec"]["samples_per_s"] / out["dinrec_pointwise"][
+            "samples_per_s"]
     if peer:
         out["deepctr"] = _summary(peer, list(seeds))
         out["speedup"] = out["dinrec"]["samples_per_s"] / out["deepctr"]["samples_per_s"]

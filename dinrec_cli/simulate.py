@@ -7,7 +7,6 @@ by their true interests and a position bias, and send the clicks back → the re
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import tempfile
 import time
@@ -36,7 +35,6 @@ def simulate(
 ) -> None:
     """Run an experiment on simulated users and print its results (JSON on stdout)."""
     import httpx
-    import numpy as np
 
     from experiments import open_state
     from feature_store.datasets.synthetic import SyntheticConfig, generate_world
@@ -68,10 +66,10 @@ def simulate(
     say(f"trained DIN on {len(data)} synthetic behaviours: test AUC {result.metrics['test_auc']:.3f}")
     models = {"champion": {"test_auc": result.metrics["test_auc"]}}
     serving_model: dict = {"bundle_dir": bundle}
-    if experiment == "origin-story":  # a second model, trained on the same samples with their labels shuffled
-        rng = np.random.default_rng(seed)
-        bad_samples = dataclasses.replace(samples, train=dataclasses.replace(
-            samples.train, label=rng.permutation(samples.train.label)))
+    if experiment == "origin-story":  # a second model, trained on the same samples through a broken join
+        from retrain.drills import degrade_samples  # labels shuffled, item ids remapped (the retrain drill)
+
+        bad_samples = degrade_samples(samples, "shuffled-labels", seed)
         bad_settings = train_settings.model_copy(update={"ranking_blend": False})
         # Served by its DIN score alone: the ranking blend, fitted on validation, would give a model
         # trained on shuffled labels no weight, and the lanes would carry its lists (the blend guards

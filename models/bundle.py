@@ -217,6 +217,10 @@ def load_bundle(path: str | Path) -> Bundle:
             raise ValueError(f"{BLEND_FILE} needs {COVISIT_FILE}, {ITEM_COUNTS_FILE} and the towers beside it")
         if covisit is not None and covisit.n_items != config.n_items:
             raise ValueError(f"{COVISIT_FILE} covers {covisit.n_items} items, the model {config.n_items}")
+        if config.pair_inputs and covisit is None:
+            raise ValueError(f"its DIN reads co-visitation similarities and there is no {COVISIT_FILE}")
+        if config.candidate_inputs and item_counts is None:
+            raise ValueError(f"its DIN reads training counts and there is no {ITEM_COUNTS_FILE}")
     except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise BundleError(f"{path}: cannot build the model from the bundle: {exc}") from exc
     model.eval()

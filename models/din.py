@@ -3,12 +3,24 @@
 Inputs are index tensors (0 = padding / unknown item or category)::
 
     hist_items, hist_cats:   (B, L) int64, left-padded: the newest behaviour is at [:, -1]
-    target_item, target_cat: (B,)   int64, the candidate to score
+    target_item, target_cat: (B,)   int64, the candidate to score            (forward: one per history)
+    cand_items, cand_cats:   (B, N) int64, candidates sharing each history   (score_lists: a list each)
 
-``forward`` returns one logit per row, shape (B,). A local activation unit weighs each behaviour
-by its relevance to the candidate, from [q, h, q−h, q⊙h]; padded positions get weight 0, so
-adding or removing padding changes nothing. Weights are *not* softmax-normalised (sum pooling,
-as in the paper), which keeps the intensity of a user's interest in the representation.
+``forward`` returns one logit per row, shape (B,); ``score_lists`` one per candidate, (B, N). A local
+activation unit weighs each behaviour by its relevance to the candidate, from [q, h, q−h, q⊙h]; padded
+positions get weight 0, so adding or removing padding changes nothing. Weights are *not*
+softmax-normalised (sum pooling, as in the paper), which keeps the intensity of a user's interest in the
+representation.
+
+**Context** (a config with ``positions``, ``time_buckets``, ``pair_inputs`` or ``candidate_inputs``:
+what the ranking stage knows besides ids, models.context builds it). The unit also reads, per behaviour,
+its position from the newest and the time gap to the newest (learned terms of its first layer: DIN
+itself is otherwise blind to order and time), and per (candidate, behaviour) P similarity channels —
+co-visitation's sim(h_l, c) — so a behaviour co-visited with the candidate can weigh more. The MLP also
+reads per candidate F features and, per channel, the similarity summed over the history (learned
+recency weights), from the newest behaviour alone, and pooled by the unit's weights; ``cross`` adds
+interest ⊙ candidate (an MLP learns a dot product poorly). A linear term on those features is added
+to the logit, so the model starts from what a blend of them would say.
 """
 
 from __future__ import annotations
@@ -34,6 +46,27 @@ class DINConfig:
     dropout: float = 0.0
     sparse_embeddings: bool = False  # row-wise (sparse) embedding gradients: only touched rows move
     extra: dict = field(default_factory=dict)  # room for future options without a format bump
+    # Context (see the module doc); all off: the paper's DIN, and every bundle written before them.
+    positions: int = 0  # history slots with a learned position-from-newest term
+    time_buckets: int = 0  # log time-gap buckets (models.context.gap_buckets); 0: no time
+    pair_inputs: int = 0  # similarity channels per (candidate, behaviour)
+    candidate_inputs: int = 0  # features per candidate
+    cross: bool = False  # interest ⊙ candidate into the MLP
+
+    @property
+    def has_context(self) -> bool:
+        return bool(self.positions or self.time_buckets or self.pair_inputs or self.candidate_inputs)
+
+    @property
+    def scores_lists(self) -> bool:
+        """Whether the model is scored through ``score_lists`` (context or the cross term): serving's
+        factorised fast paths (models.scorer) are written for the plain unit."""
+        return self.has_context or self.cross
+
+    @property
+    def context_width(self) -> int:
+        """The MLP's (and the linear term's) context features: F per candidate, 3 per pair channel."""
+        return self.candidate_inputs + 3 * self.pair_inputs
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -93,6 +126,15 @@ def table_rows(seed: int, table: str, start: int, stop: int, dim: int) -> torch.
     return out
 
 
+@dataclass(frozen=True)
+class ListContext:
+    """What ``score_lists`` reads besides ids (models.context builds it; None where the config has none)."""
+
+    gaps: torch.Tensor | None = None  # (B, L) int64 time-gap bucket of each behaviour, 0 = padding
+    pairs: torch.Tensor | None = None  # (B, N, L, P) float similarity of candidate n and behaviour l
+    candidates: torch.Tensor | None = None  # (B, N, F) float features of each candidate
+
+
 def _activation(name: str, dim: int) -> nn.Module:
     if name == "dice":
         return Dice(dim)
@@ -134,11 +176,24 @@ class DIN(nn.Module):
         self.att_in_act = _activation(cfg.attention_activation, h1)
         self.att_hidden = _mlp(list(cfg.attention_hidden), cfg.attention_activation, 0.0)
         self.att_out = nn.Linear(cfg.attention_hidden[-1], 1)
-        self.mlp = _mlp([2 * d, *cfg.mlp_hidden], cfg.mlp_activation, cfg.dropout)
+        # Context terms (zero at start: a context model begins as the plain one plus its linear term).
+        self.position_bias = nn.Parameter(torch.zeros(cfg.positions, h1)) if cfg.positions else None
+        self.gap_bias = nn.Embedding(cfg.time_buckets + 1, h1, padding_idx=0, _weight=torch.zeros(
+            cfg.time_buckets + 1, h1)) if cfg.time_buckets else None
+        self.pair_weight = nn.Parameter(torch.zeros(2 * cfg.pair_inputs, h1)) if cfg.pair_inputs else None
+        self.recency = nn.Parameter(torch.zeros(max(cfg.positions, 1))) if cfg.pair_inputs else None
+        # (scale, bias) applied to a listwise model's logits: (1, 0) while training (a softmax is blind to both),
+        # fitted at export on validation (training.lists.calibrate) so sigmoid(logit) is a probability again.
+        self.register_buffer("calibration", torch.tensor([1.0, 0.0]) if cfg.scores_lists else None)
+        width = cfg.context_width
+        self.mlp = _mlp([(3 if cfg.cross else 2) * d + width, *cfg.mlp_hidden], cfg.mlp_activation, cfg.dropout)
         self.out = nn.Linear(cfg.mlp_hidden[-1], 1)
+        self.linear = nn.Linear(width, 1) if width else None
         # Set from outside (the trainer, from training.kernels): a fused implementation of
         # interest_jagged for training on CPU. The same function, so not part of the config or weights.
         self.fused_unit: Callable[..., torch.Tensor] | None = None
+        # The same for lists (models.kernels.list_unit), set by the trainer and the serving scorer.
+        self.list_unit: Callable[..., torch.Tensor] | None = None
         self.table_seed = int(torch.randint(0, 2**62, ()))  # one draw, after the dense layers'
         self.reset_parameters()
 
@@ -212,3 +267,95 @@ class DIN(nn.Module):
         user_interest = self.interest_jagged(query, hist, rows)  # (B, D)
         x = self.mlp(torch.cat([user_interest, query], dim=-1))  # (B, H)
         return self.out(x).squeeze(-1)  # (B,)
+
+    # ------------------------------------------------------------------ lists of candidates
+    def score_lists(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, cand_items: torch.Tensor,
+                    cand_cats: torch.Tensor, context: ListContext | None = None) -> torch.Tensor:
+        """(B, L) histories, (B, N) candidates each → (B, N) logits (see the module doc)."""
+        h = self.embed(hist_items, hist_cats)  # (B, L, D)
+        q = self.embed(cand_items, cand_cats)  # (B, N, D)
+        return self.lists_from(h, hist_items != 0, q, context)[0]
+
+    def lists_from(self, h: torch.Tensor, filled: torch.Tensor, q: torch.Tensor,
+                   context: ListContext | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Everything after the lookups: behaviours h (B, L, D) with ``filled`` (B, L) marking real ones,
+        candidates q (B, N, D) → ((B, N) logits, (B, N, L) the unit's weights).
+
+        Padded layout: the unit's first layer is W·[q, h, q−h, q⊙h] = (Wq+Wd)·q + (Wh−Wd)·h + Wp·(q⊙h);
+        the q term is computed once per candidate, the h term once per behaviour, and only Wp·(q⊙h) per
+        pair, as one batched product Q (N, D) @ G (D, L·H1) with G[:, l] = h_l ⊙ Wp per history."""
+        cfg = self.cfg
+        if cfg.attention_activation == "dice":
+            raise ValueError("lists of candidates need a unit without batch statistics over padded slots "
+                             "(attention_activation prelu, relu or sigmoid)")
+        context = context or ListContext()
+        b, length, d = h.shape
+        n, h1 = q.shape[1], self.att_in.out_features
+        w_q, w_h, w_d, w_p = self.att_in.weight.split(d, dim=1)  # each (H1, D)
+        per_cand = F.linear(q, w_q + w_d, self.att_in.bias)  # (B, N, H1)
+        per_behaviour = F.linear(h, w_h - w_d)  # (B, L, H1)
+        if self.position_bias is not None:  # slot j of L holds the (L − 1 − j)-th newest behaviour
+            newest_first = torch.arange(length - 1, -1, -1, device=h.device).clamp_max(cfg.positions - 1)
+            per_behaviour = per_behaviour + self.position_bias[newest_first]  # (L, H1) broadcast
+        if self.gap_bias is not None:
+            if context.gaps is None:
+                raise ValueError("this model reads time gaps: give ListContext.gaps")
+            per_behaviour = per_behaviour + self.gap_bias(context.gaps)  # (B, L, H1)
+        pairs = context.pairs
+        if self.pair_weight is not None and pairs is None:
+            raise ValueError("this model reads pair similarities: give ListContext.pairs")
+        if self._fusable(q):
+            pf = pair_features(pairs) if self.pair_weight is not None else q.new_zeros(b, n, length, 0)
+            wpair = self.pair_weight if self.pair_weight is not None else q.new_zeros(0, h1)
+            w = self.list_unit(q, h, per_cand, per_behaviour.expand(b, length, h1), pf, filled, w_p.t(), wpair,
+                               self.att_in_act.alpha, self.att_out.weight.reshape(-1), self.att_out.bias)
+        else:
+            g = (h.unsqueeze(-1) * w_p.t()).transpose(1, 2).reshape(b, d, length * h1)  # (B, D, L·H1)
+            z = torch.bmm(q, g).view(b, n, length, h1)  # (B, N, L, H1): Wp·(q_n ⊙ h_l)
+            z = z + per_cand.unsqueeze(2) + per_behaviour.unsqueeze(1)
+            if self.pair_weight is not None:
+                z = z + pair_features(pairs) @ self.pair_weight  # (B, N, L, 2P) @ (2P, H1)
+            w = self._activation_weights(z) * filled.unsqueeze(1)  # (B, N, L)
+        interest = torch.bmm(w, h)  # (B, N, D): sum pooling with the unit's weights
+        parts = [interest, q] + ([interest * q] if cfg.cross else [])
+        extra = self._context_features(w, pairs, context.candidates, length)
+        if extra is not None:
+            parts.append(extra)
+        logits = self.out(self.mlp(torch.cat(parts, dim=-1))).squeeze(-1)  # (B, N)
+        if self.linear is not None and extra is not None:
+            logits = logits + self.linear(extra).squeeze(-1)
+        if self.calibration is not None:
+            logits = logits * self.calibration[0] + self.calibration[1]
+        return logits, w
+
+    def _fusable(self, q: torch.Tensor) -> bool:
+        """Whether ``list_unit`` (models.kernels: the fused C++ unit) computes this unit: set, fp32 on CPU,
+        one hidden layer with PReLU — the same function as the ops it replaces."""
+        return (self.list_unit is not None and q.device.type == "cpu" and q.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu") and isinstance(self.att_in_act, PReLU)
+                and len(self.att_hidden) == 0)
+
+    def _context_features(self, w: torch.Tensor, pairs: torch.Tensor | None, candidates: torch.Tensor | None,
+                          length: int) -> torch.Tensor | None:
+        """(B, N, F + 3P): the candidate features, then per channel log(1 + 100·s) of the similarity
+        summed over the history (learned recency weights per position, their mean 1), from the newest
+        behaviour, and pooled by the unit's weights w (B, N, L)."""
+        parts = []
+        if self.cfg.candidate_inputs:
+            if candidates is None:
+                raise ValueError("this model reads candidate features: give ListContext.candidates")
+            parts.append(candidates)
+        if self.recency is not None and pairs is not None:
+            slots = torch.arange(length - 1, -1, -1, device=pairs.device).clamp_max(len(self.recency) - 1)
+            # A weight per position from the newest (normalised over the positions, not the slots: padding
+            # on the left changes nothing); slots past the last position share its weight.
+            recency = (torch.softmax(self.recency, dim=0) * len(self.recency))[slots]  # (L,) newest last
+            summed = torch.einsum("bnlp,l->bnp", pairs, recency.to(pairs.dtype))  # (B, N, P)
+            pooled = torch.einsum("bnl,bnlp->bnp", w.to(pairs.dtype), pairs)  # (B, N, P)
+            parts += [torch.log1p(100 * summed), torch.log1p(100 * pairs[:, :, -1]), pooled]
+        return torch.cat(parts, dim=-1) if parts else None
+
+
+def pair_features(pairs: torch.Tensor) -> torch.Tensor:
+    """(…, P) similarities → (…, 2P): log(1 + 100·s) and whether there is any (most pairs have none)."""
+    return torch.cat([torch.log1p(100 * pairs), (pairs > 0).to(pairs.dtype)], dim=-1)

@@ -94,3 +94,50 @@ def build_extension(name: str, source: Path, cflags: list[str], ldflags: list[st
         log.warning(failure, type(e).__name__, str(e).strip().splitlines()[-1] if str(e).strip() else "")
         return False
     return True
+
+
+_LISTS_SOURCE = Path(__file__).with_name("csrc") / "din_lists.cpp"
+
+
+def _lists_flags() -> list[str]:
+    flags = ["-O3", "-fopenmp-simd", "-ffp-contract=fast"]
+    if cpu_has("avx512f"):
+        flags += ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma"]
+    elif cpu_has("avx2"):
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+@functools.cache
+def load_lists() -> bool:
+    """Build (or reuse) the fused listwise unit (``csrc/din_lists.cpp``) and register
+    ``torch.ops.dinrec_lists``; False, with a warning, where that fails (the model keeps its PyTorch ops)."""
+    if sys.platform != "linux":
+        return False
+    return build_extension(f"dinrec_din_lists_{isa_limit()}", _LISTS_SOURCE, _lists_flags(), [],
+                           "fused listwise unit unavailable (%s: %s); lists are scored with PyTorch ops")
+
+
+class _ListUnit(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, h, a, pb, pf, filled, wpt, wpair, alpha, wout, bout):  # noqa: ANN001, ANN205
+        inputs = [t.detach().contiguous() for t in (q, h, a, pb, pf)] + [filled.contiguous()] + [
+            t.detach().contiguous() for t in (wpt, wpair, alpha, wout, bout)]
+        ctx.save_for_backward(*inputs)
+        return torch.ops.dinrec_lists.unit_forward(*inputs)
+
+    @staticmethod
+    def backward(ctx, gw):  # noqa: ANN001, ANN205
+        g_q, g_h, g_a, g_pb, g_wpt, g_wpair, g_alpha, g_wout, g_bout = torch.ops.dinrec_lists.unit_backward(
+            gw.contiguous(), *ctx.saved_tensors)
+        return g_q, g_h, g_a, g_pb, None, None, g_wpt, g_wpair, g_alpha, g_wout, g_bout
+
+
+def list_unit(q: torch.Tensor, h: torch.Tensor, a: torch.Tensor, pb: torch.Tensor, pf: torch.Tensor,
+              filled: torch.Tensor, wpt: torch.Tensor, wpair: torch.Tensor, alpha: torch.Tensor, wout: torch.Tensor,
+              bout: torch.Tensor) -> torch.Tensor:
+    """DIN's one-layer PReLU activation unit over lists (models.din.DIN.lists_from), fused: q (B, N, D),
+    h (B, L, D), a (B, N, H) the candidates' first-layer term, pb (B, L, H) the behaviours', pf (B, N, L, P)
+    the pair features, filled (B, L) bool, WpT (D, H), Wpair (P, H), alpha, wout (H,), bout (1,) →
+    w (B, N, L), 0 where a slot holds no behaviour. Differentiable in everything but pf and filled."""
+    return _ListUnit.apply(q, h, a, pb, pf, filled, wpt, wpair, alpha, wout, bout)

@@ -19,10 +19,13 @@ import torch
 from feature_store.features import HistoryItem
 from models.blend import FEATURES, candidate_signals
 from models.bundle import Bundle
+from models.context import served_context
+from models.din import ListContext
 from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace
 from models.rows import AppendOnlyRows
 from models.scorer import Scorer, choose_scorer
+from retrieval.covisit import PairTable
 from retrieval.index import FaissIndex, choose_search_index, exact_search
 
 
@@ -141,6 +144,11 @@ class Recommender:
         self.blend = bundle.blend
         self._counts = (bundle.item_counts.astype(np.float32) if bundle.item_counts is not None
                         else np.zeros(len(bundle.vocab.items), dtype=np.float32))
+        # What a DIN with context reads (models.context): co-visitation per (candidate, behaviour), counts.
+        self._pairs = PairTable([bundle.covisit]) if self.model.cfg.pair_inputs and bundle.covisit else None
+        self._counts_t = torch.from_numpy(self._counts)
+        if self.model.cfg.pair_inputs and self._pairs is None:
+            raise ValueError(f"bundle {bundle.path}: its DIN reads co-visitation but the bundle has no lane")
 
     def add_cold_items(self, items: list[tuple[str, str]]) -> int:
         """Make recallable those of the (item id, category id) pairs this model does not know and its cold
@@ -193,6 +201,19 @@ class Recommender:
             cand = np.concatenate([cand, extra])
         return cand, query
 
+    def _context(self, window: list[HistoryItem], items: list[int], cand: np.ndarray,
+                 scorer: Scorer) -> ListContext | None:
+        """What a DIN with context reads for these candidates (N,) (models.context), over the history's
+        known behaviours as one list — the scorer's L' — with their ``ts``."""
+        if not self.model.cfg.has_context:
+            return None
+        known = [j for j, i in enumerate(items) if i]
+        hist = torch.tensor([[items[j] for j in known]], dtype=torch.long)  # (1, L')
+        cats = torch.tensor([[self._cat_idx.get(window[j].category_id, 0) for j in known]], dtype=torch.long)
+        ts = torch.tensor([[window[j].ts for j in known]], dtype=torch.float64)
+        c = torch.from_numpy(cand).unsqueeze(0)  # (1, N)
+        return served_context(self.model.cfg, self._pairs, self._counts_t, hist, cats, ts, c, scorer.item_category[c])
+
     def _signals(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], cats: list[int],
                  query: np.ndarray, cold: ColdLane | None, scorer: Scorer) -> np.ndarray:
         """The blend's (N, F) features (models.blend) of the candidates ``cand`` (N,): DIN's logits, the
@@ -215,14 +236,16 @@ class Recommender:
     def signals(self, history: list[HistoryItem], seen: Collection[str]) -> tuple[np.ndarray, np.ndarray]:
         """What the ranking stage has for ``history``, before it blends: the candidates every lane recalls
         (N,) (item indices; ``seen`` never) and their (N, F) signals — what the blend is fitted on."""
-        items, cats = self._encode(history[-self.seq_len:])
+        window = history[-self.seq_len:]
+        items, cats = self._encode(window)
         cold = self.cold
         cand, query = self._candidates(items, cats, self.recall_candidates, self._excluded(seen, cold), cold)
         if len(cand) == 0:
             return cand, np.zeros((0, len(FEATURES)), dtype=np.float32)
         scorer = cold.scorer if cold is not None else self.scorer
         logits = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                              torch.as_tensor(cand, dtype=torch.long)).logits
+                              torch.as_tensor(cand, dtype=torch.long),
+                              context=self._context(window, items, cand, scorer)).logits
         return cand, self._signals(logits, cand, items, cats, query, cold, scorer)
 
     def _by_score(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
@@ -292,7 +315,8 @@ class Recommender:
                                 shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
         scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                              torch.as_tensor(cand, dtype=torch.long), with_attention=explain)
+                              torch.as_tensor(cand, dtype=torch.long), with_attention=explain,
+                              context=self._context(window, items, cand, scorer))
         logits = (scored.logits if self.blend is None else torch.from_numpy(
             self.blend.combine(self._signals(scored.logits, cand, items, cats, query, cold, scorer))))
         scores = torch.sigmoid(logits).tolist()  # (N,)

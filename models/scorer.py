@@ -27,7 +27,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from models.din import DIN, Dice, PReLU
+from models.din import DIN, Dice, ListContext, PReLU
 from models.rows import AppendOnlyRows
 
 ScorePrecision = Literal["fp32", "bf16"]
@@ -78,7 +78,7 @@ def _activation_fn(module: torch.nn.Module):
 # The ways a Scorer computes the same scores: the fused AVX-512 BF16 unit (csrc/din_score.cpp), the
 # PyTorch ops with bf16 products (oneDNN: AMX where the CPU has it), the PyTorch ops in fp32 (any CPU:
 # ATen's AVX2 or AVX-512 kernels).
-ScoreImpl = Literal["fused_bf16", "bf16", "fp32"]
+ScoreImpl = Literal["fused_bf16", "bf16", "fp32", "lists_fused", "lists_fp32"]
 
 
 class Scorer:
@@ -101,6 +101,16 @@ class Scorer:
             self.w_prod = w_p.t().contiguous()  # (D, H1)
         self.h1 = self.item_first.shape[1]
         self.item_category = item_category.long()
+        # A model with context (models.din) is scored by its own listwise path, in fp32: the factorised
+        # products below are written for the plain unit and MLP.
+        self.lists = model.cfg.scores_lists
+        if self.lists and precision != "fp32":
+            raise ValueError("a DIN with context is scored in fp32")
+        if self.lists and fused and model.list_unit is None:
+            from models.kernels import list_unit, load_lists
+
+            if load_lists():
+                model.list_unit = list_unit  # the same function, fused (models.kernels)
         self.n_items = model.cfg.n_items  # candidates at or past this are cold items (with_cold_items)
         # The rest of the activation unit as (function) steps: activations, and Linear layers with
         # their weights transposed once, in the precision the products run in.
@@ -130,6 +140,7 @@ class Scorer:
         new = copy.copy(self)
         with torch.inference_mode():
             cold = self.model.embed(torch.zeros_like(categories), categories.long()).float()  # (C, D)
+            # (the first-layer rows below serve the plain unit's fast path; the listwise one reads the vectors)
             first = torch.addmm(self.model.att_in.bias.float(), cold, self._w_cand)  # (C, H1)
             vectors, item_first, vectors_cd, item_category = self._item_rows
             new._set_item_rows((vectors.appended(cold), item_first.appended(first),
@@ -150,6 +161,8 @@ class Scorer:
 
     @property
     def impl(self) -> ScoreImpl:
+        if self.lists:  # a DIN with context: its listwise path, the fused unit where it built (models.kernels)
+            return "lists_fused" if self.model.list_unit is not None else "lists_fp32"
         return "fused_bf16" if self._fused is not None else self.precision
 
     def _pack_fused(self, w_p: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
@@ -182,14 +195,19 @@ class Scorer:
 
     @torch.inference_mode()
     def score(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, candidates: torch.Tensor,
-              *, with_attention: bool = False) -> Scores:
+              *, with_attention: bool = False, context: ListContext | None = None) -> Scores:
         """hist_items/hist_cats (L,) int64, the user's behaviours (0 = unknown: ignored);
         candidates (N,) int64 item indices → logits (N,) (and attention (N, L') over the L' known
-        behaviours, in order, if asked)."""
+        behaviours, in order, if asked). ``context``: what a DIN with context reads (models.context),
+        over the L' known behaviours as one list: gaps (1, L'), pairs (1, N, L', P), candidates (1, N, F)."""
         known = hist_items != 0
         h = self.model.embed(hist_items[known], hist_cats[known]).float()  # (L, D)
         q = self.item_vectors.index_select(0, candidates)  # (N, D), fp32 for the MLP
         n, length = q.shape[0], h.shape[0]
+        if self.lists:
+            logits, weights = self.model.lists_from(h.unsqueeze(0), torch.ones(1, length, dtype=torch.bool),
+                                                    q.unsqueeze(0), context)  # (1, N), (1, N, L)
+            return Scores(logits[0].float(), weights[0].float() if with_attention else None)
         if length == 0:
             weights = torch.zeros(n, 0)
             interest = torch.zeros_like(q)
@@ -279,6 +297,9 @@ def choose_scorer(model: DIN, item_category: torch.Tensor, wanted: str,
     ``wanted="bf16"`` a bf16 one is kept whatever its difference). Measured on the live CPU, because the
     fastest differs between machines: the fused kernel wins where AVX-512 BF16 is fast and oneDNN's
     bf16 products where AMX is; on an AVX2-only CPU fp32 is all there is."""
+    if model.cfg.scores_lists:  # a DIN with context has one implementation (its own listwise path)
+        only = Scorer(model, item_category, "fp32")
+        return only, ScorerChoice(only.impl, {}, {}, {"bf16": "a DIN with context is scored in fp32 (its lists)"})
     scorers = candidate_scorers(model, item_category, wanted)
     exact = scorers.get("fp32") or Scorer(model, item_category, "fp32")
     reference = [torch.sigmoid(exact.score(*p).logits) for p in probes]

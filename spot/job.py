@@ -86,8 +86,12 @@ class JobState(BaseModel):
 
 
 def launch_args(spec: JobSpec) -> list[str]:
-    """The `dinrec train` flags that say how the job runs on its instance: its ranks and its tables."""
-    return ["--ranks", spec.ranks, *(["--embeddings", spec.embeddings] if spec.embeddings else [])]
+    """The `dinrec train` flags that say how the job runs on its instance: its ranks and its tables (sharded
+    tables train the pointwise objective: training.sharded)."""
+    tables = ["--embeddings", spec.embeddings] if spec.embeddings else []
+    if spec.embeddings == "sharded":
+        tables += ["--objective", "pointwise"]
+    return ["--ranks", spec.ranks, *tables]
 
 
 def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None) -> str:

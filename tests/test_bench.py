@@ -20,17 +20,29 @@ def test_bench_train_vs_deepctr_prints_both_sides(tmp_path):
     (tmp_path / "events.jsonl").write_text(
         dumps_many(list(generate(SyntheticConfig(n_users=120, n_items=90, n_categories=6, seed=2)).events())))
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "train", "--data", str(tmp_path),
-                          "--vs", "deepctr", "--epochs", "1", "--seq-len", "20", "--seeds", "0,1", "--json"],
-                         cwd=REPO, capture_output=True, text=True, timeout=600)
+                          "--vs", "deepctr", "--epochs", "2", "--seq-len", "20", "--seeds", "0,1", "--also-pointwise",
+                          "--json"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)  # stdout is exactly one JSON object: the peer's chatter goes to stderr
-    for side in ("dinrec", "deepctr"):
-        assert {"samples_per_s", "test_auc", "test_gauc"} <= set(result[side])
+    assert result["objective"] == "listwise" and result["dinrec"]["objective"] == "listwise"
+    for side in ("dinrec", "deepctr", "dinrec_pointwise"):
+        assert {"samples_per_s", "candidates_per_s", "test_auc", "test_gauc"} <= set(result[side])
         assert result[side]["samples_per_s"] > 0 and 0 <= result[side]["test_gauc"] <= 1
         runs = result[side]["runs"]  # one run per seed; the top level is their mean
         assert [r["seed"] for r in runs] == [0, 1]
         assert result[side]["test_gauc"] == pytest.approx(sum(r["test_gauc"] for r in runs) / 2)
+    # A sample is a positive with its negatives: one for DeepCTR and pointwise, list_negatives listwise.
+    assert result["deepctr"]["candidates_per_s"] == pytest.approx(2 * result["deepctr"]["samples_per_s"])
+    k = result["config"]["list_negatives"]
+    assert result["dinrec"]["candidates_per_s"] == pytest.approx((1 + k) * result["dinrec"]["samples_per_s"])
+    probes = result["dinrec"]["epochs"]  # the test GAUC after each epoch, for the time to the peer's
+    assert [p["epoch"] for p in probes] == [1, 2] and probes[0]["train_seconds"] < probes[1]["train_seconds"]
+    reached = result["dinrec"]["seconds_to_peer_gauc"]
+    peer = result["deepctr"]["runs"][-1]["test_gauc"]
+    assert reached == next((p["train_seconds"] for p in probes if p["test_gauc"] >= peer), None)
     assert result["speedup"] == pytest.approx(result["dinrec"]["samples_per_s"] / result["deepctr"]["samples_per_s"])
+    assert result["listwise_vs_pointwise_samples_per_s"] == pytest.approx(
+        result["dinrec"]["samples_per_s"] / result["dinrec_pointwise"]["samples_per_s"])
 
 
 @pytest.mark.kafka
@@ -203,8 +215,9 @@ def test_bench_retrain_replays_a_log_and_prints_retrain_peer_and_drills(tmp_path
     for side in ("stale_champion", "warm_candidate", "peer_cold_candidate", "peer_warm_towers_candidate"):
         assert 0 < result[side]["gauc"] < 1 and result[side]["users"] == result["retrain"]["holdout_users"]
         assert 0 <= result[side]["recall_tail_hr"] <= 1 and result[side]["tail_positives"] > 0
-    # The warm-towers peer differs only in how its towers start: DIN (deterministic on CPU) ranks the same.
-    assert result["peer_warm_towers_candidate"]["gauc"] == result["warm_candidate"]["gauc"]
+    # The warm-towers peer differs only in how its towers start — and so in what they recall, which the
+    # listwise DIN trains against: its GAUC is its own, measured on the same holdout users.
+    assert result["peer_warm_towers_candidate"]["users"] == result["warm_candidate"]["users"]
     assert result["warm_vs_cold"]["gauc_delta"] == pytest.approx(
         result["warm_candidate"]["gauc"] - result["peer_cold_candidate"]["gauc"], abs=1e-3)
     assert result["drills"]["shuffled-labels"]["status"] == "refused"

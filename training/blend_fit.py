@@ -39,22 +39,32 @@ def _hr_at(xs: list[np.ndarray], targets: list[int], scores: list[np.ndarray], k
 
 def _fit_weights(data: list[tuple[torch.Tensor, int]], l2: float, use: list[bool] | None = None) -> tuple[float, ...]:
     """Weights minimising the mean softmax cross-entropy of each target among its candidates (+ L2);
-    features outside ``use`` keep weight 0."""
+    features outside ``use`` keep weight 0. The users' candidate lists are padded into one (U, N, F) block,
+    so each evaluation is a few tensor operations, not one graph node per user."""
     mask = torch.tensor(use if use is not None else [True] * len(FEATURES), dtype=torch.float64)
     w = torch.zeros(len(FEATURES), dtype=torch.float64)
     w[0] = w[1] = 1.0  # start from DIN + towers: a reasonable order before the first step
+    if not data:
+        return tuple(float(v) for v in w * mask)
+    width = max(len(x) for x, _ in data)
+    block = torch.zeros(len(data), width, len(FEATURES), dtype=torch.float64)  # (U, N, F)
+    present = torch.zeros(len(data), width, dtype=torch.bool)
+    for u, (x, _) in enumerate(data):
+        block[u, :len(x)] = x
+        present[u, :len(x)] = True
+    targets = torch.tensor([t for _, t in data])
     w.requires_grad_(True)
     opt = torch.optim.LBFGS([w], lr=0.5, max_iter=200, line_search_fn="strong_wolfe")
 
     def closure() -> torch.Tensor:
         opt.zero_grad()
         wm = w * mask
-        loss = sum(-torch.log_softmax(x @ wm, 0)[t] for x, t in data) / max(len(data), 1) + l2 * (wm ** 2).sum()
+        logits = (block @ wm).masked_fill(~present, -torch.inf)  # (U, N)
+        loss = torch.nn.functional.cross_entropy(logits, targets) + l2 * (wm ** 2).sum()
         loss.backward()
         return loss
 
-    if data:
-        opt.step(closure)
+    opt.step(closure)
     return tuple(float(v) for v in (w * mask).detach())
 
 

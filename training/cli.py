@@ -29,7 +29,10 @@ def _clean(metrics: dict) -> dict:
 def train(
     data: Annotated[Path, typer.Option(help="a dataset folder whose layout is recognised, or a sample set")],
     out: Annotated[Path, typer.Option(help="output folder: samples/, checkpoints/, bundle/")],
-    epochs: Annotated[int | None, typer.Option(help="passes over the training samples")] = None,
+    objective: Annotated[str | None, typer.Option(help=(
+        "listwise (each positive against negatives like the candidates it will rank; the default) or pointwise "
+        "(the DIN paper's binary cross-entropy)"))] = None,
+    epochs: Annotated[int | None, typer.Option(help="passes over the training samples at most")] = None,
     seq_len: Annotated[int | None, typer.Option("--seq-len", help="behaviours per history (L)")] = None,
     batch_size: Annotated[int | None, typer.Option(help="samples per step (global, over all ranks)")] = None,
     negatives: Annotated[int | None, typer.Option(help="sampled negatives per positive")] = None,
@@ -38,7 +41,9 @@ def train(
     seed: Annotated[int | None, typer.Option(help="random seed")] = None,
     device: Annotated[str | None, typer.Option(help="auto, cpu or cuda")] = None,
     precision: Annotated[str | None, typer.Option(help="auto, fp32, bf16 or fp16")] = None,
-    patience: Annotated[int | None, typer.Option(help="early stopping on val GAUC (epochs); 0 = off")] = None,
+    patience: Annotated[int | None, typer.Option(help=(
+        "early stopping (epochs without a better validation figure: listwise, DIN alone's HR@10 over the served "
+        "candidates; pointwise, GAUC); 0 = off"))] = None,
     recall_epochs: Annotated[int | None, typer.Option(help="recall towers' epochs; 0 = recall from DIN's "
                                                            "item embeddings")] = None,
     checkpoint_dir: Annotated[str | None, typer.Option(help="local folder or s3://bucket/prefix")] = None,
@@ -78,9 +83,10 @@ def train(
     from training.settings import TrainSettings
 
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    overrides = {k: v for k, v in {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size,
-                                   "negatives": negatives, "negative_power": negative_power, "seed": seed,
-                                   "device": device, "precision": precision,
+    overrides = {k: v for k, v in {"objective": objective, "epochs": epochs, "seq_len": seq_len,
+                                   "batch_size": batch_size, "negatives": negatives,
+                                   "negative_power": negative_power, "seed": seed, "device": device,
+                                   "precision": precision,
                                    "patience": patience, "checkpoint_every": checkpoint_every,
                                    "max_steps": max_steps,
                                    "recall_epochs": recall_epochs, "embeddings": embeddings}.items() if v is not None}

@@ -93,14 +93,17 @@ def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int 
         return gather_history(seq_items, end, n, length), gather_history(seq_cats, end, n, length)
 
     model = bundle.model.eval()
-    logits = []
-    for s in range(0, len(rows), batch):
-        r = rows[s:s + batch]
-        hist, cats = histories(r)
-        target = item_map[torch.from_numpy(split.target_item[r])]
-        target_cat = cat_map[torch.from_numpy(split.target_cat[r])]
-        logits.append(model(hist, cats, target, target_cat).float())
-    z = torch.cat(logits).numpy() if logits else np.zeros(0)
+    if model.cfg.scores_lists:
+        z = _list_logits(bundle, samples, rows, histories, item_map, cat_map)
+    else:
+        logits = []
+        for s in range(0, len(rows), batch):
+            r = rows[s:s + batch]
+            hist, cats = histories(r)
+            target = item_map[torch.from_numpy(split.target_item[r])]
+            target_cat = cat_map[torch.from_numpy(split.target_cat[r])]
+            logits.append(model(hist, cats, target, target_cat).float())
+        z = torch.cat(logits).numpy() if logits else np.zeros(0)
     labels, users = split.label[rows], split.user[rows]
     k = (len(labels) - labels.sum()) / max(labels.sum(), 1)  # negatives per positive in the holdout
     n = bundle.metrics.get("train_negatives") or 1  # older bundles: dinrec train's default
@@ -116,6 +119,39 @@ def measure(bundle: Bundle, samples: SampleSet, rows: np.ndarray, recall_k: int 
     out.update(_recall(bundle, samples, rows[labels == 1], histories, item_map, recall_k, units))
     out.update(_served(bundle, samples, rows[labels == 1], units))
     return {k: round(v, 5) if isinstance(v, float) else v for k, v in out.items()}
+
+
+def _list_logits(bundle: Bundle, samples: SampleSet, rows: np.ndarray, histories, item_map: torch.Tensor,
+                 cat_map: torch.Tensor, batch: int = 256) -> np.ndarray:
+    """A DIN with context scores each holdout positive with its sampled negatives as one list, with the
+    context serving would give it (models.context.served_context: the bundle's lane and counts)."""
+    from models.context import known_last, served_context
+    from retrieval.covisit import PairTable
+
+    split, cfg = samples.test, bundle.model.cfg
+    pairs = PairTable([bundle.covisit]) if cfg.pair_inputs else None
+    counts = torch.from_numpy((bundle.item_counts if bundle.item_counts is not None
+                               else np.zeros(len(bundle.vocab.items))).astype(np.float32))
+    ts_seq = torch.from_numpy(samples.seq_ts)
+    z = np.zeros(len(rows), dtype=np.float32)
+    starts = np.flatnonzero(split.label[rows] == 1)  # positions in ``rows`` of each group's positive
+    ends = np.r_[starts[1:], len(rows)]
+    for lo in range(0, len(starts), batch):
+        part, stop = starts[lo:lo + batch], ends[lo:lo + batch]
+        width = int((stop - part).max())
+        group = np.minimum(part[:, None] + np.arange(width), stop[:, None] - 1)  # (b, W) positions in rows
+        r = rows[part]
+        hist, cats = histories(r)
+        end = torch.from_numpy(split.hist_end[r])
+        length = torch.from_numpy(split.hist_len[r]).clamp_max(hist.shape[1])
+        ts = gather_history(ts_seq, end, length, hist.shape[1])
+        hist, cats, ts = known_last(hist, cats, ts)
+        cand = item_map[torch.from_numpy(split.target_item[rows[group]])]  # (b, W)
+        cand_cats = cat_map[torch.from_numpy(split.target_cat[rows[group]])]
+        context = served_context(cfg, pairs, counts, hist, cats, ts, cand, cand_cats)
+        logits = bundle.model.score_lists(hist, cats, cand, cand_cats, context).float().numpy()
+        z[group] = logits  # a short group repeats its last row, which writes the same value
+    return z
 
 
 def _served(bundle: Bundle, samples: SampleSet, positives: np.ndarray, units: dict | None = None,

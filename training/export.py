@@ -95,10 +95,13 @@ def fit_covisitation(samples: SampleSet, max_users: int = 3000, seed: int = 0) -
 
 def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict,
                   index_spec: IndexSpec | None = None, towers: Towers | None = None,
-                  lineage: dict | None = None, blend: bool = True) -> Path:
+                  lineage: dict | None = None, blend: bool = True,
+                  lane: tuple[CoVisitation, dict] | None = None) -> Path:
     """``towers``: the recall towers trained beside DIN (None: recall from DIN's item embeddings).
-    With towers and ``blend``, the co-visitation lane and the ranking blend (models.blend) are fitted
-    on the validation split and exported too (``metrics["ranking"]`` says what each gave)."""
+    With towers, the co-visitation lane (``lane``: already fitted, with what its fit said; else fitted
+    here when ``blend``) goes into the bundle, and with ``blend`` the ranking blend (models.blend) is fitted
+    on the validation split too (``metrics["ranking"]`` says what each gave). A DIN that reads
+    co-visitation (models.din: pair inputs) needs the lane."""
     space = RecallSpace(model, towers, samples.vocab.item_category)
     resolved = (index_spec or IndexSpec()).resolve(samples.vocab.n_items - 1, space.dim)
     probes = _probe_queries(space, samples) if resolved != "flat" and len(samples.test) else None
@@ -112,12 +115,17 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
     extra: dict = {ITEM_INDEX_FILE: index.save,
                    ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info, indent=1)),
                    ITEM_COUNTS_FILE: lambda p: np.save(p, counts)}
+    if model.cfg.pair_inputs and lane is None:
+        raise ValueError("this DIN reads co-visitation similarities: export it with the lane it was trained with")
+    if lane is not None and towers is not None and not blend:
+        metrics["ranking"] = {"covisit": lane[1]}
+        extra[COVISIT_FILE] = lane[0].save
     if blend and towers is not None and int((samples.val.label == 1).sum()) > 0:
         from models.bundle import Bundle
         from models.ranking import Recommender
         from training.blend_fit import fit_blend
 
-        lane, lane_info = fit_covisitation(samples)
+        lane, lane_info = lane if lane is not None else fit_covisitation(samples)
         # The ranking stage over what this bundle will hold, before it is written: the blend is fitted on
         # the candidates and signals the stage itself has, with the served configuration.
         unexported = Bundle(path=Path(out), manifest={"model_version": "unexported"}, config=model.cfg,

@@ -29,12 +29,15 @@ from torch import nn
 from tqdm import tqdm
 
 from models.bundle import code_version
-from models.din import DIN, DINConfig
+from models.context import CANDIDATE_FEATURES, GAP_BUCKETS
+from models.din import DIN, DINConfig, ListContext
+from models.kernels import list_unit, load_lists
 from training import dist as tdist
 from training import kernels
 from training.amp import Precision, choose_precision
 from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
 from training.data import SplitTensors
+from training.lists import ListData
 from training.metrics import auc, gauc, logloss
 from training.optim import RowWiseAdagrad
 from training.samples import SampleSet
@@ -46,7 +49,9 @@ log = logging.getLogger(__name__)
 # Settings that change what a step computes: a checkpoint made under others cannot be resumed.
 RESUME_KEYS = ("batch_size", "lr", "seq_len", "negatives", "item_dim", "cat_dim", "mlp_hidden", "attention_hidden",
                "attention_activation", "mlp_activation", "seed", "precision", "mba_l2", "warmup_steps",
-               "sparse_embeddings", "embeddings", "embedding_sharding", "embedding_optimizer", "embedding_lr")
+               "sparse_embeddings", "embeddings", "embedding_sharding", "embedding_optimizer", "embedding_lr",
+               "objective", "list_negatives", "hard_negative_share", "popular_negative_power", "guard_folds",
+               "din_context")
 
 
 class TrainingInterrupted(Exception):
@@ -85,6 +90,61 @@ class DINWithLoss(nn.Module):
         used = used[used != 0]
         rows = F.embedding(used, table, sparse=self.model.cfg.sparse_embeddings)  # (U, E)
         return (rows.float().pow(2).sum(1) * inv_freq.index_select(0, used)).sum()
+
+
+class DINListLoss(nn.Module):
+    """Train wrapper for lists (training.lists): the softmax cross-entropy of each list's positive (column 0)
+    against its negatives. The logits leave autocast as fp32 before the log-Q correction is subtracted
+    and the softmax taken: a list of a hundred logits, some corrected by −log(K·q) of a rare item, must
+    not overflow in fp16 or round away in bf16."""
+
+    def __init__(self, model: DIN) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, cand_items: torch.Tensor,
+                cand_cats: torch.Tensor, gaps: torch.Tensor | None, pairs: torch.Tensor | None,
+                features: torch.Tensor | None, valid: torch.Tensor, log_q: torch.Tensor) -> torch.Tensor:
+        logits = self.model.score_lists(hist_items, hist_cats, cand_items, cand_cats,
+                                        ListContext(gaps, pairs, features))  # (B, N)
+        logits = (logits.float() - log_q).masked_fill(~valid, -torch.inf)
+        return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+
+
+def list_scores(model: DIN, inputs: tuple) -> torch.Tensor:
+    """(B, N) logits of one chunk of training.lists' validation or held-out lists."""
+    hist_items, hist_cats, cand, cand_cats, context = inputs
+    return model.score_lists(hist_items, hist_cats, cand, cand_cats, context).float()
+
+
+@torch.no_grad()
+def evaluate_lists(model: DIN, lists: ListData, split: SplitTensors | None, split_name: str,
+                   precision: Precision | None = None, k: int = 10) -> dict:
+    """DIN alone over the served candidates of ``split_name``'s positives — ``din_hr@10`` (the selection
+    metric of listwise training) and ``din_ndcg@10``, a target recall missed counting as a miss — and the
+    split's AUC, GAUC and logloss over its sampled negatives (health metrics)."""
+    samples = lists.samples
+    split_data = samples.split(split_name)
+    was_training = model.training
+    model.eval()
+    hits, gains = [], []
+    with precision.autocast() if precision else contextlib.nullcontext():
+        for _, cand, where, inputs in lists.candidate_lists(split_data, np.flatnonzero(split_data.label == 1)):
+            logits = list_scores(model, inputs).masked_fill(cand < 0, -torch.inf)  # (b, R + C)
+            target = logits.gather(1, where.clamp_min(0).unsqueeze(1))  # (b, 1)
+            above = (logits > target).sum(dim=1)  # candidates ranked before the target
+            found = (where >= 0) & (above < k)
+            hits.append(found.float())
+            gains.append(torch.where(found, 1.0 / torch.log2(above.float() + 2), 0.0))
+        logits = np.zeros(len(split_data.label), dtype=np.float32)
+        for group, inputs in lists.split_groups(split_data):
+            logits[group] = list_scores(model, inputs).cpu().numpy()
+    model.train(was_training)
+    hit = torch.cat(hits).numpy() if hits else np.zeros(0)
+    out = split_metrics(split, logits) if split is not None else {}
+    out.update({f"din_hr@{k}": float(hit.mean()) if len(hit) else float("nan"),
+                f"din_ndcg@{k}": float(torch.cat(gains).mean()) if gains else float("nan")})
+    return out
 
 
 def pick_device(name: str, info: tdist.DistInfo | None = None) -> torch.device:
@@ -130,10 +190,17 @@ def split_metrics(split: SplitTensors, logits: np.ndarray) -> dict:
 
 
 def model_config_for(samples: SampleSet, s: TrainSettings) -> DINConfig:
+    """DIN's configuration for these samples; listwise, with the context ``din_context`` names
+    (models.context: what the ranking stage computes for it at serving time)."""
+    ctx = set(s.din_context) if s.objective == "listwise" else set()
     return DINConfig(n_items=samples.vocab.n_items, n_categories=samples.vocab.n_categories,
                      item_dim=s.item_dim, cat_dim=s.cat_dim, mlp_hidden=tuple(s.mlp_hidden),
                      attention_hidden=tuple(s.attention_hidden), attention_activation=s.attention_activation,
-                     mlp_activation=s.mlp_activation, sparse_embeddings=s.sparse_embeddings)
+                     mlp_activation=s.mlp_activation, sparse_embeddings=s.sparse_embeddings,
+                     positions=min(s.seq_len, samples.seq_len) if "position" in ctx else 0,
+                     time_buckets=GAP_BUCKETS if "time" in ctx else 0, pair_inputs=int("covisit" in ctx),
+                     candidate_inputs=len(CANDIDATE_FEATURES) if "candidate" in ctx else 0,
+                     cross=s.objective == "listwise")
 
 
 @dataclass
@@ -144,7 +211,7 @@ class Progress:
     samples_seen: int = 0
     train_seconds: float = 0.0
     loss_sum: float = 0.0  # over the current epoch, for logging
-    best_val_gauc: float = -math.inf
+    best_val: float = -math.inf  # the selection metric's best (listwise: val din_hr@10; pointwise: val GAUC)
     best_epoch: int = 0
     bad_epochs: int = 0
     history: list = field(default_factory=list)
@@ -185,10 +252,16 @@ def _frequencies(samples: SampleSet) -> tuple[torch.Tensor, torch.Tensor]:
 class Trainer:
     def __init__(self, samples: SampleSet, s: TrainSettings, *, checkpoints: CheckpointStore | None = None,
                  stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None,
-                 init: Callable[[DIN], dict] | None = None) -> None:
+                 init: Callable[[DIN], dict] | None = None, lists: ListData | None = None,
+                 on_epoch: Callable[[Trainer], None] | None = None) -> None:
         """``init``: called on the fresh model before training (a warm start: training.warm_start);
-        what it returns goes to the metrics as ``warm_start``. A resumed checkpoint replaces it."""
-        self.samples, self.s, self.checkpoints = samples, s, checkpoints
+        what it returns goes to the metrics as ``warm_start``. A resumed checkpoint replaces it.
+        ``lists``: the listwise objective's data (training.lists), which ``objective=listwise`` needs.
+        ``on_epoch``: called after each epoch's validation (a benchmark's probe; it must not train)."""
+        self.on_epoch = on_epoch
+        if (s.objective == "listwise") != (lists is not None):
+            raise ValueError("the listwise objective trains on training.lists.ListData (and only it does)")
+        self.samples, self.s, self.checkpoints, self.lists = samples, s, checkpoints, lists
         self.stop = stop or threading.Event()
         # set from outside (SIGUSR1: a spot rebalance recommendation) → one extra checkpoint, keep going
         self.checkpoint_now = checkpoint_now or threading.Event()
@@ -234,8 +307,11 @@ class Trainer:
         self.model.to(self.device)
         if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice" and kernels.load():
             self.model.fused_unit = kernels.din_unit
+        if s.fused_kernels and self.device.type == "cpu" and s.objective == "listwise" and load_lists():
+            self.model.list_unit = list_unit  # the listwise unit, fused (models.kernels; the same function)
         item_freq, cat_freq = _frequencies(self.samples)
-        self.step_fn = DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq).to(self.device)
+        self.step_fn = (DINListLoss(self.model) if s.objective == "listwise"
+                        else DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq)).to(self.device)
         if self.info.enabled:
             self.step_fn = nn.parallel.DistributedDataParallel(
                 self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)
@@ -297,7 +373,10 @@ class Trainer:
         self.scaler.load_state_dict(state["scaler"])
         _set_rng_state(state["rng"][self.info.rank], self.device)
         self.epoch_gen_state = state["data_gen"]
-        self.progress = Progress(**state["progress"])
+        progress = dict(state["progress"])
+        if "best_val_gauc" in progress:  # checkpoints from before the listwise objective
+            progress["best_val"] = progress.pop("best_val_gauc")
+        self.progress = Progress(**progress)
         self.best_state = state.get("best_model")
         self.resumed_from = name
         if self.info.is_main:
@@ -319,10 +398,23 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
     def _train_step(self, idx: torch.Tensor) -> float:
-        local = idx[self.info.rank::self.info.world_size]  # this rank's share of the global batch
-        batch = self.train_t.batch(local)
-        with self.precision.autocast():
-            loss = self.step_fn(*batch.inputs(), batch.label)
+        rank, world = self.info.rank, self.info.world_size
+        if self.lists is not None:
+            # The global batch's lists, drawn alike on every rank; this rank trains on its share.
+            p = self.progress
+            lists = self.lists.batch(idx.cpu().numpy(), p.epoch, p.global_step)
+            mine = lists.take(torch.arange(rank, len(idx), world))
+            c = mine.context
+            inputs = [t.to(self.device) if t is not None else None for t in (
+                mine.hist_items, mine.hist_cats, mine.cand_items, mine.cand_cats, c.gaps, c.pairs, c.candidates,
+                mine.valid, mine.log_q)]
+            with self.precision.autocast():
+                loss = self.step_fn(*inputs)
+        else:
+            local = idx[rank::world]  # this rank's share of the global batch
+            batch = self.train_t.batch(local)
+            with self.precision.autocast():
+                loss = self.step_fn(*batch.inputs(), batch.label)
         for o in self.opts:
             o.zero_grad(set_to_none=True)
         self.scaler.scale(loss).backward()
@@ -335,7 +427,7 @@ class Trainer:
 
     def run(self) -> TrainResult:
         s, p = self.s, self.progress
-        n = len(self.train_t)
+        n = len(self.lists.positives) if self.lists is not None else len(self.train_t)
         n_batches = (n + s.batch_size - 1) // s.batch_size
         self.model.train()
         try:
@@ -348,21 +440,30 @@ class Trainer:
             self.scalars.close()
         if s.patience and self.best_state is not None:
             self.model.load_state_dict(self.best_state)  # early stopping keeps the best epoch's weights
-        test = self._evaluate(self.test_t)
+        test = self._evaluate(self.test_t, "test")
         final = self._final_model()
         metrics = {**(p.history[-1] if p.history else {}), **{f"test_{k}": v for k, v in test.items()}}
         metrics.update({"samples_per_s": p.samples_per_s,
                         "train_samples": n, "seq_len": self.seq_len, "device": str(self.device),
                         "precision": self.precision.name, "world_size": self.info.world_size,
-                        "fused_kernel": self.model.fused_unit is not None, "embeddings": s.embeddings,
+                        "fused_kernel": self.model.fused_unit is not None or self.model.list_unit is not None,
+                        "embeddings": s.embeddings,
                         "best_epoch": p.best_epoch, "global_step": p.global_step, "warm_start": self.init_info,
+                        "objective": s.objective, "selection": self.selection,
                         "resumed_from": self.resumed_from,
                         "weights_sha256": weights_sha256(final) if final is not None else None})
         if self.device.type == "cuda":
             metrics["gpu_name"] = torch.cuda.get_device_name(self.device)  # what `dinrec plan --calibrate` matches
         return TrainResult(model=final, metrics=metrics)
 
-    def _evaluate(self, split: SplitTensors) -> dict:
+    @property
+    def selection(self) -> str:
+        """The validation figure early stopping and the best epoch go by."""
+        return "val_din_hr@10" if self.lists is not None else "val_gauc"
+
+    def _evaluate(self, split: SplitTensors, name: str) -> dict:
+        if self.lists is not None:
+            return evaluate_lists(self.model, self.lists, split, name, self.precision)
         return evaluate(self.model, split, self.s.eval_batch_size, self.precision)
 
     def _final_model(self) -> DIN | None:
@@ -403,7 +504,7 @@ class Trainer:
     def _end_epoch(self, n_batches: int, next_epoch_gen: torch.Tensor) -> bool:
         """Evaluate, track the best epoch, checkpoint; True when early stopping ends training."""
         s, p = self.s, self.progress
-        val = self._evaluate(self.val_t)
+        val = self._evaluate(self.val_t, "val")
         p.epoch += 1
         entry = {"epoch": p.epoch, "train_loss": p.loss_sum / max(n_batches, 1),
                  "samples_per_s": p.samples_per_s,
@@ -412,13 +513,16 @@ class Trainer:
         self.scalars.write(entry, p.global_step)
         p.step_in_epoch, p.loss_sum = 0, 0.0
         self.epoch_gen_state = next_epoch_gen
-        improved = not math.isnan(val["gauc"]) and val["gauc"] > p.best_val_gauc
+        figure = val[self.selection.removeprefix("val_")]
+        improved = not math.isnan(figure) and figure > p.best_val
         if improved:
-            p.best_val_gauc, p.best_epoch, p.bad_epochs = val["gauc"], p.epoch, 0
+            p.best_val, p.best_epoch, p.bad_epochs = figure, p.epoch, 0
             if s.patience:
                 self.best_state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
         else:
             p.bad_epochs += 1
+        if self.on_epoch is not None:
+            self.on_epoch(self)
         if self.info.is_main:
             log.info("epoch %d: %s", p.epoch, json.dumps(entry))
             if s.progress:
@@ -429,8 +533,11 @@ class Trainer:
 
 def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, checkpoints: CheckpointStore | None = None,
           resume: str | None = None, stop: threading.Event | None = None,
-          checkpoint_now: threading.Event | None = None, init: Callable[[DIN], dict] | None = None) -> TrainResult:
-    """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``."""
+          checkpoint_now: threading.Event | None = None, init: Callable[[DIN], dict] | None = None,
+          lists: ListData | None = None, on_epoch: Callable[[Trainer], None] | None = None) -> TrainResult:
+    """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``.
+    ``lists``: the listwise objective's data (training.lists; training.pipeline builds it); ``on_epoch``: see
+    :class:`Trainer`."""
     if checkpoints is None and out is not None:
         from training.checkpoint import open_checkpoint_store
 
@@ -441,7 +548,8 @@ def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, chec
         trainer: Trainer = ShardedTrainer(samples, s, checkpoints=checkpoints, stop=stop,
                                           checkpoint_now=checkpoint_now, init=init)
     else:
-        trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init)
+        trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init,
+                          lists=lists, on_epoch=on_epoch)
     if resume and resume != "none":
         trainer.resume(resume)
     return trainer.run()

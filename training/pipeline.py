@@ -1,4 +1,4 @@
-"""The one pipeline from a dataset to a bundle — samples → DIN → recall towers → blend → bundle — that
+"""The one pipeline from a dataset to a bundle — samples → recall towers → co-visitation → DIN → blend → bundle — that
 ``dinrec train``, ``dinrec retrain``, the demo, the simulator, the benchmarks and the tests all call."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from training.settings import TrainSettings
 if TYPE_CHECKING:  # torch comes with these: imported when a model is trained, not when this is
     from models.bundle import Bundle
     from training.checkpoint import CheckpointStore
+    from training.lists import ListSettings
     from training.loop import TrainResult
 
 
@@ -33,18 +34,33 @@ class Trained:
     bundle: Path | None  # None where this process does not export (a torchrun rank other than 0)
 
 
+def list_settings(settings: TrainSettings) -> ListSettings:
+    """The listwise objective's settings: the training ones, and the served lanes' sizes (the candidates
+    DIN is trained against and measured on are the ones it will rank)."""
+    from models.ranking_settings import RankingSettings
+    from training.lists import ListSettings
+
+    served = RankingSettings()
+    return ListSettings(negatives=settings.list_negatives, hard_share=settings.hard_negative_share,
+                        popular_power=settings.popular_negative_power, guard_folds=settings.guard_folds,
+                        recall_candidates=served.recall_candidates, covisit_candidates=served.covisit_candidates,
+                        seed=settings.seed, context=tuple(settings.din_context))
+
+
 def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | Path, *,
                  run_dir: Path | None = None, checkpoints: CheckpointStore | None = None, resume: str | None = None,
                  stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None,
                  champion: Bundle | None = None, warm_towers: bool = True, lineage: dict | None = None,
                  after_training: Callable[[TrainResult], bool] | None = None, export: bool = True) -> Trained:
-    """Train DIN on ``samples`` (checkpoints in ``checkpoints``, else ``run_dir/checkpoints``; warm-started
-    from ``champion``, its towers too if ``warm_towers``), then the recall towers and the blend, and
-    export them as one bundle at ``bundle_dir``. ``after_training`` sees DIN before the towers (retrain's
-    drills degrade it there) and returns whether to go on to export; ``export`` False: the towers train
-    (with the other ranks, under torchrun) but nothing is exported (bundle None).
+    """Train the recall towers, fit the co-visitation lane, train DIN on ``samples`` against the lanes'
+    candidates (checkpoints in ``checkpoints``, else ``run_dir/checkpoints``; warm-started from
+    ``champion``, its towers too if ``warm_towers``), then export them and the blend as one bundle at
+    ``bundle_dir``. The towers come first: listwise DIN mines its negatives from them and is measured on
+    the candidates they and the lane recall. ``after_training`` sees DIN before the export (retrain's drills
+    degrade it there) and returns whether to go on; ``export`` False: everything trains (with the other
+    ranks, under torchrun) but nothing is exported (bundle None).
     Raises training.loop.TrainingInterrupted when ``stop`` ends it first."""
-    from training.export import export_bundle
+    from training.export import export_bundle, fit_covisitation
     from training.loop import train
     from training.towers_train import towers_settings, train_towers
     from training.warm_start import initializers
@@ -54,21 +70,37 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
         from training.checkpoint import open_checkpoint_store
 
         checkpoints = open_checkpoint_store(run_dir / "checkpoints", keep=settings.keep_checkpoints)
-    result = train(samples, settings, checkpoints=checkpoints, resume=resume, stop=stop,
-                   checkpoint_now=checkpoint_now, init=din_init)
-    # Every setting the model was built from, beside its metrics (a spot-trained candidate and a local
-    # one can be compared field by field).
-    result.metrics["train_settings"] = json.loads(settings.model_dump_json())
-    if after_training is not None and export and not after_training(result):
-        return Trained(result, None)
-    towers = None
-    if settings.recall_epochs > 0:  # the towers' metrics go beside DIN's, under "recall"
+    towers, recall_metrics = None, None
+    if settings.recall_epochs > 0:
         # On every rank under torchrun (DDP), checkpointed beside DIN's, resumed with it.
         recall = train_towers(samples, towers_settings(settings), init=towers_init, checkpoints=checkpoints,
                               resume=resume, stop=stop, checkpoint_now=checkpoint_now)
-        towers, result.metrics["recall"] = recall.model, recall.metrics
-    if not export:
+        towers, recall_metrics = recall.model, recall.metrics
+    lane = None
+    if towers is not None and (settings.ranking_blend or settings.objective == "listwise"):
+        lane = fit_covisitation(samples)  # deterministic: every rank fits the same
+    lists = None
+    if settings.objective == "listwise":
+        from training.lists import ListData
+
+        lists = ListData(samples, list_settings(settings), towers, lane[0] if lane else None,
+                         min(settings.seq_len, samples.seq_len))
+    result = train(samples, settings, checkpoints=checkpoints, resume=resume, stop=stop,
+                   checkpoint_now=checkpoint_now, init=din_init, lists=lists)
+    if lists is not None and result.model is not None:
+        from training.lists import calibrate
+
+        # Probabilities again (the gate compares log loss and calibration): relative to the validation
+        # split's negatives per positive, which is what the gate corrects sampling rates from.
+        result.metrics["calibration"] = fitted = calibrate(result.model, lists)
+        result.metrics["train_negatives"] = fitted.get("negatives_per_positive") or samples.negatives
+    # Every setting the model was built from, beside its metrics (a spot-trained candidate and a local
+    # one can be compared field by field).
+    result.metrics["train_settings"] = json.loads(settings.model_dump_json())
+    if recall_metrics is not None:  # the towers' metrics go beside DIN's, under "recall"
+        result.metrics["recall"] = recall_metrics
+    if not export or (after_training is not None and not after_training(result)):
         return Trained(result, None)
     bundle = export_bundle(bundle_dir, result.model, samples, result.metrics, towers=towers, lineage=lineage,
-                           blend=settings.ranking_blend)
+                           blend=settings.ranking_blend, lane=lane)
     return Trained(result, Path(bundle))

@@ -12,14 +12,37 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 # 0.01 0.757, 0.05 0.758, 0.2 0.806, 1.0 0.817. 0.05 is where it matches Adam; the higher ones are one
 # dataset's runs, not yet a default.
 ROWWISE_ADAGRAD_LR = 0.05
+DIN_CONTEXT = ("position", "time", "covisit", "candidate")  # what listwise DIN may read besides ids
 
 
 class TrainSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="DINREC_TRAIN_", extra="forbid", validate_default=True)
 
-    epochs: int = Field(2, ge=1, le=1000, description="passes over the training samples")
-    batch_size: int = Field(1024, ge=1, le=1 << 20, description=(
-        "training samples per step, over all ranks under torchrun (each rank takes its share)"))
+    objective: Literal["listwise", "pointwise"] = Field("listwise", description=(
+        "listwise: each training positive against list_negatives negatives like the candidates it will rank "
+        "(mined from the recall lanes, and popular ones with the log-Q correction), softmax cross-entropy, "
+        "early-stopped on DIN alone's validation HR@10 over the served candidates; pointwise: binary "
+        "cross-entropy on the samples' own negatives (the DIN paper's, early-stopped on validation GAUC)"))
+    epochs: int | None = Field(None, ge=1, le=1000, description=(
+        "passes over the training samples at most (default: 20 listwise, where early stopping usually ends "
+        "sooner; 2 pointwise)"))
+    batch_size: int = Field(256, ge=1, le=1 << 20, description=(
+        "training samples per step — lists (a positive with its negatives) for listwise — over all ranks "
+        "under torchrun (each rank takes its share)"))
+    list_negatives: int = Field(32, ge=1, le=1024, description="listwise: negatives per training positive (K)")
+    hard_negative_share: float = Field(0.5, ge=0, le=1, description=(
+        "listwise: the share of the negatives drawn from what the recall lanes return for the history (the "
+        "served lanes' candidates, the user's own items excluded); the rest ∝ count^popular_negative_power"))
+    popular_negative_power: float = Field(0.75, ge=0, le=2, description=(
+        "listwise: the popular negatives are drawn ∝ training count^power (0: uniform), their logits "
+        "corrected by −log(K·q)"))
+    guard_folds: int = Field(5, ge=2, le=100, description=(
+        "listwise: co-visitation lanes fitted each without one fold of users, so a training positive's pair "
+        "similarities never count its own co-occurrence"))
+    din_context: tuple[str, ...] = Field(("position", "time", "covisit", "candidate"), description=(
+        "listwise: what DIN reads besides ids (JSON list of position, time, covisit, candidate): each "
+        "behaviour's position from the newest and time gap to it, co-visitation's similarity per (candidate, "
+        "behaviour), and per candidate its training count and recent-category share (models.context)"))
     lr: float = Field(1e-3, gt=0, le=1.0, description="DIN's Adam learning rate")
     seq_len: int = Field(50, ge=1, le=10_000, description="behaviours per history (L)")
     negatives: int = Field(1, ge=1, le=100, description="sampled negatives per training positive")
@@ -30,7 +53,9 @@ class TrainSettings(BaseSettings):
     item_dim: int = Field(16, ge=1, le=4096, description="item embedding size")
     cat_dim: int = Field(16, ge=1, le=4096, description="category embedding size")
     mlp_hidden: tuple[int, ...] = Field((200, 80), description="DIN's MLP hidden layers (JSON list)")
-    attention_hidden: tuple[int, ...] = Field((80, 40), description="the activation unit's hidden layers (JSON list)")
+    attention_hidden: tuple[int, ...] = Field((16,), description=(
+        "the activation unit's hidden layers (JSON list): it runs once per (candidate, behaviour), so listwise "
+        "training and serving pay for its width; the DIN paper's is [80, 40]"))
     attention_activation: Literal["prelu", "dice", "relu", "sigmoid"] = Field("prelu", description=(
         "the activation unit's nonlinearity"))
     mlp_activation: Literal["prelu", "dice", "relu", "sigmoid"] = Field("dice", description=(
@@ -59,7 +84,10 @@ class TrainSettings(BaseSettings):
     warmup_steps: int = Field(0, ge=0, description="linear learning-rate warm-up")
     max_steps: int = Field(0, ge=0, description=(
         "end training after this many steps (the epoch in progress is evaluated as the last); 0: no limit"))
-    patience: int = Field(0, ge=0, description="early stopping on validation GAUC after this many flat epochs; 0=off")
+    patience: int | None = Field(None, ge=0, description=(
+        "stop after this many epochs without a better validation figure (listwise: DIN alone's HR@10 over the "
+        "served candidates; pointwise: GAUC) and keep the best epoch's weights; 0: off (default: 3 listwise, "
+        "0 pointwise)"))
     checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N steps (0: at epoch ends only)")
     keep_checkpoints: int = Field(3, ge=1, description="checkpoints kept (oldest deleted first)")
     tensorboard_dir: str | None = Field(None, description="write TensorBoard scalars here (needs tensorboard)")
@@ -77,6 +105,34 @@ class TrainSettings(BaseSettings):
     recall_full_softmax_items: int = Field(200_000, ge=0, description=(
         "the towers score every item per step while the catalog has at most this many; past it (and with "
         "sharded tables) each target meets 8,192 sampled negatives"))
+
+    @model_validator(mode="after")
+    def _objective_defaults(self) -> TrainSettings:
+        listwise = self.objective == "listwise"
+        if self.epochs is None:
+            self.epochs = 20 if listwise else 2
+        if self.patience is None:
+            self.patience = 3 if listwise else 0
+        return self
+
+    @model_validator(mode="after")
+    def _listwise_options(self) -> TrainSettings:
+        if self.objective != "listwise":
+            return self
+        unknown = sorted(set(self.din_context) - set(DIN_CONTEXT))
+        if unknown:
+            raise ValueError(f"din_context: unknown {unknown}; choose from {list(DIN_CONTEXT)}")
+        if self.attention_activation == "dice":
+            raise ValueError("listwise scores lists of candidates over padded histories: the activation unit needs "
+                             "an activation without batch statistics (prelu, relu or sigmoid)")
+        if self.recall_epochs == 0:
+            raise ValueError("listwise mines its negatives from the recall towers and measures DIN over the served "
+                             "candidates: it needs them (recall_epochs > 0), or use objective=pointwise")
+        if self.embeddings == "sharded":
+            raise ValueError("sharded tables train the pointwise objective (objective=pointwise)")
+        if self.mba_l2 > 0:
+            raise ValueError("mba_l2 (the DIN paper's mini-batch-aware L2) is for the pointwise objective")
+        return self
 
     @model_validator(mode="after")
     def _sharded_options(self) -> TrainSettings:

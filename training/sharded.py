@@ -258,7 +258,7 @@ class ShardedTrainer(Trainer):
 
     # ------------------------------------------------------------------ evaluation and the result
     @torch.no_grad()
-    def _evaluate(self, split: SplitTensors) -> dict:
+    def _evaluate(self, split: SplitTensors, name: str = "") -> dict:
         """Every rank scores its share of each batch (the lookups are collective), rank 0's order kept."""
         n, world, rank = len(split), self.info.world_size, self.info.rank
         if n == 0:

@@ -3,11 +3,25 @@ from __future__ import annotations
 import json
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
 from models.bundle import BundleError, load_bundle
+from models.context import known_last, served_context
+from retrieval.covisit import PairTable
 from training.data import SplitTensors
+
+
+def _list_scores(bundle, hist, cats, target, target_cat) -> torch.Tensor:
+    """Each sample's target scored as a one-candidate list, with the context serving builds from the bundle
+    (its co-visitation lane and counts; every behaviour at one time)."""
+    hist, cats = known_last(hist, cats)
+    cand, cand_cats = target[:, None], target_cat[:, None]  # (B, 1)
+    counts = torch.from_numpy(bundle.item_counts.astype(np.float32))
+    context = served_context(bundle.model.cfg, PairTable([bundle.covisit]), counts, hist, cats,
+                             torch.zeros(hist.shape, dtype=torch.float64), cand, cand_cats)
+    return bundle.model.score_lists(hist, cats, cand, cand_cats, context)  # (B, 1)
 
 
 def test_round_trip_gives_the_same_scores(tiny_run):
@@ -18,8 +32,9 @@ def test_round_trip_gives_the_same_scores(tiny_run):
     assert bundle.manifest["format_version"] == 1 and bundle.manifest["feature_schema_version"] == 1
     t = SplitTensors(samples, samples.test, 20)
     b = t.batch(torch.arange(len(t)))
-    again = load_bundle(bundle_dir).model(*b.inputs())
-    torch.testing.assert_close(bundle.model(*b.inputs()), again, rtol=0, atol=0)
+    assert bundle.model.cfg.scores_lists  # the default DIN reads context: it scores lists with what serving gives
+    torch.testing.assert_close(_list_scores(bundle, *b.inputs()), _list_scores(load_bundle(bundle_dir), *b.inputs()),
+                               rtol=0, atol=0)
     assert bundle.item_index_path.is_file() and bundle.popularity[0][1] >= bundle.popularity[-1][1]
 
 
@@ -72,7 +87,7 @@ def test_an_hnsw_index_gets_its_ef_search_measured_on_real_histories(tiny_run, t
     _, samples, bundle_dir, metrics = tiny_run
     v1 = load_bundle(bundle_dir)
     bundle = load_bundle(export_bundle(tmp_path / "hnsw", v1.model, samples, dict(metrics),
-                                       IndexSpec(kind="hnsw"), towers=v1.towers))
+                                       IndexSpec(kind="hnsw"), towers=v1.towers, lane=(v1.covisit, {})))
     info = bundle.item_index_info
     assert info["kind"] == "hnsw" and info["space"] == "towers"
     assert info["spec"]["ef_search"] in EF_SEARCH_STEPS and list(info["ef_search_tried"])[-1] == str(

@@ -36,7 +36,7 @@ def _second_bundle(tiny_run, tmp_path):
     with torch.no_grad():  # a different model: its scores and version differ
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    return export_bundle(tmp_path / "v2-build", model, samples, metrics, towers=v1.towers)
+    return export_bundle(tmp_path / "v2-build", model, samples, metrics, towers=v1.towers, lane=(v1.covisit, {}))
 
 
 def test_publish_alias_resolve_and_a_verified_local_copy(s3_registry, tiny_run, tmp_path):

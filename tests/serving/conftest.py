@@ -38,6 +38,7 @@ def registry(tiny_run, tmp_path):
     with torch.no_grad():  # a different model: its scores and version differ
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
-    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics, towers=v1.towers), "v2")
+    reg.publish(export_bundle(tmp_path / "v2-build", model, samples, metrics, towers=v1.towers,
+                                     lane=(v1.covisit, {})), "v2")
     reg.set_alias("champion", "v1")
     return reg

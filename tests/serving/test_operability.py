@@ -37,7 +37,10 @@ def test_metrics_show_requests_stages_and_the_model(tiny_run):
     cpu = {m[0]: float(m[1]) for m in re.findall(r'dinrec_recommend_cpu_seconds_total\{stage="(\w+)"\} (\S+)', text)}
     assert set(cpu) == {"assign", "features", "recall", "score", "select", "log", "encode"} and cpu["score"] > 0
     rec = state.recommender
-    assert rec.scorer.impl in rec.scorer_choice.timings_ms  # the one chosen was timed here
+    if rec.model.cfg.scores_lists:  # a DIN with context has one path, its lists; the choice says why
+        assert rec.scorer.impl.startswith("lists_") and "fp32" in rec.scorer_choice.refused["bf16"]
+    else:
+        assert rec.scorer.impl in rec.scorer_choice.timings_ms  # the one chosen was timed here
     assert rec.index.kind == rec.index_choice["kind"]
     assert (f'dinrec_model_info{{precision="{rec.precision}",recall_index="{rec.index.kind}",'
             f'scorer="{rec.scorer.impl}",version="{rec.model_version}"}} 1.0') in text

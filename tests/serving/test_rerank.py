@@ -113,7 +113,12 @@ def test_the_category_cap_holds_across_the_popularity_fill(served):
 
 
 def test_explanations_are_the_models_attention_weights(served, tiny_run):
+    """``because`` names the behaviours with the largest weights in DIN's activation unit for that item —
+    recomputed here with PyTorch's ops (the service may use the fused unit) from the same inputs: the
+    user's known behaviours with their times, co-visitation and counts (models.context)."""
     from models.bundle import load_bundle
+    from models.context import served_context
+    from retrieval.covisit import PairTable
 
     c, data, store, _, _ = served
     user = data.user_id[7]
@@ -122,22 +127,28 @@ def test_explanations_are_the_models_attention_weights(served, tiny_run):
     body = c.get("/recommend", params={"user_id": user, "k": 5, "explain": "true"}, headers=ADMIN_HEADERS).json()
     bundle = load_bundle(tiny_run[2])
     model, vocab = bundle.model.eval(), bundle.vocab
+    assert model.list_unit is None  # this copy: PyTorch's ops
     item_idx, cat_idx = vocab.item_index(), {x: i for i, x in enumerate(vocab.categories)}
     window = store.history(user, c.service_state().recommender.seq_len)  # what the service reads
     assert len(window) >= 10
     history = [h for h in window if h.item_id in item_idx]
-    h_items = torch.tensor([item_idx[h.item_id] for h in history])
-    h_cats = torch.tensor([cat_idx[h.category_id] for h in history])
+    h_items = torch.tensor([[item_idx[h.item_id] for h in history]])
+    h_cats = torch.tensor([[cat_idx[h.category_id] for h in history]])
+    ts = torch.tensor([[h.ts for h in history]], dtype=torch.float64)
+    counts = torch.from_numpy(bundle.item_counts.astype("float32"))
+    pairs = PairTable([bundle.covisit]) if bundle.covisit is not None else None
     for item in body["items"]:
         assert 1 <= len(item["because"]) <= 3
-        target = torch.tensor([item_idx[item["item_id"]]])
-        with torch.inference_mode():  # the paper's form of the activation unit, from the model itself
-            q = model.embed(target, torch.tensor([vocab.item_category[target.item()]])).expand(len(history), -1)
-            h = model.embed(h_items, h_cats)
-            z = model.att_in(torch.cat([q, h, q - h, q * h], dim=-1))
-            weights = model._activation_weights(z)  # (L,)
+        target = torch.tensor([[item_idx[item["item_id"]]]])
+        target_cat = torch.tensor([[vocab.item_category[target.item()]]])
+        with torch.inference_mode():
+            context = (served_context(model.cfg, pairs, counts, h_items, h_cats, ts, target, target_cat)
+                       if model.cfg.has_context else None)
+            _, weights = model.lists_from(model.embed(h_items, h_cats), h_items != 0, model.embed(target, target_cat),
+                                          context)
+            weights = weights[0, 0]  # (L,)
         order = torch.argsort(weights, descending=True, stable=True)[:len(item["because"])]
         assert [b["item_id"] for b in item["because"]] == [history[i].item_id for i in order.tolist()]
-        assert [b["weight"] for b in item["because"]] == pytest.approx(weights[order].tolist(), abs=1e-5)
+        assert [b["weight"] for b in item["because"]] == pytest.approx(weights[order].tolist(), abs=1e-4)
     plain = c.get("/recommend", params={"user_id": user, "k": 5}).json()
     assert all(x["because"] is None for x in plain["items"])

@@ -75,7 +75,8 @@ def test_a_restarted_supervisor_continues_the_same_job(local_env, small_data):
 
 def test_cancel_stops_a_running_job_and_it_stays_cancelled(local_env, small_data, tmp_path):
     start = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g5.xlarge",
-                    "--train-args", "--epochs 500 --seq-len 20 --checkpoint-every 5", "--detach", env=local_env)
+                    "--train-args", "--epochs 500 --patience 0 --seq-len 20 --checkpoint-every 5", "--detach",
+                    env=local_env)
     assert start.returncode == 0, start.stderr[-3000:]
     job_id = _last_json(start.stdout)["job_id"]
     job = tmp_path / "state" / "jobs" / job_id
@@ -91,7 +92,7 @@ def test_cancel_stops_a_running_job_and_it_stays_cancelled(local_env, small_data
 def test_two_supervisors_on_one_job_one_supervises_and_a_killed_ones_lease_expires(local_env, small_data, tmp_path):
     env = {**local_env, "DINREC_SPOT_LEASE_S": "2"}
     start = _dinrec("spot", "launch", "--data", str(small_data), "--instance-type", "g5.xlarge",
-                    "--train-args", "--epochs 500 --seq-len 20 --checkpoint-every 5", env=env)
+                    "--train-args", "--epochs 500 --patience 0 --seq-len 20 --checkpoint-every 5", env=env)
     assert start.returncode == 0, start.stderr[-3000:]
     job_id = _last_json(start.stdout)["job_id"]
     job = tmp_path / "state" / "jobs" / job_id
@@ -122,7 +123,7 @@ def test_two_supervisors_on_one_job_one_supervises_and_a_killed_ones_lease_expir
 
 def test_budget_stops_the_job_and_the_running_attempt(local_env, small_data):
     run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "p5en.48xlarge",
-                  "--train-args", "--epochs 500 --seq-len 20", "--budget-usd", "0.0005", env=local_env)
+                  "--train-args", "--epochs 500 --patience 0 --seq-len 20", "--budget-usd", "0.0005", env=local_env)
     assert run.returncode == 1
     report = _last_json(run.stdout)
     assert report["status"] == "budget_spent" and report["spent_usd"] >= 0.0005 and report["attempts"] == 1

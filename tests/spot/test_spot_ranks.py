@@ -20,7 +20,8 @@ from training.launch import exit_code, parse_ranks, without_ranks
 from training.sharded import torchrec_missing
 
 TRAIN = ["--epochs", "4", "--batch-size", "128", "--seq-len", "20", "--checkpoint-every", "5"]
-ENV = {"DINREC_TRAIN_THREADS": "1", "DINREC_TRAIN_RECALL_EPOCHS": "0", "DINREC_TRAIN_RANKING_BLEND": "false",
+ENV = {"DINREC_TRAIN_OBJECTIVE": "pointwise",  # sharded tables train the pointwise objective
+       "DINREC_TRAIN_THREADS": "1", "DINREC_TRAIN_RECALL_EPOCHS": "0", "DINREC_TRAIN_RANKING_BLEND": "false",
        "DINREC_TRAIN_DEVICE": "cpu"}
 
 

@@ -18,24 +18,38 @@ ENV = {"DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATIO
        "DINREC_TRAIN_ITEM_DIM": "8", "DINREC_TRAIN_CAT_DIM": "8", "DINREC_TRAIN_THREADS": "1"}
 
 
-def _run(cmd: list[str], out) -> dict:
+def _run(cmd: list[str], out, *extra: str) -> dict:
     env = {**os.environ, **ENV}
-    p = subprocess.run(cmd + ["--out", str(out), "--epochs", "2", "--batch-size", "256", "--device", "cpu",
-                              "--no-progress"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    p = subprocess.run(cmd + ["--out", str(out), "--batch-size", "256", "--device", "cpu", "--no-progress", *extra],
+                       cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-3000:]
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
+def _close(a: torch.nn.Module, b: torch.nn.Module, within: float, most: float, share: float = 0.99) -> None:
+    """Every weight within ``within`` and ``share`` of them within ``most``: two ranks sum a gradient in
+    another order than one process, and where it nearly cancels Adam's first step (g/|g|) carries that
+    rounding whole — a few weights drift by float order, not by a wrong update (which moves them all)."""
+    xs = torch.cat([x.flatten().float() for _, x in sorted(a.state_dict().items())])
+    ys = torch.cat([y.flatten().float() for _, y in sorted(b.state_dict().items())])
+    diff = (xs - ys).abs()
+    assert float(diff.max()) < within, float(diff.max())
+    assert float((diff < most).float().mean()) >= share, float((diff < most).float().mean())
+
+
 @pytest.mark.slow
-def test_two_gloo_ranks_match_one_process(tmp_path):
+@pytest.mark.parametrize("objective", ["listwise", "pointwise"])
+def test_two_gloo_ranks_match_one_process(tmp_path, objective):
+    """The same global batch on two ranks (each its share; listwise, each builds the whole step's lists and
+    takes its rows) trains like one process: after a few steps the weights agree to float order."""
     data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=150, n_categories=8,
                                  mean_events_per_user=20, seed=5)
-    train = ["-m", "dinrec_cli.main", "train", "--data", str(data)]
+    train = ["-m", "dinrec_cli.main", "train", "--data", str(data), "--objective", objective, "--epochs", "1",
+             "--max-steps", "6", "--patience", "0"]
     one = _run([sys.executable, *train], tmp_path / "one")
     two = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",
                 *train], tmp_path / "two")
-    assert one["world_size"] == 1 and two["world_size"] == 2
+    assert one["world_size"] == 1 and two["world_size"] == 2 and one["global_step"] == two["global_step"] == 6
     a, b = load_bundle(tmp_path / "one" / "bundle").model, load_bundle(tmp_path / "two" / "bundle").model
-    for (name, x), (_, y) in zip(sorted(a.state_dict().items()), sorted(b.state_dict().items()), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
-    assert abs(one["test_gauc"] - two["test_gauc"]) < 0.01
+    _close(a, b, within=1e-3, most=1e-5)
+    assert abs(one["test_gauc"] - two["test_gauc"]) < 0.005

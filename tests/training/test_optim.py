@@ -43,15 +43,15 @@ def test_a_sparse_gradient_updates_as_the_dense_one_does():
 def test_the_tables_learning_rate_follows_their_optimizer():
     assert TrainSettings().table_lr is None  # Adam: the model's own lr
     assert TrainSettings(embedding_optimizer="rowwise_adagrad").table_lr == ROWWISE_ADAGRAD_LR
-    assert TrainSettings(embeddings="sharded").table_optimizer == "rowwise_adagrad"
-    assert TrainSettings(embeddings="sharded", embedding_lr=0.3).table_lr == 0.3
+    assert TrainSettings(embeddings="sharded", objective="pointwise").table_optimizer == "rowwise_adagrad"
+    assert TrainSettings(embeddings="sharded", objective="pointwise", embedding_lr=0.3).table_lr == 0.3
 
 
 @pytest.mark.parametrize("bad", [{"embedding_optimizer": "adam"}, {"mba_l2": 0.1}, {"patience": 2},
                                  {"precision": "fp16"}, {"warmup_steps": 5}])
 def test_sharded_tables_refuse_what_they_cannot_do_at_start_up(bad):
     with pytest.raises(ValueError, match="sharded tables"):
-        TrainSettings(embeddings="sharded", **bad)
+        TrainSettings(embeddings="sharded", objective="pointwise", **bad)
 
 
 def test_a_sharding_type_without_sharded_tables_is_an_error():

@@ -40,7 +40,7 @@ def samples():
 
 def settings(**kw) -> TrainSettings:
     base = dict(epochs=3, batch_size=256, item_dim=8, cat_dim=4, progress=False, patience=2, mba_l2=1e-4,
-                warmup_steps=5, attention_activation="dice", mlp_activation="dice")
+                warmup_steps=5, attention_activation="dice", mlp_activation="dice", objective="pointwise")
     return TrainSettings(**{**base, **kw})
 
 
@@ -97,7 +97,8 @@ def test_incomplete_and_foreign_checkpoints_are_never_used(samples, tmp_path):
 
 def _cli_train(out, data, *extra, env=None):
     return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
-                             "--epochs", "2", "--batch-size", "128", "--no-progress", *extra], cwd=REPO,
+                             "--epochs", "2", "--batch-size", "128", "--recall-epochs", "3", "--no-progress", *extra],
+                            cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -145,3 +146,24 @@ def test_sparse_embeddings_train_and_resume_exactly(samples, tmp_path):
         train(samples, settings(**kw), checkpoints=store, stop=StopAfter(30))
     resumed = train(samples, settings(**kw), checkpoints=store, resume="auto")
     assert resumed.metrics["weights_sha256"] == full.metrics["weights_sha256"]
+
+
+def test_listwise_interrupted_mid_epoch_and_resumed_equals_uninterrupted_bitwise(samples, tmp_path):
+    """The listwise objective (the default): towers, lanes and DIN through the pipeline, stopped at a step
+    of DIN's second epoch (the negatives a step draws come from (seed, epoch, step): nothing else to keep)."""
+    from training.pipeline import train_bundle
+
+    kw = dict(epochs=3, batch_size=64, item_dim=8, cat_dim=4, progress=False, patience=0, recall_epochs=2,
+              recall_dim=8, list_negatives=8, guard_folds=2, attention_hidden=(8,), mlp_hidden=(16,))
+    full = train_bundle(samples, TrainSettings(**kw), tmp_path / "x", run_dir=tmp_path / "a", export=False)
+    assert full.result.metrics["objective"] == "listwise" and full.result.metrics["fused_kernel"]
+    steps = full.result.metrics["global_step"]
+    towers_checks = 2 * (len(samples.train.label) // 2 // 512 + 1)  # is_set() calls the towers make first (≥)
+    store = open_checkpoint_store(tmp_path / "b" / "checkpoints")
+    with pytest.raises(TrainingInterrupted):
+        train_bundle(samples, TrainSettings(**kw), tmp_path / "y", checkpoints=store, export=False,
+                     stop=StopAfter(towers_checks + steps // 2))
+    resumed = train_bundle(samples, TrainSettings(**kw), tmp_path / "y", checkpoints=store, resume="auto",
+                           export=False)
+    assert resumed.result.metrics["resumed_from"] is not None
+    assert resumed.result.metrics["weights_sha256"] == full.result.metrics["weights_sha256"]

@@ -20,7 +20,11 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torchrec_missing() is not None, reason=str(torchrec_missing()))]
 
 # No BatchNorm (Dice): ranks would normalise over their own half-batch, one process over the whole.
-ENV = {"DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATION": "relu",
+# The pointwise objective (sharded tables train only it), with the paper's [80, 40] unit the tolerances below
+# were measured with: with the listwise default's one 16-wide layer the runs drift apart faster (4 steps:
+# 61 % of weights within 1e-5, the largest 0.03; test GAUC still within 0.005) — not yet explained.
+ENV = {"DINREC_TRAIN_OBJECTIVE": "pointwise", "DINREC_TRAIN_ATTENTION_HIDDEN": "[80,40]",
+       "DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATION": "relu",
        "DINREC_TRAIN_THREADS": "1", "DINREC_TRAIN_RECALL_EPOCHS": "0", "DINREC_TRAIN_RANKING_BLEND": "false",
        "DINREC_TRAIN_EMBEDDING_OPTIMIZER": "rowwise_adagrad", "DINREC_TRAIN_EMBEDDING_LR": "0.05"}
 

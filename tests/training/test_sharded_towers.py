@@ -18,7 +18,8 @@ pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torchrec_missing() is not None, reason=str(torchrec_missing()))]
 
 # Both runs sample the towers' softmax (sharded tables always do) and train the tables row-wise.
-ENV = {"DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATION": "relu",
+ENV = {"DINREC_TRAIN_OBJECTIVE": "pointwise",  # sharded tables train the pointwise objective
+       "DINREC_TRAIN_ATTENTION_ACTIVATION": "prelu", "DINREC_TRAIN_MLP_ACTIVATION": "relu",
        "DINREC_TRAIN_ITEM_DIM": "8", "DINREC_TRAIN_CAT_DIM": "8", "DINREC_TRAIN_THREADS": "1",
        "DINREC_TRAIN_RECALL_EPOCHS": "3", "DINREC_TRAIN_RECALL_DIM": "16", "DINREC_TRAIN_RANKING_BLEND": "false",
        "DINREC_TRAIN_RECALL_FULL_SOFTMAX_ITEMS": "0", "DINREC_TRAIN_EMBEDDING_OPTIMIZER": "rowwise_adagrad",
