@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from safetensors.torch import load_file, save_file
 
 from feature_store.long_tail import long_tail_mask
@@ -39,7 +40,7 @@ from models.din import DIN, DINConfig
 from models.errors import BundleError
 from models.towers import Towers, TowersConfig
 from models.vocab import Vocab
-from retrieval.covisit import CoVisitation
+from retrieval.covisit import CoVisitation, PairTable
 from storage import folder_written_atomically
 
 BUNDLE_FORMAT = "dinrec-bundle"
@@ -82,6 +83,14 @@ class Bundle:
     item_counts: np.ndarray | None = None  # (n_items,) behaviours per item index (None: older bundles)
     covisit: CoVisitation | None = None  # the co-visitation lane (None: recall by the towers alone)
     blend: Blend | None = None  # the ranking blend (None: DIN's score alone)
+
+    def context_sources(self) -> tuple[PairTable | None, torch.Tensor]:
+        """What serving gives a DIN with context (models.context.served_context): the lane's pair table
+        (None where the model reads no pairs; load refuses a pair-reading model without its lane) and the
+        training counts (I,) float32 (zeros for bundles without them)."""
+        pairs = PairTable([self.covisit]) if self.model.cfg.pair_inputs else None
+        counts = (self.item_counts if self.item_counts is not None else np.zeros(len(self.vocab.items)))
+        return pairs, torch.from_numpy(counts.astype(np.float32))
 
     def long_tail(self) -> np.ndarray | None:
         """(n_items,) bool by item index: the long tail (feature_store.long_tail) by training count."""

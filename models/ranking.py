@@ -25,7 +25,6 @@ from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace
 from models.rows import AppendOnlyRows
 from models.scorer import Scorer, choose_scorer
-from retrieval.covisit import PairTable
 from retrieval.index import FaissIndex, choose_search_index, exact_search
 
 
@@ -142,13 +141,9 @@ class Recommender:
         self.covisit = bundle.covisit
         self.covisit_candidates = settings.covisit_candidates if bundle.covisit is not None else 0
         self.blend = bundle.blend
-        self._counts = (bundle.item_counts.astype(np.float32) if bundle.item_counts is not None
-                        else np.zeros(len(bundle.vocab.items), dtype=np.float32))
         # What a DIN with context reads (models.context): co-visitation per (candidate, behaviour), counts.
-        self._pairs = PairTable([bundle.covisit]) if self.model.cfg.pair_inputs and bundle.covisit else None
-        self._counts_t = torch.from_numpy(self._counts)
-        if self.model.cfg.pair_inputs and self._pairs is None:
-            raise ValueError(f"bundle {bundle.path}: its DIN reads co-visitation but the bundle has no lane")
+        self._pairs, self._counts_t = bundle.context_sources()
+        self._counts = self._counts_t.numpy()  # (I,) float32, the blend's popularity signal too
 
     def add_cold_items(self, items: list[tuple[str, str]]) -> int:
         """Make recallable those of the (item id, category id) pairs this model does not know and its cold

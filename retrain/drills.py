@@ -45,6 +45,7 @@ def degrade_samples(samples: SampleSet, drill: str | None, seed: int) -> SampleS
     return dataclasses.replace(samples, train=train, seq_items=items[samples.seq_items],
                                seq_cats=cats[samples.seq_cats])
 
+
 @torch.no_grad()
 def degrade_model(model: DIN, drill: str | None) -> None:
     if drill == "miscalibrated":

@@ -126,12 +126,9 @@ def _list_logits(bundle: Bundle, samples: SampleSet, rows: np.ndarray, histories
     """A DIN with context scores each holdout positive with its sampled negatives as one list, with the
     context serving would give it (models.context.served_context: the bundle's lane and counts)."""
     from models.context import known_last, served_context
-    from retrieval.covisit import PairTable
 
     split, cfg = samples.test, bundle.model.cfg
-    pairs = PairTable([bundle.covisit]) if cfg.pair_inputs else None
-    counts = torch.from_numpy((bundle.item_counts if bundle.item_counts is not None
-                               else np.zeros(len(bundle.vocab.items))).astype(np.float32))
+    pairs, counts = bundle.context_sources()
     ts_seq = torch.from_numpy(samples.seq_ts)
     z = np.zeros(len(rows), dtype=np.float32)
     starts = np.flatnonzero(split.label[rows] == 1)  # positions in ``rows`` of each group's positive

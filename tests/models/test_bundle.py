@@ -3,13 +3,11 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
 
 from models.bundle import BundleError, load_bundle
 from models.context import known_last, served_context
-from retrieval.covisit import PairTable
 from training.data import SplitTensors
 
 
@@ -18,8 +16,8 @@ def _list_scores(bundle, hist, cats, target, target_cat) -> torch.Tensor:
     (its co-visitation lane and counts; every behaviour at one time)."""
     hist, cats = known_last(hist, cats)
     cand, cand_cats = target[:, None], target_cat[:, None]  # (B, 1)
-    counts = torch.from_numpy(bundle.item_counts.astype(np.float32))
-    context = served_context(bundle.model.cfg, PairTable([bundle.covisit]), counts, hist, cats,
+    pairs, counts = bundle.context_sources()
+    context = served_context(bundle.model.cfg, pairs, counts, hist, cats,
                              torch.zeros(hist.shape, dtype=torch.float64), cand, cand_cats)
     return bundle.model.score_lists(hist, cats, cand, cand_cats, context)  # (B, 1)
 

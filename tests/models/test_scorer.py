@@ -169,11 +169,10 @@ def test_a_trained_bundle_scores_the_same(tiny_run):
     cand = torch.arange(21, 121)
     assert bundle.model.cfg.scores_lists  # the default DIN reads context: scored as serving scores it
     from models.context import served_context
-    from retrieval.covisit import PairTable
 
     ts = torch.linspace(0, 86_400 * 30, 20, dtype=torch.float64)[None]  # (1, L): a month of behaviours
-    counts = torch.from_numpy(bundle.item_counts.astype("float32"))
-    context = served_context(bundle.model.cfg, PairTable([bundle.covisit]), counts, hist[None], item_cat[hist][None],
+    pairs, counts = bundle.context_sources()
+    context = served_context(bundle.model.cfg, pairs, counts, hist[None], item_cat[hist][None],
                              ts, cand[None], item_cat[cand][None])
     want = bundle.model.score_lists(hist[None], item_cat[hist][None], cand[None], item_cat[cand][None], context)[0]
     got = scorer.score(hist, item_cat[hist], cand, context=context).logits

@@ -118,7 +118,6 @@ def test_explanations_are_the_models_attention_weights(served, tiny_run):
     user's known behaviours with their times, co-visitation and counts (models.context)."""
     from models.bundle import load_bundle
     from models.context import served_context
-    from retrieval.covisit import PairTable
 
     c, data, store, _, _ = served
     user = data.user_id[7]
@@ -135,8 +134,7 @@ def test_explanations_are_the_models_attention_weights(served, tiny_run):
     h_items = torch.tensor([[item_idx[h.item_id] for h in history]])
     h_cats = torch.tensor([[cat_idx[h.category_id] for h in history]])
     ts = torch.tensor([[h.ts for h in history]], dtype=torch.float64)
-    counts = torch.from_numpy(bundle.item_counts.astype("float32"))
-    pairs = PairTable([bundle.covisit]) if bundle.covisit is not None else None
+    pairs, counts = bundle.context_sources()
     for item in body["items"]:
         assert 1 <= len(item["because"]) <= 3
         target = torch.tensor([[item_idx[item["item_id"]]]])
