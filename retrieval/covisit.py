@@ -126,6 +126,19 @@ class PairTable:
         self.weights = torch.from_numpy(np.take_along_axis(weights, order, axis=2).astype(np.float32))
         self.n_items = lanes[0].n_items
 
+    def history_scores(self, hist: torch.Tensor, fold: torch.Tensor, cfg: CoVisitConfig, n_items: int) -> torch.Tensor:
+        """Left-padded histories hist (B, L), newest last, fold (B,) the lane each reads → (B, n_items) every
+        item's co-visitation score Σ_r decay^r · sim(h_r, ·) over the ``cfg.last`` newest behaviours: what
+        :meth:`CoVisitation.recall` ranks by, for a batch at once."""
+        recent = hist[:, -cfg.last:]  # (B, R) newest last
+        rank = torch.arange(recent.shape[1] - 1, -1, -1)  # slots' rank from the newest (no gaps: left-padded)
+        decay = (cfg.decay ** rank.double()).float() * (recent != 0)  # (B, R)
+        ids = self.ids[fold.unsqueeze(1), recent]  # (B, R, M); -1: none
+        w = self.weights[fold.unsqueeze(1), recent] * decay.unsqueeze(2)
+        scores = torch.zeros(len(hist), n_items)
+        scores.scatter_add_(1, ids.clamp_min(0).flatten(1), (w * (ids >= 0)).flatten(1))
+        return scores
+
     def lookup(self, hist: torch.Tensor, cand: torch.Tensor, fold: torch.Tensor | None = None) -> torch.Tensor:
         """hist (B, L) and cand (B, N) item indices (0: padding or unknown; past the lanes' items: cold,
         never similar), fold (B,) the lane each row reads (default: the first) → (B, N, L) float32."""

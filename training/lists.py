@@ -210,24 +210,11 @@ class ListData:
                     out[lo:hi, :r] = torch.where(torch.isfinite(top.values), top.indices, -1)
                     blocked.scatter_(1, top.indices, True)
                 lanes = (self.folds[users[lo:hi]] if guarded else np.full(hi - lo, self.served_lane))
-                co = self._covisit_scores(hist_items[lo:hi], torch.from_numpy(lanes))
+                co = self.pairs.history_scores(hist_items[lo:hi], torch.from_numpy(lanes), self.lane.cfg, self.n_items)
                 co.masked_fill_(blocked, 0.0)
                 top = co.topk(c, dim=1)
                 out[lo:hi, r:] = torch.where(top.values > 0, top.indices, -1)
         return out
-
-    def _covisit_scores(self, hist_items: torch.Tensor, lane: torch.Tensor) -> torch.Tensor:
-        """(b, I) each history's co-visitation score: Σ_r decay^r · sim(h_r, ·) over the ``last`` newest
-        behaviours (retrieval.covisit's formula), from lane ``lane`` (b,) of the pair table."""
-        cfg = self.lane.cfg
-        recent = hist_items[:, -cfg.last:]  # (b, R) newest last
-        rank = torch.arange(recent.shape[1] - 1, -1, -1)  # slots' rank from the newest (no gaps: left-padded)
-        decay = (cfg.decay ** rank.double()).float() * (recent != 0)  # (b, R)
-        ids = self.pairs.ids[lane.unsqueeze(1), recent]  # (b, R, M); -1: none
-        w = self.pairs.weights[lane.unsqueeze(1), recent] * decay.unsqueeze(2)
-        scores = torch.zeros(len(hist_items), self.n_items)
-        scores.scatter_add_(1, ids.clamp_min(0).flatten(1), (w * (ids >= 0)).flatten(1))
-        return scores
 
     # ------------------------------------------------------------------ a training step
     def pools(self) -> torch.Tensor | None:

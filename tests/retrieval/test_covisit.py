@@ -38,3 +38,24 @@ def test_cut_to_m_keeps_each_items_strongest_neighbours(item_cf, tmp_path):
     assert back.score([7], np.arange(60)).tolist() == lane.score([7], np.arange(60)).tolist()
     assert lane.score([], np.arange(5)).tolist() == [0.0] * 5 and len(lane.recall([], 5)[0]) == 0
     assert lane.score([7], np.array([1000])).tolist() == [0.0]  # an item the lane never saw
+
+
+def test_the_pair_tables_batched_scores_are_the_lanes_own(item_cf):
+    """PairTable.history_scores (training's batched twin of CoVisitation.score) gives every item the score
+    the lane gives it, for left-padded histories of any length, each from the lane its row names."""
+    import torch
+
+    from retrieval.covisit import PairTable
+
+    lanes = [CoVisitation.from_item_cf(item_cf, neighbours=m) for m in (8, 8)]
+    lanes[1] = CoVisitation(lanes[1].neighbours, lanes[1].weights * 2, lanes[1].cfg)  # another lane, other sims
+    table = PairTable(lanes)
+    histories = [[5, 9, 9, 13, 40, 2], [7], [3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14]]
+    hist = torch.zeros(3, 12, dtype=torch.long)
+    for r, h in enumerate(histories):
+        hist[r, 12 - len(h):] = torch.tensor(h)
+    fold = torch.tensor([0, 1, 1])
+    got = table.history_scores(hist, fold, lanes[0].cfg, 60)  # (3, 60)
+    for r, h in enumerate(histories):
+        want = lanes[int(fold[r])].score(h, np.arange(60))
+        assert np.allclose(got[r].numpy(), want, rtol=1e-5, atol=1e-6) and want.max() > 0
