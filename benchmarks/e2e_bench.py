@@ -38,6 +38,8 @@ holdout (training.evaluation, in-process) beside what HTTP served: the two must 
 from __future__ import annotations
 
 import math
+import secrets
+import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -106,8 +108,9 @@ def _served_lists(bundle: Path, events: Interactions, test: Sequence[Case], n: i
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
 
+    token = secrets.token_urlsafe(32)  # the bench is the operator: its answers say which strategy served them
     settings = ServingSettings(bundle_dir=bundle, request_deadline_ms=60_000, catalog_poll_s=0, log_format="text",
-                               score_precision="fp32")
+                               score_precision="fp32", admin_token=token)
     fs = FeatureStoreSettings(store="memory", stream="inprocess")
     store = MemoryStore(history_cap=fs.history_len)  # held here to see when ingest has caught up
     app = create_app(settings, fs, store=store)
@@ -115,7 +118,8 @@ def _served_lists(bundle: Path, events: Interactions, test: Sequence[Case], n: i
     t0 = time.perf_counter()
     port = free_port()
     with serve_in_thread(app, port, name="dinrec-bench-e2e"), \
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60,
+                         headers={"authorization": f"Bearer {token}"}) as client:
         batch = []
         for e in events.events(prefix="bench:"):
             batch.append(e.model_dump(mode="json", exclude_none=True))
@@ -249,20 +253,23 @@ def _towers_lists(rec, test: Sequence[Case]) -> list[list[int]]:
 
 def _catalog_lists(rec, samples: SampleSet, test: Sequence[Case]) -> list[list[int]]:
     """DIN scoring every item the user has not taken — with what it reads at serving time (models.context)
-    — the ranking model on the recall-free footing of the sequential peers."""
+    — the ranking model on the recall-free footing of the sequential peers. The catalog is the items with a
+    training behaviour: the rest of an offline split's vocabulary is mostly other users' held-out targets,
+    which a model reading the training count would find by their count of 0 (taobao-sample's 0.254)."""
     import torch
 
     from training.evaluation import served_history
 
-    every = np.arange(1, rec.scorer.n_items)
+    every = np.flatnonzero(rec._counts > 0)  # (I',) item indices, never 0 (padding)
+    every = every[(every > 0) & (every < rec.scorer.n_items)]
     out = []
     for c in test:
         history, _ = served_history(samples, samples.test, c.row, rec.seq_len)
         items, cats = rec._encode(history)
         logits = rec.scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                                   torch.from_numpy(every), context=rec._context(history, items, every, rec.scorer)
-                                  ).logits.clone()  # (I − 1,)
-        logits[torch.as_tensor(c.history, dtype=torch.long) - 1] = -torch.inf
+                                  ).logits.clone()  # (I',)
+        logits[torch.from_numpy(np.isin(every, c.history))] = -torch.inf
         out.append(every[logits.topk(DEEP).indices.numpy()].tolist())
     return out
 
@@ -307,6 +314,11 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
     return out, ceiling
 
 
+def _progress(t0: float, what: str) -> None:
+    """A line on stderr per stage (stdout is the JSON): a long run shows where it is."""
+    print(f"[bench e2e {time.perf_counter() - t0:7.0f} s] {what}", file=sys.stderr, flush=True)
+
+
 def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None = None,
               peers: Sequence[str] = PEERS, own_sasrec: bool = False, stage: bool = True,
               train_overrides: dict | None = None, peer_params: dict[str, dict] | None = None) -> dict:
@@ -349,6 +361,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
     runs.add("item_cf", [cf.recall(c.history.tolist(), DEEP).tolist() for c in test])
     runs.info["item_cf"] = {"window": cf.cfg.window, "decay": cf.cfg.decay, "val_hr@10": tried}
     seconds: dict[str, float] = {"baselines": round(time.perf_counter() - t0, 1)}
+    _progress(t0, f"{len(test)} test users; popularity and item-CF done")
     dinrec_info: dict = {"serving": [], "gate": [], "model_version": [], "ranking_blend": [], "train_seconds": []}
     ceilings = []
     for n, seed in enumerate(seeds):
@@ -358,10 +371,12 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
             ts = time.perf_counter()
             bundle_path = train_bundle(seed_samples, settings, Path(tmp) / "bundle", run_dir=Path(tmp)).bundle
             dinrec_info["train_seconds"].append(round(time.perf_counter() - ts, 1))
+            _progress(t0, f"seed {seed}: dinrec trained")
             bundle = load_bundle(bundle_path)
             served, serving_info = _served_lists(bundle_path, _ingested(interactions, test), test, DEEP)
             index_of = bundle.vocab.item_index()
             runs.add("dinrec", _indices(served, index_of))
+            _progress(t0, f"seed {seed}: dinrec served through HTTP")
             dinrec_info["serving"].append(serving_info)
             dinrec_info["model_version"].append(bundle.model_version)
             # What the ranking stage learned: each signal's validation HR@10 alone, the blend's, its weights.
@@ -380,6 +395,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
                 for name, lists in variants.items():
                     runs.add(name, _indices(lists, index_of))
                 ceilings.append(ceiling)
+                _progress(t0, f"seed {seed}: the stage's variants done")
         for name in peers:
             if (name in DETERMINISTIC and n > 0) or (name in ONE_SEED_PEERS and n > 0):
                 continue
@@ -390,6 +406,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
                 runs.info[name] = {"skipped": str(exc)}
                 continue
             runs.add(name, [[i for i in lst.tolist() if i > 0] for lst in peer.lists])
+            _progress(t0, f"seed {seed}: {name} done")
             runs.info.setdefault(name, {"runs": []})["runs"].append(peer.info)
             if name in ONE_SEED_PEERS:
                 runs.info[name]["note"] = "run on the first seed only (the slowest peer)"
