@@ -120,7 +120,8 @@ def demo(
                 "variants": [{"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]})
             users = 300 if smoke else 1000
             ab = open_state(store)
-            served = simulate(httpx.Client(base_url=base, timeout=30), world, users=users, rounds=2, k=10,
+            operator = httpx.Client(base_url=base, timeout=30, headers={"authorization": f"Bearer {token}"})
+            served = simulate(operator, world, users=users, rounds=2, k=10,  # tallied per arm: the operator's view
                               before_clicks=lambda so_far: wait_until_logged(ab, "din-vs-popular", so_far))
             wait_until_logged(ab, "din-vs-popular", served)
             results = client.get(base + "/experiments/din-vs-popular/results").json()

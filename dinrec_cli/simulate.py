@@ -8,6 +8,7 @@ by their true interests and a position bias, and send the clicks back → the re
 from __future__ import annotations
 
 import json
+import secrets
 import tempfile
 import time
 from pathlib import Path
@@ -89,12 +90,16 @@ def simulate(
         {"name": experiment, "status": "running", "seed": f"sim-{seed}", "variants": EXPERIMENTS[experiment]}]}))
     store = MemoryStore(history_cap=50)
     store.write(list(data.events()))
-    settings = ServingSettings(**serving_model, experiments_file=exp_file, events_sink="store",
+    # The simulated users' client holds the operator's token: its answers name the arm that served them,
+    # which the report tallies (a real client's do not: serving.schemas.RecommendResponse).
+    token = secrets.token_urlsafe(32)
+    settings = ServingSettings(**serving_model, experiments_file=exp_file, events_sink="store", admin_token=token,
                                guardrail_interval_s=guardrail_s, guardrail_min_users=50)
     app = create_app(settings, FeatureStoreSettings(), store=store, stream=InProcessStream())
     port = free_port()
     with serve_in_thread(app, port, name="dinrec-simulate-server"), \
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                         headers={"authorization": f"Bearer {token}"}) as client:
         t0 = time.perf_counter()
         state = open_state(store)
         served = run(client, world, users=users, rounds=rounds, k=k, seed=seed,

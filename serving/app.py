@@ -61,7 +61,9 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     app = FastAPI(title="dinrec", version="0.1.0", lifespan=lifespan,
                   description="DIN recommendations: FAISS recall, DIN ranking, behaviour events.")
 
-    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, max_in_flight=settings.max_in_flight)
+    app.add_middleware(RequestContext, max_body_bytes=settings.max_body_bytes, max_in_flight=settings.max_in_flight,
+                       body_timeout_s=settings.request_body_timeout_s,
+                       max_body_reads_per_client=settings.max_body_reads_per_client)
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(admin_router)

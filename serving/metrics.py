@@ -9,6 +9,8 @@
 * ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision,scorer,recall_index}``,
   ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream);
 * ``dinrec_shed_requests_total`` — refused for load (DINREC_MAX_IN_FLIGHT);
+* ``dinrec_arriving_bodies``, ``dinrec_refused_bodies_total{reason}`` — request bodies being read before
+  their request takes a slot, and those refused (``slow``: late, 408; ``per_client``: 429);
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
 * ``dinrec_store_up`` — the feature store answered its last health check (``/readyz``).
 
@@ -81,6 +83,10 @@ class ServiceMetrics:
                             registry=r)
         self.in_flight = Gauge("dinrec_in_flight_requests", "requests being served", registry=r,
                                multiprocess_mode="livesum")
+        self.uploads = Gauge("dinrec_arriving_bodies", "request bodies being read, before their request is served",
+                             registry=r, multiprocess_mode="livesum")
+        self.upload_refusals = Counter("dinrec_refused_bodies", "request bodies refused while arriving: too slow "
+                                       "(408) or too many of one client at once (429)", ["reason"], registry=r)
         self.impressions_dropped = Counter("dinrec_impressions_dropped", "impressions not logged (queue full or "
                                            "sink failing)", registry=r)
         self.thread_restarts = Counter("dinrec_thread_restarts", "background threads restarted after an error",

@@ -28,19 +28,32 @@ class _TooLarge(Exception):
     pass
 
 
+class _TooSlow(Exception):
+    pass
+
+
 class RequestContext:
     """``x-request-id`` taken from the request when it is a plain token of at most 64 characters (else
     made) and echoed on the answer; a body larger than ``max_body_bytes`` refused with 413 before the app
     reads it (by its Content-Length, or, sent chunked, while it arrives); beyond ``max_in_flight``
     requests held at once — in the worker, and waiting in the kernel to be accepted — (0: no cap),
     requests are answered 503 with Retry-After at once, so overload sheds instead of queueing without
-    bound; the in-flight gauge and the latency histogram by route template, once the service state exists."""
+    bound; the in-flight gauge and the latency histogram by route template, once the service state exists.
 
-    def __init__(self, app, max_body_bytes: int, max_in_flight: int = 0) -> None:
+    A body is read whole *before* its request takes an in-flight slot, within ``body_timeout_s`` of the
+    headers (else 408 and the connection closed), and at most ``max_body_reads_per_client`` bodies of one
+    client address arrive at once (more: 429): a client that sends headers and a Content-Length and then
+    nothing holds a connection for a moment, never a slot the other requests need."""
+
+    def __init__(self, app, max_body_bytes: int, max_in_flight: int = 0, body_timeout_s: float = 2.0,
+                 max_body_reads_per_client: int = 0) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
         self.max_in_flight = max_in_flight
+        self.body_timeout_s = body_timeout_s
+        self.max_body_reads_per_client = max_body_reads_per_client
         self._held = 0  # requests of this worker between their arrival and their answer (probes aside)
+        self._reading: dict[str, int] = {}  # client address → bodies of it being read now
         self._backlog: ListenBacklog | None = None  # connections the kernel holds for us (found lazily)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -75,6 +88,21 @@ class RequestContext:
         capped = state is not None and scope["path"] not in _PROBES
         held = False
         try:
+            if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
+                await _send_json(send_with_id, 413, {
+                    "error": "request_too_large", "message": f"the body may hold at most {self.max_body_bytes} bytes",
+                    "request_id": rid})
+                return
+            if chunked or (size is not None and int(size) > 0):  # the body, whole, before any slot is taken
+                refused = await self._read_body(scope, receive, state)
+                if isinstance(refused, tuple):
+                    code, error, message = refused
+                    if state is not None and code in (408, 429):
+                        state.metrics.upload_refusals.labels("slow" if code == 408 else "per_client").inc()
+                    await _send_json(send_with_id, code, {"error": error, "message": message, "request_id": rid},
+                                     retry_after=b"1" if code == 429 else None, close=code == 408)
+                    return
+                receive = refused
             if capped:
                 if self.max_in_flight and self._held + self._waiting(scope) >= self.max_in_flight:
                     state.metrics.shed.inc()
@@ -88,16 +116,6 @@ class RequestContext:
                 # the end before the next is even counted: one yield lets all of them take their place
                 # (and stamp their arrival) first, so the newest beyond the cap are the ones refused.
                 await asyncio.sleep(0)
-            if chunked and size is None:  # no length up front: read it here, counting, and hand it on
-                try:
-                    receive = await self._buffered(receive)
-                except _TooLarge:
-                    size = b"-"
-            if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
-                await _send_json(send_with_id, 413, {
-                    "error": "request_too_large", "message": f"the body may hold at most {self.max_body_bytes} bytes",
-                    "request_id": rid})
-                return
             if state is None:
                 await self.app(scope, receive, send_with_id)
                 return
@@ -119,6 +137,33 @@ class RequestContext:
             server = scope.get("server") or (None, 0)
             self._backlog = ListenBacklog(int(server[1] or 0))
         return self._backlog.depth()
+
+    async def _read_body(self, scope, receive, state):
+        """The request's body read now: a ``receive`` that replays it, or (status, error, message) to refuse
+        the request with — too many bodies of this client arriving at once, too large, too slow."""
+        client = (scope.get("client") or ("?", 0))[0]
+        reading = self._reading.get(client, 0)
+        if self.max_body_reads_per_client and reading >= self.max_body_reads_per_client:
+            return 429, "too_many_uploads", (f"{reading} request bodies of this client are still arriving; "
+                                             "send the next when one is in")
+        self._reading[client] = reading + 1
+        gauge = state.metrics.uploads if state is not None else None
+        if gauge is not None:
+            gauge.inc()
+        try:
+            return await asyncio.wait_for(self._buffered(receive), self.body_timeout_s)
+        except _TooLarge:
+            return 413, "request_too_large", f"the body may hold at most {self.max_body_bytes} bytes"
+        except TimeoutError:
+            return 408, "request_timeout", f"the body did not arrive within {self.body_timeout_s:g}s of the headers"
+        finally:
+            if gauge is not None:
+                gauge.dec()
+            left = self._reading[client] - 1
+            if left:
+                self._reading[client] = left
+            else:
+                del self._reading[client]
 
     async def _buffered(self, receive):
         """The whole body read now (at most ``max_body_bytes``, else ``_TooLarge``), and a ``receive``
@@ -143,10 +188,13 @@ class RequestContext:
         return replay
 
 
-async def _send_json(send, status: int, content: dict, retry_after: bytes | None = None) -> None:
+async def _send_json(send, status: int, content: dict, retry_after: bytes | None = None,
+                     close: bool = False) -> None:
     body = orjson.dumps(content)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if retry_after is not None:
         headers.append((b"retry-after", retry_after))
+    if close:  # what remains of the request is unread: the connection cannot carry another one
+        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

@@ -48,7 +48,7 @@ def _then_bundle(live: list[tuple[str, float]], bundled: list[tuple[str, float]]
     return live + [(item, floor * n / peak * 0.999) for item, n in bundled if item not in have]
 
 
-def _recommend(state: State, request: Request, user_id: str, k: int | None, *, explain: bool = False,
+def _recommend(state: State, request: Request, user_id: str, k: int | None, *, operator: bool, explain: bool = False,
                shown: list[str] | None = None, context: list[ContextItem] | None = None) -> Response:
     """assign → features → rank (or fall back) → log → render; ``reasons`` collects each degradation."""
     k = k or state.settings.default_k
@@ -75,7 +75,9 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, e
     for reason in reasons:
         state.metrics.degraded.labels(reason).inc()
     c4 = time.thread_time()
-    response = _render(request, user_id, rec, ranking, len(history), reasons, exp_name, variant_name)
+    response = _render(request, user_id, ranking, reasons, {
+        "model_version": rec.model_version, "strategy": ranking.strategy, "history_len": len(history),
+        "experiment": exp_name, "variant": variant_name} if operator else None)
     # select: ranking's rules, lanes and list building — all of ranking but recall and scoring
     for stage, seconds in (("assign", c1 - c0), ("features", c2 - c1), *ranking.cpu_seconds.items(),
                            ("select", c3 - c2 - sum(ranking.cpu_seconds.values())), ("log", c4 - c3),
@@ -142,18 +144,17 @@ def _rank(state: State, started: float, rec: Recommender, user_id: str, history:
     return rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, shown=shown, seen=seen)
 
 
-def _render(request: Request, user_id: str, rec: Recommender, ranking: Ranking, history_len: int,
-            reasons: list[str], experiment: str | None, variant: str | None) -> Response:
+def _render(request: Request, user_id: str, ranking: Ranking, reasons: list[str], operator: dict | None) -> Response:
+    """``operator``: what only the operator's answers carry (OPERATOR_FIELDS)."""
     # Built as JSON here, not through the response model: validating and encoding the model again
     # costs more than ranking's Python work; tests hold these keys to RecommendResponse's schema.
     return Response(orjson.dumps({
-        "request_id": request.state.request_id, "user_id": user_id, "model_version": rec.model_version,
-        "strategy": ranking.strategy, "history_len": history_len,
+        "request_id": request.state.request_id, "user_id": user_id,
         "items": [{"item_id": x.item_id, "category_id": x.category_id, "score": x.score,
                    "because": None if x.because is None else [
                        {"item_id": b.item_id, "category_id": b.category_id, "weight": b.weight} for b in x.because]}
                   for x in ranking.items],
-        "degraded": bool(reasons), "degraded_reasons": reasons, "experiment": experiment, "variant": variant}),
+        "degraded": bool(reasons), "degraded_reasons": reasons, **(operator or {})}),
         media_type="application/json")
 
 
@@ -163,7 +164,10 @@ def _as_principal(state: State, request: Request, user_ids: set[str]) -> None:
     header = state.settings.user_header
     if header is None:
         return
-    principal = request.headers.get(header)
+    values = request.headers.getlist(header)
+    if len(values) > 1:  # a gateway that appends its header would let the client's own copy win
+        raise HTTPException(400, f"the {header} header occurs {len(values)} times: the gateway sets it once")
+    principal = values[0] if values else None
     if not principal:
         raise HTTPException(401, f"the {header} header (set by the gateway) is required")
     if user_ids - {principal.strip()}:
@@ -190,7 +194,8 @@ async def recommend_get(state: State, request: Request, user_id: Annotated[UserI
     _as_principal(state, request, {user_id})
     if explain:
         _may_explain(state, authorization)
-    return _recommend(state, request, user_id, k, explain=explain, shown=shown)
+    return _recommend(state, request, user_id, k, operator=is_admin(state, authorization), explain=explain,
+                      shown=shown)
 
 
 @router.post("/recommend", response_model=RecommendResponse)
@@ -199,8 +204,8 @@ async def recommend_post(state: State, request: Request, body: RecommendRequest,
     _as_principal(state, request, {body.user_id})
     if body.explain:
         _may_explain(state, authorization)
-    return _recommend(state, request, body.user_id, body.k, explain=body.explain, shown=body.shown,
-                      context=body.context)
+    return _recommend(state, request, body.user_id, body.k, operator=is_admin(state, authorization),
+                      explain=body.explain, shown=body.shown, context=body.context)
 
 
 # What only the service writes: impressions come from the served lists (serving/impressions.py), with

@@ -50,17 +50,27 @@ class RecommendedItem(BaseModel):
     because: list[Because] | None = Field(None, description="with explain: the behaviours with the largest weights")
 
 
+_OPERATOR = "only in answers to the operator (`Authorization: Bearer <DINREC_ADMIN_TOKEN>`)"
+
+
 class RecommendResponse(BaseModel):
+    """What a client sees: the list. Which arm of an experiment, which model and strategy served it, and how
+    much of the user's history the store holds are the operator's: a client that saw its arm could click in
+    one arm only and steer the experiment's guardrail (and the model it promotes)."""
+
     request_id: str
     user_id: str
-    model_version: str
-    strategy: str
-    history_len: int
     items: list[RecommendedItem]
     degraded: bool = Field(False, description="answered without a dependency (see degraded_reasons)")
     degraded_reasons: list[str] = Field(default_factory=list, description="feature_store, deadline, ranking")
-    experiment: str | None = Field(None, description="the A/B experiment this user is in (null: none)")
-    variant: str | None = Field(None, description="the user's variant in it")
+    model_version: str | None = Field(None, description=f"the model that ranked the list; {_OPERATOR}")
+    strategy: str | None = Field(None, description=f"din or popular; {_OPERATOR}")
+    history_len: int | None = Field(None, description=f"behaviours of the user's history read; {_OPERATOR}")
+    experiment: str | None = Field(None, description=f"the A/B experiment this user is in (null: none); {_OPERATOR}")
+    variant: str | None = Field(None, description=f"the user's variant in it; {_OPERATOR}")
+
+
+OPERATOR_FIELDS = ("model_version", "strategy", "history_len", "experiment", "variant")
 
 
 class EventsRequest(BaseModel):

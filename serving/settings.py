@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import ipaddress
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from models.ranking_settings import RankingSettings
@@ -53,6 +54,9 @@ class ServingSettings(SharedSettings, RankingSettings):
     user_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description=(
         "behind a gateway that authenticates users: the header carrying the user's id (e.g. x-user-id); "
         "/recommend and /events then answer only for that user (401 without it, 403 for another id)"))
+    anonymous_users: bool = Field(False, description=(
+        "listening beyond loopback without DINREC_USER_HEADER: any caller may read and write any user by "
+        "naming them. Refused at start-up unless this says it is meant (a public demo, a trusted network)"))
     explain: Literal["admin", "public", "off"] = Field("admin", description=(
         "who may ask /recommend for explain=true, which names the user's own recent behaviours: callers with "
         "the admin token, anyone (behind a gateway that authenticates users), or nobody"))
@@ -61,6 +65,12 @@ class ServingSettings(SharedSettings, RankingSettings):
         "overload sheds instead of queueing without bound (0: no cap). A worker ranks one request at a time, "
         "so each one held adds its service time to the wait of every later one: keep it small"))
     max_body_bytes: int = Field(1 << 20, ge=1024, description="larger request bodies are refused (413)")
+    request_body_timeout_s: float = Field(2.0, gt=0, le=600, description=(
+        "a request's body must arrive whole within this long after its headers (else 408): it is read before "
+        "the request takes an in-flight slot, so a client that sends headers and then nothing holds no slot"))
+    max_body_reads_per_client: int = Field(8, ge=0, le=100_000, description=(
+        "request bodies of one client address a worker reads at once; more are answered 429 at once (0: no "
+        "limit). Behind a proxy every client has the proxy's address: raise it, or let the proxy buffer bodies"))
     request_read_timeout_s: float = Field(10.0, gt=0, le=600, description=(
         "a connection whose request (headers and body) has not fully arrived this long after its first byte, "
         "or after the connection opened, is closed: trickled or idle requests hold no connection"))
@@ -103,3 +113,23 @@ class ServingSettings(SharedSettings, RankingSettings):
         if any(word in value.lower() for word in _PLACEHOLDER_WORDS) or len(set(value)) < 10:
             raise ValueError("looks like a placeholder; generate one: `openssl rand -hex 32`")
         return token
+
+    @model_validator(mode="after")
+    def _identity_beyond_loopback(self) -> ServingSettings:
+        if self.user_header is None and not self.anonymous_users and not is_loopback(self.host):
+            raise ValueError(
+                f"host {self.host!r} is reachable beyond this machine, and without DINREC_USER_HEADER any caller "
+                "may read and write any user's history by naming them: set DINREC_USER_HEADER to the header your "
+                "gateway sets from its authentication (e.g. x-user-id), or DINREC_ANONYMOUS_USERS=true to serve "
+                "anonymous users on purpose")
+        return self
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps the service on this machine (localhost, 127.0.0.0/8, ::1)."""
+    if host.strip().lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[] ")).is_loopback
+    except ValueError:
+        return False  # a name: it may resolve anywhere

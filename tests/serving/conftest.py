@@ -7,21 +7,28 @@ import contextlib
 import httpx
 import pytest
 import torch
+from pydantic import SecretStr
 
 from models.bundle import load_bundle
 from registry.store import Registry
 from serving.app import create_app
 from serving.server import free_port, serve_in_thread
+from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN
 from training.export import export_bundle
 
 
 @contextlib.contextmanager
-def live_server(settings, fs_settings=None, **deps):
-    """An httpx client of the service; ``client.service_state()`` is the state its lifespan built."""
+def live_server(settings, fs_settings=None, *, operator: bool = False, **deps):
+    """An httpx client of the service; ``client.service_state()`` is the state its lifespan built.
+    ``operator``: the client sends the admin token (``settings`` must hold it), so its answers carry the
+    operator's fields (the arm, the model, the strategy: serving.schemas.RecommendResponse)."""
+    if operator and settings.admin_token is None:
+        settings = settings.model_copy(update={"admin_token": SecretStr(ADMIN_TOKEN)})
     port = free_port()
     app = create_app(settings, fs_settings, **deps)
     with serve_in_thread(app, port, start_timeout_s=30), \
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                         headers=ADMIN_HEADERS if operator else None) as client:
         client.service_state = lambda: app.state.dinrec
         client.app_liveness = lambda: app.state.liveness
         yield client

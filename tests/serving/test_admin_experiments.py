@@ -22,11 +22,11 @@ def test_put_and_status_rewrite_the_file_and_every_replica_follows(tiny_run, tmp
     user = sorted(set(tiny_run[0].user_id.tolist()))[0]
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, admin_token=ADMIN_TOKEN,
                                events_sink="store", reload_poll_s=0.1, score_precision="fp32")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as one, \
-            live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as two:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as one, \
+            live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as two:
         assert one.get("/recommend", params={"user_id": user}).json()["experiment"] is None
         assert not path.exists() and one.get("/experiments").json() == {"experiments": []}
-        assert one.put("/admin/experiments/late", json=EXP).status_code == 401  # no token
+        assert one.put("/admin/experiments/late", json=EXP, headers={"authorization": ""}).status_code == 401
         r = one.put("/admin/experiments/late", json=EXP, headers=ADMIN)
         assert r.status_code == 200 and r.json() == {"version": 1, "experiments": ["late"]}
         assert one.get("/recommend", params={"user_id": user}).json()["experiment"] == "late"  # at once

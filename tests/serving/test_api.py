@@ -23,7 +23,7 @@ def client(tiny_run, store):
     data = tiny_run[0]
     store.write(list(data.events()))
     settings = ServingSettings(bundle_dir=tiny_run[2], max_k=50, events_sink="store")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         yield c
 
 
@@ -102,7 +102,7 @@ def test_health_and_readiness(client):
 def test_a_dead_store_means_degraded_answers_not_errors(tiny_run):
     dead = RedisStore("redis://127.0.0.1:1/0", socket_timeout_s=0.2)
     with live_server(ServingSettings(bundle_dir=tiny_run[2]), FeatureStoreSettings(), store=dead,
-                     stream=InProcessStream()) as c:
+                     stream=InProcessStream(), operator=True) as c:
         r = c.get("/recommend", params={"user_id": "u1", "k": 5})
         assert r.status_code == 200, r.text
         body = r.json()
@@ -123,7 +123,7 @@ def test_a_dead_store_means_degraded_answers_not_errors(tiny_run):
 def test_a_ranking_failure_answers_with_popular_items(tiny_run, store):
     store.write(list(tiny_run[0].events()))
     with live_server(ServingSettings(bundle_dir=tiny_run[2]), FeatureStoreSettings(), store=store,
-                     stream=InProcessStream()) as c:
+                     stream=InProcessStream(), operator=True) as c:
         user = tiny_run[0].user_id[0]
         assert c.get("/recommend", params={"user_id": user}).json()["strategy"] == "din"
 
@@ -149,7 +149,7 @@ def test_every_error_has_one_shape(client):
 def test_events_through_the_in_process_stream_reach_the_store(tiny_run):
     store, stream = MemoryStore(), InProcessStream()
     with live_server(ServingSettings(bundle_dir=tiny_run[2], events_sink="stream"), FeatureStoreSettings(),
-                     store=store, stream=stream) as c:
+                     store=store, stream=stream, operator=True) as c:
         event = {"event_id": "s1", "user_id": "s", "item_id": "i1", "ts": 5}
         assert c.post("/events", json={"events": [event]}).status_code == 202
         wait_until(lambda: store.history("s", 5))

@@ -29,7 +29,7 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
                                 ts=1.6e9 + j) for j, item in enumerate(fan_items)])
     settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="store", catalog_poll_s=0.1,
                                score_precision="fp32")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         rec = c.service_state().recommender
         rec.covisit_candidates = 0  # what is inspected here: the towers' recall and the lanes beside it
         assert not rec.knows("brand-new") and rec.cold is None

@@ -28,7 +28,7 @@ def test_redis_down_mid_stream_degrades_then_recovers(own_redis, tiny_run, uniqu
     answers: list[tuple[float, int, bool, str, float]] = []  # (when, status, degraded, strategy, seconds)
     stop = threading.Event()
     settings = ServingSettings(bundle_dir=tiny_run[2], store_cooldown_s=0.5, events_sink="store")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         def stream() -> None:
             i = 0
             while not stop.is_set():
@@ -82,7 +82,7 @@ def test_a_store_slower_than_the_deadline_gets_a_popular_answer_not_a_late_ranki
     user = sorted(set(tiny_run[0].user_id.tolist()))[0]
     settings = ServingSettings(bundle_dir=tiny_run[2], request_deadline_ms=150, events_sink="store")
     blocker = redis.Redis.from_url(own_redis.url)
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         fresh = c.get("/recommend", params={"user_id": user, "k": 5}).json()
         assert not fresh["degraded"] and fresh["strategy"] == "din"
         # A real slow Redis: a script that keeps the server busy for 0.6 s, so the history read waits.

@@ -29,7 +29,7 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
     users = sorted(set(tiny_run[0].user_id.tolist()))[:40]
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
                                score_precision="fp32")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         answers = {u: c.get("/recommend", params={"user_id": u, "k": 4}).json() for u in users}
         assert {a["experiment"] for a in answers.values()} == {"baseline"}
         by_variant = {v: [u for u, a in answers.items() if a["variant"] == v] for v in ("din", "popular")}

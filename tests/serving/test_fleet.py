@@ -98,7 +98,8 @@ def test_three_replicas_agree_on_counts_experiments_models_and_metrics(registry,
             sent = dict.fromkeys(urls, 0)
 
             def recommend(url: str, user: str) -> dict:
-                r = httpx.get(url + "/recommend", params={"user_id": user, "k": 4}, timeout=30)
+                r = httpx.get(url + "/recommend", params={"user_id": user, "k": 4}, headers=ADMIN_HEADERS,
+                              timeout=30)  # the operator's answers name the arm
                 assert r.status_code == 200, r.text
                 sent[url] += 1
                 return r.json()

@@ -71,7 +71,7 @@ def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny
     bad_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist())) if exp.assign(u).name == "bad")
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
                                guardrail_interval_s=0.2, guardrail_min_users=50, score_precision="fp32")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         assert c.get("/recommend", params={"user_id": bad_user}).json()["variant"] == "bad"
         store.write(traffic("control", 200, 10, 1) + traffic("bad", 200, 10, 0) + traffic("same", 200, 10, 1))
         wait_until(lambda: c.get("/recommend", params={"user_id": bad_user}).json()["experiment"] is None,
@@ -167,7 +167,7 @@ def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registr
     exp = Experiments.load(path).get("rollout")
     challenger_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist()))
                            if exp.assign(u).name == "challenger")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         assert c.get("/admin/model", headers=ADMIN_HEADERS).json()["version"] == "v1"
         assert c.get("/recommend", params={"user_id": challenger_user}).json()["variant"] == "challenger"
         store.write(traffic("control", 200, 10, 0, "w", "rollout") + traffic("challenger", 200, 10, 2, "w", "rollout"))

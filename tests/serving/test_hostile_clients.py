@@ -269,6 +269,54 @@ def test_behind_a_gateway_a_request_answers_and_writes_only_for_its_own_user(tin
         assert store.history("bob", 5) == [] and store.history("alice", 5) == []
         assert c.post("/events", json={"events": [own]}, headers=me).status_code == 202
         assert [h.item_id for h in store.history("alice", 5)] == ["i1"]
+        # A gateway that appends its header after the client's: two values, and the request is refused
+        # (not answered for the first one, the client's).
+        twice = [("x-user-id", "bob"), ("x-user-id", "alice")]
+        r = c.get("/recommend", params={"user_id": "bob", "k": 3}, headers=twice)
+        assert r.status_code == 400 and "2 times" in r.json()["message"]
+        assert c.post("/events", json={"events": [forged]}, headers=twice).status_code == 400
+        assert store.history("bob", 5) == []
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.7", "api.example.com"])
+def test_beyond_loopback_the_service_will_not_start_without_a_user_identity(host):
+    with pytest.raises(ValueError, match="DINREC_USER_HEADER"):
+        ServingSettings(host=host)
+    assert ServingSettings(host=host, user_header="x-user-id").user_header == "x-user-id"
+    assert ServingSettings(host=host, anonymous_users=True).anonymous_users  # said on purpose
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.0.0.2", "::1", "[::1]", "localhost"])
+def test_on_loopback_anonymous_callers_are_the_default(host):
+    assert ServingSettings(host=host).user_header is None
+
+
+def test_a_client_is_not_told_its_experiment_arm_model_or_history_length(tiny_run, tmp_path):
+    """Knowing its arm, a bot clicks in one arm only and the guardrail acts on it; the operator (the admin
+    token) still sees what served each answer."""
+    import json
+
+    from serving.schemas import OPERATOR_FIELDS, RecommendResponse
+
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [AA]}))
+    store = MemoryStore()
+    store.write([BehaviourEvent(event_id="h1", user_id="u1", item_id="i1", category_id="c1", event_type="click",
+                                ts=1.0)])
+    settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="store", experiments_file=path,
+                               admin_token=ADMIN_TOKEN)
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+        asks = (("GET", {"params": {"user_id": "u1", "k": 3}}), ("POST", {"json": {"user_id": "u1", "k": 3}}))
+        for method, kw in asks:
+            public = c.request(method, "/recommend", **kw).json()
+            assert set(public) == set(RecommendResponse.model_fields) - set(OPERATOR_FIELDS), public
+            assert len(public["items"]) == 3
+            seen = c.request(method, "/recommend", headers=ADMIN_HEADERS, **kw).json()
+            assert set(seen) == set(RecommendResponse.model_fields)
+            assert seen["experiment"] == "aa" and seen["variant"] in ("a", "b") and seen["history_len"] == 1
+            assert seen["items"] == public["items"]
+            wrong = c.request(method, "/recommend", headers={"authorization": "Bearer " + "0" * 32}, **kw).json()
+            assert set(wrong) == set(public)  # a wrong token is a client
 
 
 AA = {"name": "aa", "status": "running", "seed": "aa-seed", "variants": [{"name": "a"}, {"name": "b"}]}
@@ -293,7 +341,7 @@ def test_an_aa_experiment_counts_exactly_what_its_clients_saw_and_clicked_whatev
                                ingest_in_app=True, guardrail_interval_s=3600)
     try:
         with live_server(settings, FeatureStoreSettings(outbox_dir=tmp_path / "outbox"), store=store,
-                         stream=stream) as c:
+                         stream=stream, operator=True) as c:
             users = [f"honest-{i}" for i in range(30)]
             answers = {u: c.get("/recommend", params={"user_id": u, "k": 4}).json() for u in users}
             want = {"a": [0, 0, 0], "b": [0, 0, 0]}  # users, impressions, clicks
@@ -404,6 +452,61 @@ def test_a_request_that_does_not_arrive_whole_in_time_loses_its_connection(tiny_
             ok.sendall(b"\r\n")
             ok.settimeout(10)
             assert ok.recv(4096).startswith(b"HTTP/1.1 200")
+
+
+def _stalled_upload(port: int) -> socket.socket:
+    """A connection that sends a POST's headers and a Content-Length, then nothing."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(b"POST /events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: 900000\r\n\r\n")
+    return sock
+
+
+def test_stalled_uploads_hold_no_slot_and_are_answered_408_when_their_body_is_late(tiny_run):
+    """Twice the in-flight cap of connections that sent headers and a Content-Length, then nothing: every
+    /recommend beside them is still served (their bodies are awaited before a slot is taken), and each
+    stalled upload gets 408 once its body is late, with its connection closed."""
+    settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="store", max_in_flight=8,
+                               request_body_timeout_s=3.0, max_body_reads_per_client=0)
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        port = c.base_url.port
+        stalled = [_stalled_upload(port) for _ in range(16)]
+        wait_until(lambda: "dinrec_arriving_bodies 16.0" in c.get("/metrics").text, timeout_s=10,
+                   what="the server to be reading the 16 stalled bodies")
+        t0 = time.monotonic()
+        codes = [c.get("/recommend", params={"user_id": "u1", "k": 3}).status_code for _ in range(10)]
+        assert codes == [200] * 10, codes
+        for sock in stalled:
+            sock.settimeout(20)
+            answer = b""
+            while b"\r\n\r\n" not in answer:
+                chunk = sock.recv(4096)
+                assert chunk, "closed without an answer"
+                answer += chunk
+            assert answer.startswith(b"HTTP/1.1 408") and b"connection: close" in answer.lower(), answer[:200]
+            assert _closed_by_server(sock)
+            sock.close()
+        assert time.monotonic() - t0 < 20
+        assert 'dinrec_refused_bodies_total{reason="slow"} 16.0' in c.get("/metrics").text
+
+
+def test_one_client_may_have_only_so_many_uploads_arriving_at_once(tiny_run):
+    settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="store", request_body_timeout_s=30.0,
+                               max_body_reads_per_client=3)
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        port = c.base_url.port
+        stalled = [_stalled_upload(port) for _ in range(3)]
+        wait_until(lambda: "dinrec_arriving_bodies 3.0" in c.get("/metrics").text, timeout_s=10,
+                   what="the server to be reading the 3 stalled bodies")
+        refused = c.post("/events", json={"events": [{"event_id": "e1", "user_id": "u", "item_id": "i1", "ts": 5}]})
+        assert refused.status_code == 429, refused.text
+        assert refused.json()["error"] == "too_many_uploads" and refused.headers["retry-after"] == "1"
+        assert c.get("/recommend", params={"user_id": "u1", "k": 3}).status_code == 200  # no body: not limited
+        for sock in stalled:
+            sock.close()
+        wait_until(lambda: c.post("/events", json={"events": [{"event_id": "e2", "user_id": "u", "item_id": "i1",
+                                                                "ts": 5}]}).status_code == 202,
+                   timeout_s=10, what="uploads to be accepted again once the stalled ones are gone")
 
 
 def test_liveness_is_answered_off_the_request_loop_and_says_when_the_loop_stalls(tiny_run):

@@ -27,7 +27,7 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
                                events_sink="store", score_precision="fp32")
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         v1 = c.get("/admin/model", headers=ADMIN).json()
         assert v1["version"] == "v1" and v1["alias"] == "champion"
 
@@ -75,7 +75,7 @@ def test_moving_the_alias_swaps_the_model_under_load_and_fails_no_request(regist
         after = wait_until(lambda: (m := c.get("/admin/model", headers=ADMIN).json())["watch_checks"] >= checks + 2
                            and m, what="two more checks of the alias")
         assert after["model_version"] == v1["model_version"] and after["held"] == "v2"  # it sticks
-        assert c.post("/admin/reload").status_code == 401
+        assert c.post("/admin/reload", headers={"authorization": ""}).status_code == 401
         assert c.post("/admin/reload", headers={"authorization": "Bearer wrong"}).status_code == 401
         pinned = c.post("/admin/instance/reload", headers=ADMIN, json={"version": "v2"}).json()
         assert pinned["version"] == "v2" and pinned["changed"]
@@ -164,7 +164,7 @@ def test_experiment_variants_serve_the_models_they_name_and_follow_their_alias(r
     users = sorted(set(tiny_run[0].user_id.tolist()))[:30]
     settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, experiments_file=path,
                                events_sink="store", score_precision="fp32")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         answers = {u: c.get("/recommend", params={"user_id": u, "k": 3}).json() for u in users}
         arms = {v: {a["model_version"] for a in answers.values() if a["variant"] == v}
                 for v in ("champion", "challenger")}

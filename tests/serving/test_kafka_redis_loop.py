@@ -40,7 +40,7 @@ def test_an_event_produced_to_kafka_reaches_redis_and_changes_recommend(tiny_run
     stream = KafkaStream(kafka_bootstrap, unique)
     try:
         settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="stream", ingest_in_app=False)
-        with live_server(settings, fs, store=store, stream=stream) as client:
+        with live_server(settings, fs, store=store, stream=stream, operator=True) as client:
             before = client.get("/recommend", params={"user_id": "kafka-user", "k": 5}).json()
             assert before["strategy"] == "popular" and before["history_len"] == 0
             r = client.post("/events", json={"events": [

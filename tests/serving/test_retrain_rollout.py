@@ -46,7 +46,7 @@ def test_a_promoted_retrain_is_served_by_a_running_service_with_no_failed_reques
                                events_sink="store", score_precision="fp32")
     seen: list[tuple[int, str]] = []
     stop = threading.Event()
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         assert c.get("/admin/model", headers=ADMIN).json()["version"] == first
 
         def requests() -> None:
@@ -82,7 +82,7 @@ def test_a_challenger_rollout_starts_an_experiment_the_service_runs(world, tmp_p
     experiments = tmp_path / "experiments.json"
     settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
                                events_sink="store", score_precision="fp32", experiments_file=experiments)
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         code, report = retrain(root, "--until", str(END), "--rollout", "challenger",
                                env={**LENIENT, "DINREC_EXPERIMENTS_FILE": str(experiments),
                                     "DINREC_RETRAIN_RAMP": "[0.5]"})

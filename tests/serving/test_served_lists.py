@@ -22,7 +22,7 @@ def store(request, unique):
 
 def _serve(tiny_run, store, **settings):
     s = ServingSettings(bundle_dir=tiny_run[2], max_k=100, events_sink="store", **settings)
-    return live_server(s, FeatureStoreSettings(), store=store, stream=InProcessStream())
+    return live_server(s, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True)
 
 
 def _taken(tiny_run, n: int) -> list[BehaviourEvent]:
