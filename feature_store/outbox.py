@@ -104,6 +104,7 @@ class Outbox:
         self._seg = max([self._cursor[0], *self._segments()])  # appends go to the newest segment
         self._fd = self._open_segment(self._seg)
         self._seg_size = os.fstat(self._fd).st_size
+        self._failing: str | None = None  # why the last put could not write (None: it could)
 
     # -------------------------------------------------------------- request path
     def put(self, records: Sequence[OutgoingRecord]) -> None:
@@ -112,8 +113,12 @@ class Outbox:
         with self._lock:
             if self._pending + len(blob) > self.max_bytes:
                 raise OutboxFull(f"the event outbox holds {self._pending} unsent bytes (limit {self.max_bytes})")
-            if self._seg_size and self._seg_size + len(blob) > self.segment_bytes:
-                self._roll()
+            try:
+                if self._seg_size and self._seg_size + len(blob) > self.segment_bytes:
+                    self._roll()
+            except OSError as exc:  # no new segment (disk full, no descriptors): the journal is as it was
+                self._failing = f"cannot start a new segment in {self.dir}: {exc.strerror or exc}"
+                raise OutboxFull(f"the event outbox {self._failing}") from exc
             try:
                 _write_all(self._fd, blob)
                 if self.fsync:
@@ -121,7 +126,9 @@ class Outbox:
             except OSError as exc:  # disk full, a size limit, EIO: nothing of this put may stay behind
                 # A torn entry would end the sender's scan there, hiding every later append.
                 os.ftruncate(self._fd, self._seg_size)
-                raise OutboxFull(f"the event outbox cannot write to {self.dir}: {exc.strerror or exc}") from exc
+                self._failing = f"cannot write to {self.dir}: {exc.strerror or exc}"
+                raise OutboxFull(f"the event outbox {self._failing}") from exc
+            self._failing = None
             self._seg_size += len(blob)
             self._pending += len(blob)
             self._drained.clear()
@@ -130,6 +137,26 @@ class Outbox:
     @property
     def pending_bytes(self) -> int:
         return self._pending
+
+    def journal_problem(self) -> str | None:
+        """Why events cannot be accepted now (readiness reports it), or None. After a failed put, the
+        journal counts as failing until a put succeeds or the journal could take one again (a descriptor
+        to spare, the folder writable with room for a segment) — checked here, so a replica taken out of
+        the load balancer comes back without needing a put."""
+        with self._lock:
+            failing = self._failing
+        if failing is None:
+            return None
+        try:
+            os.close(os.dup(self._fd))  # a descriptor to spare, for the next segment
+            room = os.statvfs(self.dir)
+            if os.access(self.dir, os.W_OK) and room.f_bavail * room.f_frsize >= self.segment_bytes:
+                with self._lock:
+                    self._failing = None
+                return None
+        except OSError:
+            pass
+        return failing
 
     @property
     def sender_alive(self) -> bool:
@@ -188,7 +215,12 @@ class Outbox:
                 seg, off = self._cursor
                 write_seg, write_end = self._seg, self._seg_size
             end = write_end if seg == write_seg else None
-            records, ends = _scan(self._seg_path(seg), off, end, limit=self.send_batch)
+            try:
+                records, ends = _scan(self._seg_path(seg), off, end, limit=self.send_batch)
+            except FileNotFoundError:  # a segment number with no file (left by an older roll): nothing in it
+                if seg == write_seg:
+                    raise
+                records, ends = [], []
             if records:
                 return records, (seg, ends[-1]), ends[-1] - off
             if seg == write_seg:
@@ -212,15 +244,25 @@ class Outbox:
         return sorted(int(p.stem) for p in self.dir.glob("*.log"))
 
     def _roll(self) -> None:
-        os.close(self._fd)
+        """The next segment opened first, then the old one closed: an open that fails (raises) leaves the
+        journal writing where it was, never a closed descriptor or a segment number with no file."""
+        fd = self._open_segment(self._seg + 1)
+        old, self._fd = self._fd, fd
         self._seg += 1
-        self._fd = self._open_segment(self._seg)
         self._seg_size = 0
+        try:
+            os.close(old)
+        except OSError as exc:  # its bytes were written (each put writes whole): nothing to undo
+            log.warning("outbox: closing segment %d: %s", self._seg - 1, exc)
 
     def _open_segment(self, seq: int) -> int:
         fd = os.open(self._seg_path(seq), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if self.fsync:  # the new segment's name too, or a crash keeps its fsynced entries nameless
-            fsync_dir(self.dir)
+        try:
+            if self.fsync:  # the new segment's name too, or a crash keeps its fsynced entries nameless
+                fsync_dir(self.dir)
+        except BaseException:
+            os.close(fd)
+            raise
         return fd
 
     def _read_cursor(self) -> tuple[int, int]:

@@ -260,10 +260,10 @@ async def healthz() -> dict:
 
 @router.get("/readyz")
 def readyz(state: State, request: Request):
-    """Ready when a model serves and the background threads answers depend on run (impression
-    logging, the outbox's sender, the in-app ingest). The feature store is reported (``store``, and
-    ``dinrec_store_up``) but is no reason to leave the load balancer: without it answers are degraded,
-    not refused, and a store outage must not take every replica out at once."""
+    """Ready when a model serves, the background threads answers depend on run (impression logging,
+    the outbox's sender, the in-app ingest) and the event journal accepts events. The feature store is
+    reported (``store``, and ``dinrec_store_up``) but is no reason to leave the load balancer: without it
+    answers are degraded, not refused, and a store outage must not take every replica out at once."""
     try:
         state.store.ping()
         store = "ok"
@@ -275,4 +275,7 @@ def readyz(state: State, request: Request):
     if down:
         return error_response(503, "not_ready", f"background threads not running: {', '.join(down)}", request,
                               threads_down=down, store=store)
+    journal = state.outbox.journal_problem() if state.outbox is not None else None
+    if journal is not None:  # POST /events would answer 503: send its clients to a replica that accepts them
+        return error_response(503, "not_ready", f"the event journal is failing: {journal}", request, store=store)
     return {"status": "ready", "model_version": state.recommender.model_version, "store": store}

@@ -139,6 +139,57 @@ def test_a_write_the_disk_refuses_is_answered_full_and_leaves_nothing_torn(tmp_p
     box.close()
 
 
+NO_DESCRIPTORS = """
+import json, os, resource, sys
+from feature_store.outbox import Outbox, OutboxFull
+from feature_store.streams.inprocess import InProcessStream
+from tests.feature_store.test_outbox import records
+box = Outbox(InProcessStream(), sys.argv[1], segment_bytes=4096)  # never started: what is accepted stays
+accepted = 0
+while box._seg_size + 30 * 120 <= 4096:  # fill the first segment: the next put must start a new one
+    box.put(records(30, start=accepted)); accepted += 30
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+hog = []
+try:
+    while True:
+        hog.append(os.open(os.devnull, os.O_RDONLY))
+except OSError:
+    pass
+refused = []
+for _ in range(3):  # every put while no descriptor is free: refused as full, the journal as it was
+    try:
+        box.put(records(30, start=accepted)); accepted += 30
+    except OutboxFull as exc:
+        refused.append(str(exc))
+failing = box.journal_problem()
+for fd in hog:
+    os.close(fd)
+box.put(records(30, start=accepted)); accepted += 30  # descriptors again: it rolls and accepts
+print(json.dumps({"accepted": accepted, "refused": refused, "failing": failing,
+                  "after": box.journal_problem(), "segments": sorted(os.listdir(box.dir))}))
+"""
+
+
+def test_a_segment_that_cannot_be_opened_refuses_the_put_and_leaves_the_journal_writable(tmp_path):
+    """Out of descriptors when a segment is full: the put is answered full (503 upstream), readiness says
+    the journal is failing, and once descriptors are free the next put rolls — no closed descriptor
+    written to, no segment number without a file — and everything accepted is sent, in order."""
+    import json
+
+    out = subprocess.run([sys.executable, "-c", NO_DESCRIPTORS, str(tmp_path)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert len(got["refused"]) == 3 and all("cannot start a new segment" in m for m in got["refused"])
+    assert got["failing"] is not None and "cannot start a new segment" in got["failing"] and got["after"] is None
+    assert [n for n in got["segments"] if n.endswith(".log")] == ["000000000000.log", "000000000001.log"]
+    stream = InProcessStream()
+    box = Outbox(stream, tmp_path).start()
+    assert arrived(stream, got["accepted"]) == [r.value for r in records(got["accepted"])]
+    box.close()
+
+
 def test_an_unreadable_cursor_sends_again_instead_of_failing_start_up(tmp_path):
     box = Outbox(InProcessStream(), tmp_path)
     box.put(records(5))
