@@ -161,14 +161,19 @@ class _StoredRegistry:
             raise AliasConflict(f"alias {alias!r} moved while it was being moved to {version} (it held "
                                 f"{previous or 'nothing'}): not moved") from exc
 
-    def rollback(self, alias: str) -> str:
-        """Point ``alias`` back at the version it held before the current one; returns that version."""
+    def rollback_target(self, alias: str) -> tuple[str, str]:
+        """(the version ``alias`` holds, the one it held before it): what a rollback moves it back to."""
         current = self.resolve(alias)
         for record in reversed(self.history(alias)):
             if record["version"] == current and record.get("previous"):
-                self.set_alias(alias, record["previous"], reason=f"rollback from {current}", expected=current)
-                return record["previous"]
+                return current, record["previous"]
         raise RegistryError(f"alias {alias!r} has no earlier version to roll back to")
+
+    def rollback(self, alias: str) -> str:
+        """Point ``alias`` back at the version it held before the current one; returns that version."""
+        current, back = self.rollback_target(alias)
+        self.set_alias(alias, back, reason=f"rollback from {current}", expected=current)
+        return back
 
 
 class Registry(_StoredRegistry):

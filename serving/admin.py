@@ -25,6 +25,7 @@ from serving.models import ReloadFailed
 router = APIRouter(prefix="/admin", tags=["admin"])
 # One line per change an operator made (which route, from where, what changed): kept apart, so it can
 # be routed to an audit sink. The request id is on every line (serving.logs).
+log = logging.getLogger(__name__)
 audit_log = logging.getLogger("dinrec.audit")
 
 
@@ -109,24 +110,26 @@ def reload(state: State, request: Request, body: ReloadRequest | None = None,
            authorization: Auth = None) -> ModelStatus:
     """Fleet-wide. With a ``version``: check it serves here (loaded, verified, smoke-scored), then move the
     alias to it — every replica follows; 409 and nothing moved if it cannot be served or the alias moved
-    meanwhile (or is not at ``expected``). Without one: serve where the alias points now, here at once."""
+    meanwhile (or is not at ``expected``), 503 if the alias could not be written (this worker then serves
+    what the alias names, as the others do). Without one: serve where the alias points now, here at once."""
     _authorize(state, authorization)
     models, registry, alias = _fleet(state)
     before = models.current.model_version
     version, expected = (body.version, body.expected) if body else (None, None)
-    try:
-        if version is not None:
+    if version is not None:
+        try:
             current = registry.resolve(alias)
-            models.reload(version)  # refused here (ReloadFailed) before anything moves
-            try:
-                registry.set_alias(alias, version, reason="admin reload", expected=expected or current)
-            except AliasConflict:
-                models.reload()  # nothing moved: this worker follows the alias again, as the others do
-                raise
-        changed = models.reload() or version is not None  # follow the alias: nothing held back
-    except (ReloadFailed, AliasConflict) as exc:
-        audit(request, "reload refused", version=version, reason=str(exc))
-        raise HTTPException(409, str(exc)) from exc
+        except RegistryError as exc:
+            audit(request, "reload failed", version=version, reason=str(exc), serving=before)
+            raise HTTPException(503, f"the registry cannot be read: {exc}") from exc
+        _serve_then_move(state, request, "reload", version, expected or current, "admin reload")
+        changed = True
+    else:
+        try:
+            changed = models.reload()
+        except ReloadFailed as exc:
+            audit(request, "reload refused", version=None, reason=str(exc))
+            raise HTTPException(409, str(exc)) from exc
     status = _status(state, changed, scope="fleet")
     audit(request, "reload", alias=alias, asked=version, before=before, now=status.model_version)
     return status
@@ -134,19 +137,56 @@ def reload(state: State, request: Request, body: ReloadRequest | None = None,
 
 @router.post("/rollback", response_model=ModelStatus)
 def rollback(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
-    """Fleet-wide: move the alias back to the version it held before (a recorded move, by compare-and-swap),
-    and serve it here at once; every replica follows. 409 and nothing moved if there is none or it raced."""
+    """Fleet-wide: the version the alias held before is checked to serve here first, then the alias moves
+    back to it (a recorded move, by compare-and-swap); every replica follows. 409 and nothing moved if there
+    is none, it cannot serve, or the alias raced; 503 if the alias could not be written."""
     _authorize(state, authorization)
     models, registry, alias = _fleet(state)
     before = models.current.model_version
     try:
-        back = registry.rollback(alias)
-        models.reload()
-    except (RegistryError, ReloadFailed) as exc:  # AliasConflict is a RegistryError
+        current, back = registry.rollback_target(alias)
+    except RegistryError as exc:
+        audit(request, "rollback refused", reason=str(exc))
         raise HTTPException(409, str(exc)) from exc
+    _serve_then_move(state, request, "rollback", back, current, f"rollback from {current}")
     status = _status(state, changed=True, scope="fleet")
     audit(request, "rollback", alias=alias, version=back, before=before, now=status.model_version)
     return status
+
+
+def _serve_then_move(state: ServiceState, request: Request, action: str, version: str, expected: str | None,
+                     reason: str) -> None:
+    """Serve ``version`` here (what cannot serve is refused before anything moves), then move the alias to
+    it by compare-and-swap from ``expected``, then follow the alias again (nothing pinned). If the alias
+    does not move, this worker goes back to what the alias names — never a worker serving a version the
+    alias does not name, nor an alias naming one nobody serves — and the request fails: 409 for a race,
+    503 for a registry that could not be written. Every outcome leaves an audit line."""
+    models, registry, alias = _fleet(state)
+    try:
+        models.reload(version)
+    except ReloadFailed as exc:
+        audit(request, f"{action} refused", version=version, reason=str(exc))
+        raise HTTPException(409, str(exc)) from exc
+    try:
+        registry.set_alias(alias, version, reason=reason, expected=expected)
+    except Exception as exc:  # noqa: BLE001 - whatever kept the alias where it was, serve where it is
+        serving = _serve_the_alias(models)
+        audit(request, f"{action} failed", version=version, reason=str(exc), serving=serving)
+        if isinstance(exc, AliasConflict):
+            raise HTTPException(409, str(exc)) from exc
+        raise HTTPException(503, f"the alias {alias!r} could not be moved to {version}: {exc}; serving what it "
+                                 f"names ({serving})") from exc
+    models.reload()  # the alias names it now: follow the alias, nothing held back
+
+
+def _serve_the_alias(models) -> str:
+    """Serve what the alias names again (after a move that did not happen); the model version served."""
+    try:
+        models.reload()
+    except Exception:  # noqa: BLE001 - the registry unreadable too: say so; the watcher retries
+        log.exception("could not go back to the alias' version; serving %s until the watcher can",
+                      models.current.model_version)
+    return models.current.model_version
 
 
 @router.post("/instance/reload", response_model=ModelStatus)

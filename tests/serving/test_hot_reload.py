@@ -204,3 +204,46 @@ def test_fleet_reload_and_rollback_move_the_alias_and_every_replica_follows(regi
         (registry.bundle_dir("v3") / "popularity.json").write_text("[]")  # corrupt: fails its checksum
         refused = one.post("/admin/reload", headers=ADMIN, json={"version": "v3"})
         assert refused.status_code == 409 and registry.resolve("champion") == "v1"  # checked first: nothing moved
+
+
+def test_a_fleet_reload_whose_alias_cannot_be_written_serves_what_the_alias_names(registry, caplog):
+    """The alias' history cannot be written (a folder that is a file: a fault root cannot write through
+    either): the reload answers 503, the worker serves what the alias still names — not a version the
+    alias does not name — and the audit says what happened. With the folder back, the same move goes through."""
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=3600, admin_token=ADMIN_TOKEN,
+                               events_sink="store", score_precision="fp32")
+    history = registry.root / "alias-history" / "champion"
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream(),
+                     operator=True) as c:
+        served = c.get("/admin/model").json()
+        assert served["version"] == "v1"
+        history.rename(history.with_name("champion.kept"))
+        history.write_text("not a folder")
+        with caplog.at_level("WARNING", logger="dinrec.audit"):
+            r = c.post("/admin/reload", json={"version": "v2"})
+        assert r.status_code == 503 and "could not be moved" in r.json()["message"], r.text
+        now = c.get("/admin/model").json()
+        assert (now["version"], now["model_version"]) == ("v1", served["model_version"])
+        assert registry.resolve("champion") == "v1"
+        (line,) = [rec.getMessage() for rec in caplog.records if rec.name == "dinrec.audit"]
+        assert "admin reload failed" in line and "version='v2'" in line and "serving=" in line
+        history.unlink()
+        history.with_name("champion.kept").rename(history)
+        assert c.post("/admin/reload", json={"version": "v2"}).status_code == 200
+        assert registry.resolve("champion") == "v2" and c.get("/admin/model").json()["version"] == "v2"
+
+
+def test_a_fleet_rollback_to_a_version_that_cannot_serve_moves_nothing(registry):
+    """The version a rollback would return to is checked to serve here before the alias moves: a broken
+    bundle is refused (409) with the alias where it was, not an alias naming a version nobody serves."""
+    registry.set_alias("champion", "v2", reason="test: a move to roll back")
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=3600, admin_token=ADMIN_TOKEN,
+                               events_sink="store", score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream(),
+                     operator=True) as c:
+        assert c.get("/admin/model").json()["version"] == "v2"
+        largest = max((p for p in registry.bundle_dir("v1").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+        largest.write_bytes(largest.read_bytes()[:-64])  # a torn copy: its checksum no longer holds
+        r = c.post("/admin/rollback")
+        assert r.status_code == 409 and "cannot serve v1" in r.json()["message"], r.text
+        assert registry.resolve("champion") == "v2" and c.get("/admin/model").json()["version"] == "v2"
