@@ -76,6 +76,7 @@ class JobState(BaseModel):
     reason: str | None = None
     attempts: list[Attempt] = Field(default_factory=list)
     updated: dt.datetime = Field(default_factory=now)
+    fence: int = Field(0, description="the fencing token of the supervisor that wrote it (storage.Lease)")
 
     @property
     def current(self) -> Attempt | None:

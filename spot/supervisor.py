@@ -53,12 +53,26 @@ class Supervisor:
         self.lease = Lease(store, LEASE, ttl_s=lease_s)
 
     def save(self) -> None:
+        """The state, as the lease's holder: fenced (storage.Lease.fenced_put_json), so a supervisor that
+        stalled past its lease cannot overwrite its successor's. Without the lease (an operator's cancel)
+        it is written as it is."""
         self.state.updated = now()
-        self.store.put_json(STATE, self.state.model_dump(mode="json"))
+        doc = self.state.model_dump(mode="json")
+        if self.lease.held:
+            self.lease.fenced_put_json(self.store, STATE, doc)
+            self.state.fence = self.lease.token
+        else:
+            self.store.put_json(STATE, doc)
+
+    def _may_act(self) -> None:
+        """Before terminating or cleaning up: a supervisor that lost the job (LeaseLost) touches nothing."""
+        if self.lease.held:
+            self.lease.check()
 
     def _finish(self, status: str, reason: str | None = None) -> JobState:
         self.state.status, self.state.reason = status, reason  # type: ignore[assignment]
         self.save()
+        self._may_act()
         try:
             self.backend.cleanup(self.spec)
         except CloudError as exc:  # the job's outcome stands; leftovers are only reported
@@ -78,6 +92,7 @@ class Supervisor:
     def _stop_current(self, outcome: str) -> None:
         current = self.state.current
         if current is not None:
+            self._may_act()
             self.backend.terminate(current)  # the trainer checkpoints on the way down: resumable later
             current.ended, current.outcome = now(), outcome  # type: ignore[assignment]
 
@@ -129,6 +144,7 @@ class Supervisor:
         if reported is None:
             reported = live.final_status or ("interrupted" if live.spot_reclaimed else "lost")
         if live.alive:
+            self._may_act()
             self.backend.terminate(current)  # finished: stop paying now (the boot script also powers off)
         current.ended, current.outcome = now(), reported  # type: ignore[assignment]
         if live.billable_s is not None:

@@ -7,7 +7,14 @@ folder), so of two takers exactly one gets it. A holder renews it every ``ttl_s 
 background thread while it works; a holder that dies (kill -9, a lost machine) stops renewing and the
 lease is free ``ttl_s`` after its last renewal — no stale lock to clear by hand. A holder that fails to
 renew (the key was taken over after a stall longer than the TTL, or storage was unreachable past it)
-learns it from :meth:`Lease.check` before it acts on what the lease protects.
+learns it from :meth:`Lease.check` before it acts on what the lease protects: ``check`` raises once the
+last successful renewal is about to run out, whether or not anyone has taken the lease yet.
+
+Each holder that takes the lease from another gets a **fencing token** one above the last
+(``Lease.token``). A write the lease guards goes through :meth:`Lease.fenced_put_json`: the document
+carries the writer's token and is written by compare-and-swap on the version read, refused
+(:class:`LeaseLost`) if it already carries a higher one — so a holder that stalled past its lease and
+wakes up cannot overwrite what its successor wrote, even between its last ``check`` and its write.
 
 Expiry compares wall clocks of different machines: keep ``ttl_s`` well above their skew (NTP: ms).
 """
@@ -56,12 +63,15 @@ class Lease:
         self.where = storage.child_uri(key)
         self._version: str | None = None
         self._since = 0.0
+        self._valid_until = 0.0  # the last successful take or renewal, plus ttl_s
+        self.token = 0  # the fencing token: one above the previous holder's
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._lost: str | None = None
 
     def _doc(self, expires: float) -> bytes:
-        return json.dumps({"holder": self.holder, "since": self._since, "expires": expires}).encode()
+        return json.dumps({"holder": self.holder, "since": self._since, "expires": expires,
+                           "token": self.token}).encode()
 
     def read(self) -> dict | None:
         """What the key holds now (None: never taken)."""
@@ -77,10 +87,13 @@ class Lease:
         if found and current.get("holder") != self.holder and float(current.get("expires", 0)) > now:
             raise LeaseHeld(self.where, current)
         self._since = now
+        previous = int(current.get("token", 0))
+        self.token = previous if current.get("holder") == self.holder else previous + 1
         try:
             self._version = self.storage.put_if(self.key, self._doc(now + self.ttl_s), found.version if found else None)
         except WriteConflict:
             raise LeaseHeld(self.where, self.read() or {}) from None  # another taker won the race
+        self._valid_until = now + self.ttl_s
         self._lost = None
         return self
 
@@ -88,8 +101,10 @@ class Lease:
         """Extend the lease by ``ttl_s`` from now; raise :class:`LeaseLost` if it is no longer this holder's."""
         if self._version is None:
             raise LeaseLost(f"{self.where}: not held")
+        now = self.clock()  # before the write: the lease runs from no later than this
         try:
-            self._version = self.storage.put_if(self.key, self._doc(self.clock() + self.ttl_s), self._version)
+            self._version = self.storage.put_if(self.key, self._doc(now + self.ttl_s), self._version)
+            self._valid_until = now + self.ttl_s
         except WriteConflict:
             self._version = None
             raise LeaseLost(f"{self.where}: taken over by {(self.read() or {}).get('holder')}") from None
@@ -107,10 +122,39 @@ class Lease:
                 log.warning("lease %s not released (it expires by itself): %s", self.where, exc)
             self._version = None
 
+    @property
+    def held(self) -> bool:
+        """Taken by this holder and not released (it may still have been lost: :meth:`check` says)."""
+        return self._version is not None
+
     def check(self) -> None:
-        """Raise :class:`LeaseLost` if the background renewal found the lease gone."""
+        """Raise :class:`LeaseLost` if the background renewal found the lease gone, or if the last
+        successful renewal is about to run out (within half a renewal period: two renewals in a row
+        failed) — another holder may take it then, whatever this one believes."""
         if self._lost is not None or self._version is None:
             raise LeaseLost(self._lost or f"{self.where}: not held")
+        left = self._valid_until - self.clock()
+        if left < self.ttl_s / 6:
+            raise LeaseLost(f"{self.where}: not renewed in time ({max(left, 0):.1f}s of {self.ttl_s:g}s left): "
+                            "another holder may have it")
+
+    def fenced_put_json(self, storage: Storage, key: str, doc: dict) -> None:
+        """Write ``doc`` (a JSON object) to ``key`` as this holder: after :meth:`check`, with ``"fence":
+        token`` in it, by compare-and-swap on the version read; :class:`LeaseLost` (nothing written) if
+        the key holds a higher token — a later holder's write."""
+        self.check()
+        for _ in range(5):  # a racing writer with a lower token (an older holder) may win a round
+            found = storage.get_versioned(key)
+            fence = int(json.loads(found.data).get("fence", 0)) if found else 0
+            if fence > self.token:
+                raise LeaseLost(f"{self.where}: {key} was written by a later holder (token {fence} > {self.token})")
+            data = json.dumps({**doc, "fence": self.token}, indent=1, sort_keys=True, default=str).encode()
+            try:
+                storage.put_if(key, data, found.version if found else None)
+                return
+            except WriteConflict:
+                continue
+        raise LeaseLost(f"{self.where}: {key} kept changing under this holder's writes")
 
     def keep(self) -> Lease:
         """Renew from a background thread every ``ttl_s / 3`` until :meth:`release`. A renewal that fails

@@ -104,3 +104,41 @@ def test_a_holder_whose_renewals_fail_learns_it_from_check(tmp_path):
         mine.check()
     mine.release()
     assert Lease(storage, "lease").read()["holder"] == "thief"
+
+
+def test_a_holder_that_was_not_renewed_in_time_is_told_before_anyone_takes_over(location):
+    """The review's case: A's storage fails, so its renewals do; past its TTL B takes the lease. A's
+    ``check`` says so already when its last renewal runs out, not only once it sees B."""
+    clock = Clock()
+    a = Lease(open_storage(location), "lease.json", ttl_s=30, holder="a", clock=clock).acquire()
+    clock.now += 20
+    a.check()  # 10 s left of 30: still its own
+    clock.now += 6
+    with pytest.raises(LeaseLost, match="not renewed in time"):
+        a.check()  # 4 s left: within half a renewal period, two renewals missed
+    clock.now += 5
+    b = Lease(open_storage(location), "lease.json", ttl_s=30, holder="b", clock=clock).acquire()
+    assert b.token == a.token + 1
+    b.check()
+    with pytest.raises(LeaseLost):
+        a.check()
+
+
+def test_a_stalled_holders_write_cannot_overwrite_its_successors(location):
+    """Fencing: each write the lease guards carries the writer's token; one that finds a higher token
+    there is refused, even when the stale holder's own ``check`` would not have caught it."""
+    clock = Clock()
+    storage = open_storage(location)
+    a = Lease(storage, "lease.json", ttl_s=30, holder="a", clock=clock).acquire()
+    a.fenced_put_json(storage, "state.json", {"status": "running", "by": "a"})
+    assert storage.get_json("state.json") == {"status": "running", "by": "a", "fence": a.token}
+    clock.now += 31  # a stalls past its lease; b takes over and writes
+    b = Lease(open_storage(location), "lease.json", ttl_s=30, holder="b", clock=clock).acquire()
+    b.fenced_put_json(storage, "state.json", {"status": "running", "by": "b"})
+    a._valid_until = clock.now + 30  # a stale holder that believes itself renewed (a clock jump, a bug)
+    with pytest.raises(LeaseLost, match="later holder"):
+        a.fenced_put_json(storage, "state.json", {"status": "done", "by": "a"})
+    assert storage.get_json("state.json")["by"] == "b"
+    b.release()
+    again = Lease(storage, "lease.json", ttl_s=30, holder="b", clock=clock).acquire()  # the same holder: its token
+    assert again.token == b.token
