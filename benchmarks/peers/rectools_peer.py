@@ -111,11 +111,12 @@ def _transformer(name: str, arrays: dict, cfg: dict) -> tuple[np.ndarray, dict]:
     model.load_weights_from_checkpoint(kept.best_model_path)
     best = kept.best_model_path.rsplit("epoch=", 1)[-1].split("-")[0] if "epoch=" in kept.best_model_path else None
     seconds = time.perf_counter() - t0
-    # RecTools' transformers refuse users its dataset dropped (no usable history, e.g. one-click sessions):
-    # they get an empty list — a miss, as for any method that cannot answer them — counted in the JSON.
-    known = set(ask.user_id_map.external_ids.tolist())
-    asked = np.asarray([u for u in arrays["test_user"].tolist() if u in known], dtype=np.int64)
-    reco = model.recommend(users=asked, dataset=ask, k=cfg["k"], filter_viewed=True)
+    # RecTools' transformers refuse users their data preparation drops (no usable history, e.g. one-click
+    # sessions): told to warn, it leaves them out, and they get an empty list — a miss, as for any method
+    # that cannot answer them — counted in the JSON.
+    reco = model.recommend(users=arrays["test_user"], dataset=ask, k=cfg["k"], filter_viewed=True,
+                           on_unsupported_targets="warn")
+    answered = set(reco[Columns.User].unique().tolist())
     settings = {**params, "epochs_max": epochs, "patience": patience, "loss": getattr(model, "loss", None),
                 "n_factors": getattr(model, "n_factors", None), "n_blocks": getattr(model, "n_blocks", None),
                 "n_heads": getattr(model, "n_heads", None), "dropout_rate": getattr(model, "dropout_rate", None),
@@ -124,7 +125,8 @@ def _transformer(name: str, arrays: dict, cfg: dict) -> tuple[np.ndarray, dict]:
     return _lists(reco, arrays["test_user"], cfg["k"]), {
         "settings": settings, "epochs_run": int(fitted.current_epoch), "best_epoch": int(best) if best else None,
         "best_val_loss": float(kept.best_model_score) if kept.best_model_score is not None else None,
-        "train_seconds": round(seconds, 1), "users_without_a_list": int(len(arrays["test_user"]) - len(asked))}
+        "train_seconds": round(seconds, 1),
+        "users_without_a_list": int(sum(u not in answered for u in arrays["test_user"].tolist()))}
 
 
 def _ease(arrays: dict, cfg: dict) -> tuple[np.ndarray, dict]:
