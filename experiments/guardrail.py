@@ -19,7 +19,10 @@ step has been held ``ramp_hold_s`` with every arm at ``min_users`` and no arm st
 recorded once, like a stop. An experiment with ``promote`` ends when a treatment that serves its own
 model is significantly *better* under the same sequential test: the winner is recorded once and that
 replica moves the alias (e.g. ``champion``) to the winner's version — every replica's model watcher
-then hot-reloads it — and everyone leaves the experiment.
+then hot-reloads it — and everyone leaves the experiment. That happens by itself only where the users
+are verified (``auto_promote``: the service sets it with DINREC_USER_HEADER): where any client may name
+any user, bots could pick the winner, so the winner is *proposed* — recorded once, shown on the results
+— and :meth:`Guardrail.approve` (an operator, ``POST /admin/experiments/{name}/approve``) promotes it.
 """
 
 from __future__ import annotations
@@ -78,12 +81,14 @@ def _step_in_force(reached: list[dict], steps: list[float]) -> int:
 
 class Guardrail:
     def __init__(self, state: ExperimentState, experiments: Experiments, *, alpha: float = 0.05, min_users: int = 100,
-                 interval_s: float = 30.0, promote: Callable[[str, str], str] | None = None) -> None:
+                 interval_s: float = 30.0, promote: Callable[[str, str], str] | None = None,
+                 auto_promote: bool = True) -> None:
         """``promote(alias, model)`` moves a registry alias to the version ``model`` (an alias or a
-        version) names and returns that version."""
+        version) names and returns that version; ``auto_promote=False``: a winner is proposed, and
+        promoted when an operator approves it."""
         self.state, self.experiments = state, experiments
         self.alpha, self.min_users, self.interval_s = alpha, min_users, interval_s
-        self.promote = promote
+        self.promote, self.auto_promote = promote, auto_promote
         self._standing: dict[str, Standing] = {}  # read by requests: replaced whole, never mutated
         self._sequences: dict[tuple[str, str], tuple[float, float]] = {}  # running intersection per arm
 
@@ -161,6 +166,9 @@ class Guardrail:
                                     exp.name, variant.name, 100 * r.lift, 100 * low, 100 * high)
                         made.append(decision)
                 elif sequential == "better" and exp.promote and variant.model and self.promote is not None:
+                    if not self.auto_promote:
+                        made += self._propose(exp, variant, now, evidence)
+                        continue
                     made += self._conclude(exp, variant, now, evidence)
                     concluded = True  # by this replica, or by another first: a winner stands either way
             stopped = frozenset(self.state.stopped(exp.name))  # with this check's stops
@@ -168,6 +176,36 @@ class Guardrail:
             standing[exp.name] = Standing(stopped, coverage, concluded)
         self._standing = standing
         return made
+
+    def _propose(self, exp: Experiment, variant: Variant, now: float, evidence: dict) -> list[dict]:
+        decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "proposed",
+                    "model": variant.model, "alias": exp.promote, **evidence}
+        if not self.state.propose(exp.name, decision):
+            return []  # proposed already (the first proposal stands until approved)
+        log.warning("experiment %s: %s would win (CTR lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); users are "
+                    "not verified, so it waits for an operator: POST /admin/experiments/%s/approve",
+                    exp.name, variant.name, 100 * evidence["lift"], 100 * evidence["cs_low"],
+                    100 * evidence["cs_high"], exp.name)
+        return [decision]
+
+    def approve(self, experiment: str) -> dict:
+        """Promote the winner proposed for ``experiment`` (an operator's call); returns the decision (with
+        ``version`` once the alias moved). Raises LookupError when there is nothing to approve."""
+        exp = self.experiments.get(experiment)
+        proposal = self.state.proposal(experiment)
+        if exp is None or proposal is None:
+            raise LookupError(f"no winner proposed for experiment {experiment!r}")
+        if self.state.conclusion(experiment) is not None:
+            raise LookupError(f"experiment {experiment!r} has a winner already")
+        variant = next((v for v in exp.variants if v.name == proposal["variant"]), None)
+        if variant is None or self.promote is None or not exp.promote or not variant.model:
+            raise LookupError(f"experiment {experiment!r} no longer promotes {proposal['variant']!r}")
+        evidence = {k: proposal[k] for k in ("lift", "cs_low", "cs_high", "users")}
+        made = self._conclude(exp, variant, time.time(), {**evidence, "approved": True})
+        if not made:
+            raise LookupError(f"experiment {experiment!r} has a winner already")
+        self._standing = {**self._standing, experiment: Standing(concluded=True)}
+        return made[0]
 
     def _conclude(self, exp: Experiment, variant: Variant, now: float, evidence: dict) -> list[dict]:
         decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "winner",

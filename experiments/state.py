@@ -68,6 +68,14 @@ class ExperimentState(ABC):
         """The winner recorded for ``experiment``, if any."""
         return self._docs("concluded", experiment).get("winner")
 
+    def propose(self, experiment: str, decision: dict) -> bool:
+        """Record the winner ``experiment`` would promote, for an operator to approve (first writer wins)."""
+        return self._put_first("proposed", experiment, "winner", decision)
+
+    def proposal(self, experiment: str) -> dict | None:
+        """The winner proposed for ``experiment`` and not yet approved, if any."""
+        return self._docs("proposed", experiment).get("winner")
+
     def snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
         """Keep ``snapshot`` (the experiment's counts at one time) under ``bucket`` unless one is
         there already; the timeline the dashboard draws."""

@@ -35,7 +35,7 @@ def experiment_results(state: State, name: str) -> dict:
     """Per variant users, impressions, clicks and CTR (delta-method se); per treatment the lift
     against control with a fixed-horizon CI and p-value and the always-valid confidence sequence;
     the sample-ratio check; clicks that could not be attributed; stopped variants, the ramp steps
-    reached and a promoted winner (the guardrail's decisions)."""
+    reached, a promoted winner, or one proposed for an operator to approve (the guardrail's decisions)."""
     exp = state.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
@@ -54,4 +54,5 @@ def experiment_results(state: State, name: str) -> dict:
     return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
             "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
             "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
-            "winner": winner, "held": held, "timeline": state.experiment_state.timeline(name)}
+            "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
+            "held": held, "timeline": state.experiment_state.timeline(name)}

@@ -114,6 +114,23 @@ def set_status(state: State, request: Request, name: str, body: StatusChange,
     return saved
 
 
+@router.post("/experiments/{name}/approve")
+def approve_winner(state: State, request: Request, name: str,
+                   authorization: Annotated[str | None, Header()] = None) -> dict:
+    """Promote the winner the guardrail proposed for ``name`` (where users are not verified, a winner
+    waits for this): the alias moves to its model and every replica follows. 404 when none is proposed."""
+    _authorize(state, authorization)
+    if state.guardrail is None:
+        raise HTTPException(404, "no guardrail runs here")
+    try:
+        decision = state.guardrail.approve(name)
+    except LookupError as exc:
+        raise HTTPException(404, str(exc)) from exc
+    audit(request, "experiment approve", experiment=name, variant=decision["variant"], model=decision["model"],
+          alias=decision["alias"], version=decision.get("version"))
+    return decision
+
+
 def watch_document(state: ServiceState, stop: threading.Event) -> threading.Thread | None:
     """Apply the experiments document whenever a newer version is written (another replica, the retrain
     job, an operator)."""

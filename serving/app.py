@@ -119,7 +119,8 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
     state.guardrail = Guardrail(state.experiment_state, state.experiments, min_users=settings.guardrail_min_users,
                                 interval_s=settings.guardrail_interval_s,
-                                promote=models.promote if models.registry is not None else None)
+                                promote=models.promote if models.registry is not None else None,
+                                auto_promote=settings.auto_promote == "always" or settings.user_header is not None)
     _start_loops(parts, state, catalog)
     rec = state.recommender
     metrics.serving_model(rec)

@@ -54,6 +54,11 @@ class ServingSettings(SharedSettings, RankingSettings):
     user_header: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$", description=(
         "behind a gateway that authenticates users: the header carrying the user's id (e.g. x-user-id); "
         "/recommend and /events then answer only for that user (401 without it, 403 for another id)"))
+    auto_promote: Literal["verified", "always"] = Field("verified", description=(
+        "an experiment with promote moves its alias by itself when a winner is significant only where users "
+        "are verified (DINREC_USER_HEADER): where clients may name any user, bots could pick the winner, so it "
+        "is proposed and an operator approves it (POST /admin/experiments/{name}/approve). always: trust the "
+        "clients"))
     anonymous_users: bool = Field(False, description=(
         "listening beyond loopback without DINREC_USER_HEADER: any caller may read and write any user by "
         "naming them. Refused at start-up unless this says it is meant (a public demo, a trusted network)"))

@@ -154,7 +154,11 @@ def test_a_ramp_holds_while_a_variant_is_stopped_or_the_step_is_young():
     assert [r["step"] for r in open_state(store2).ramp_log("risky")] == [0]
 
 
-def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registry, tiny_run, tmp_path):
+@pytest.mark.parametrize("users", ["anonymous", "trusted"])
+def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registry, tiny_run, tmp_path, users):
+    """Where any client may name any user (the default without DINREC_USER_HEADER), bots could pick the
+    winner: it is proposed, nothing moves until an operator approves it. With the clients trusted
+    (DINREC_AUTO_PROMOTE=always, or verified users) the winner takes the alias by itself."""
     path = tmp_path / "experiments.json"
     path.write_text(json.dumps({"experiments": [
         {"name": "rollout", "status": "running", "seed": "w", "promote": "champion",
@@ -163,21 +167,34 @@ def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registr
     store.write(list(tiny_run[0].events()))
     settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
                                experiments_file=path, events_sink="store", guardrail_interval_s=0.2,
-                               guardrail_min_users=50, score_precision="fp32")
+                               guardrail_min_users=50, score_precision="fp32",
+                               auto_promote="always" if users == "trusted" else "verified")
     exp = Experiments.load(path).get("rollout")
     challenger_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist()))
                            if exp.assign(u).name == "challenger")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         assert c.get("/admin/model", headers=ADMIN_HEADERS).json()["version"] == "v1"
         assert c.get("/recommend", params={"user_id": challenger_user}).json()["variant"] == "challenger"
+        assert c.post("/admin/experiments/rollout/approve").status_code == 404  # nothing proposed yet
         store.write(traffic("control", 200, 10, 0, "w", "rollout") + traffic("challenger", 200, 10, 2, "w", "rollout"))
+        if users == "anonymous":
+            wait_until(lambda: c.get("/experiments/rollout/results").json()["proposed"] is not None, timeout_s=20,
+                       what="the guardrail to propose the winner")
+            proposed = c.get("/experiments/rollout/results").json()
+            assert proposed["proposed"]["variant"] == "challenger" and proposed["winner"] is None
+            assert registry.resolve("champion") == "v1"  # nothing moved by itself
+            assert c.get("/recommend", params={"user_id": challenger_user}).json()["experiment"] == "rollout"
+            approved = c.post("/admin/experiments/rollout/approve")
+            assert approved.status_code == 200 and approved.json()["version"] == "v2", approved.text
         wait_until(lambda: c.get("/admin/model", headers=ADMIN_HEADERS).json()["version"] == "v2",
                    timeout_s=20, what="the service to serve the winner's version")
         assert registry.resolve("champion") == "v2"
         results = c.get("/experiments/rollout/results").json()
         assert results["winner"]["variant"] == "challenger" and results["winner"]["cs_low"] > 0
+        assert results["winner"].get("approved", False) == (users == "anonymous") and results["proposed"] is None
         assert results["stopped"] == {}
         assert c.get("/recommend", params={"user_id": challenger_user}).json()["experiment"] is None  # it ended
+        assert c.post("/admin/experiments/rollout/approve").status_code == 404  # decided
 
 
 @pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split"])
