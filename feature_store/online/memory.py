@@ -37,6 +37,7 @@ class MemoryStore(OnlineStore):
         # (experiment, variant) -> [users, n, c, n², c², n·c]. Attribution entries expire with the
         # dedup window, as in Redis.
         self._att: dict[tuple[str, str], tuple[str, str, float, str]] = {}  # (exp, variant, at, user)
+        self._pending: dict[tuple[str, str], tuple[str, float]] = {}  # clicks before their impression: (user, at)
         self._ab_user: dict[tuple[str, str], list] = {}
         self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
@@ -87,6 +88,8 @@ class MemoryStore(OnlineStore):
             # as Redis lets them expire, so a long-running embedded service does not grow without end.
             while self._att and next(iter(self._att.values()))[2] <= now - self.dedup_window_s:
                 del self._att[next(iter(self._att))]
+            while self._pending and next(iter(self._pending.values()))[1] <= now - self.dedup_window_s:
+                del self._pending[next(iter(self._pending))]
             if offsets is not None:
                 held = self._offsets[offsets.topic]
                 stale = {p: held.get(p, -1) for p, want in offsets.expected.items() if held.get(p, -1) != want}
@@ -105,8 +108,14 @@ class MemoryStore(OnlineStore):
                         continue
                     seen[h.event_id] = now
                     if r.kind == "I":
-                        self._att[(r.request_id, h.item_id)] = (r.experiment, r.variant, now, user)
                         self._count(user, r.experiment, r.variant, 0, h.item_id)
+                        key = (r.request_id, h.item_id)
+                        if self._pending.get(key, ("", 0.0))[0] == user:  # its click came first: joined now
+                            del self._pending[key]
+                            self._unattributed["orphan_clicks"] -= 1
+                            self._count(user, r.experiment, r.variant, 1, h.item_id)
+                        else:
+                            self._att[key] = (r.experiment, r.variant, now, user)
                         added += 1
                         continue
                     if h.event_id in kept:  # applied before, and its seen-entry has expired since
@@ -121,6 +130,8 @@ class MemoryStore(OnlineStore):
                         att = self._att.get((r.request_id, h.item_id))
                         if att is None or att[2] <= now - self.dedup_window_s or att[3] != user:
                             self._unattributed["orphan_clicks"] += 1  # never shown to this user, or clicked
+                            if att is None or att[2] <= now - self.dedup_window_s:  # its impression may follow
+                                self._pending.setdefault((r.request_id, h.item_id), (user, now))
                         else:
                             del self._att[(r.request_id, h.item_id)]  # counted once
                             self._count(user, att[0], att[1], 1, h.item_id)

@@ -74,6 +74,8 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # Experiment and catalog keys are built here from the shard's base, so they share the slot of KEYS:
 #   {base}:att:{request}           hash item -> "experiment\31variant\31user" until clicked (expires with the
 #                                  dedup window); a click is the clicking user's, so it is in their shard
+#   {base}:pend:{request}          hash item -> "user\31arrived": a click that came before its impression, joined
+#                                  when the impression lands within the dedup window (until then an orphan)
 #   {base}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
 #   {base}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the shard's users of the variant),
 #                                  tail_c (clicks on long-tail items by the shard's popularity at the time:
@@ -154,10 +156,20 @@ for u = 1, (#KEYS - 2) / 3 do
     local kind, eid, item = f[1], f[3], f[4]
     if redis.call('ZADD', seen, 'NX', now, eid) == 1 then
       if kind == 'I' then
-        local att = prefix .. ':att:' .. f[6]
-        redis.call('HSET', att, item, f[7] .. '\31' .. f[8] .. '\31' .. user)
-        redis.call('EXPIRE', att, ttl)
         count(user, f[7], f[8], false, item)
+        local pend = prefix .. ':pend:' .. f[6]
+        local waiting = redis.call('HGET', pend, item)
+        waiting = waiting and split(waiting)  -- {user, when it arrived}: the window by the store's clock
+        if waiting and waiting[1] == user and tonumber(waiting[2]) > now - window then
+          -- Its click arrived first (impressions are logged off the request path): joined now, once.
+          redis.call('HDEL', pend, item)
+          redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', -1)
+          count(user, f[7], f[8], true, item)
+        else
+          local att = prefix .. ':att:' .. f[6]
+          redis.call('HSET', att, item, f[7] .. '\31' .. f[8] .. '\31' .. user)
+          redis.call('EXPIRE', att, ttl)
+        end
         applied = applied + 1
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
       elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
@@ -176,7 +188,13 @@ for u = 1, (#KEYS - 2) / 3 do
             redis.call('HDEL', att, item)
             count(user, shown[1], shown[2], true, item)
           else
+            -- Counted apart; one whose impression is not logged yet waits for it (the dedup window)
+            -- and is joined when it lands: a click may outrun its impression.
             redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', 1)
+            if not shown then
+              local pend = prefix .. ':pend:' .. f[6]
+              if redis.call('HSETNX', pend, item, user .. '\31' .. now) == 1 then redis.call('EXPIRE', pend, ttl) end
+            end
           end
         end
       end

@@ -327,6 +327,25 @@ def test_a_click_counts_once_and_only_for_the_user_it_was_shown_to(store):
     assert [h.item_id for h in store.history("victim", 10)] == ["a", "a", "b"]  # every click is still history
 
 
+def test_a_click_that_outruns_its_impression_is_joined_when_the_impression_lands(store, clock):
+    """Impressions are logged off the request path, so a client that clicks at once can be first: the
+    click waits (an orphan until then) and is counted for its arm when its impression arrives — once,
+    and only for the user it was shown to; one whose impression never comes within the window stays apart."""
+    state = open_state(store)
+    store.write([click("u1", "a", "r1"), click("u1", "a", "r1", ts=2.5, eid="again"),
+                 click("thief", "b", "r1", eid="t1"), click("u1", "c", "r2")])
+    assert state.unattributed()["orphan_clicks"] == 4 and state.sums("exp1") == {}
+    store.write([imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A")])
+    a = state.sums("exp1")["A"]
+    assert (a.users, a.impressions, a.clicks) == (1, 2, 1)  # a: joined once; b was clicked by another user
+    assert state.unattributed()["orphan_clicks"] == 3
+    store.write([click("u1", "b", "r1", ts=3.0, eid="late-own")])  # the user's own click on b, after it
+    assert state.sums("exp1")["A"].clicks == 2 and state.unattributed()["orphan_clicks"] == 3
+    clock.now += 3600 + 1  # past the window: r2's click no longer waits for its impression
+    store.write([imp("u1", "c", "r2", "A")])
+    assert state.sums("exp1")["A"].clicks == 2 and state.unattributed()["orphan_clicks"] == 3
+
+
 def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     state = open_state(store)
     assert state.stop("exp1", "B", {"at": 1.0, "lift": -0.2}) is True

@@ -322,6 +322,49 @@ def test_a_client_is_not_told_its_experiment_arm_model_or_history_length(tiny_ru
 AA = {"name": "aa", "status": "running", "seed": "aa-seed", "variants": [{"name": "a"}, {"name": "b"}]}
 
 
+def test_clients_that_click_the_moment_a_list_arrives_have_every_click_counted_once(tiny_run, tmp_path):
+    """Impressions are logged off the request path, clicks written as they are posted: a client that clicks
+    at once can beat its impression to the store (here every one does: impressions are held back until the
+    clicks are in). Every such click is joined when its impression lands."""
+    import json
+
+    class LateImpressions(MemoryStore):
+        def __init__(self) -> None:
+            super().__init__()
+            self.release = threading.Event()
+
+        def write(self, events, offsets=None):
+            if any(e.event_type == "impression" for e in events):
+                self.release.wait(30)
+            return super().write(events, offsets)
+
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [AA]}))
+    store = LateImpressions()
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
+                               guardrail_interval_s=3600)
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
+        want = {"a": [0, 0, 0], "b": [0, 0, 0]}  # users, impressions, clicks
+        for i in range(40):
+            user = f"quick-{i}"
+            a = c.get("/recommend", params={"user_id": user, "k": 4}).json()
+            want[a["variant"]][0] += 1
+            want[a["variant"]][1] += len(a["items"])
+            want[a["variant"]][2] += 1
+            click = {"event_id": f"c-{user}", "user_id": user, "item_id": a["items"][0]["item_id"],
+                     "event_type": "click", "ts": time.time(), "request_id": a["request_id"]}
+            assert c.post("/events", json={"events": [click]}).status_code == 202
+        state = open_state(store)
+        assert state.sums("aa") == {} and state.unattributed()["orphan_clicks"] == 40  # every click came first
+        store.release.set()
+
+        def counted() -> dict:
+            return {v: [s.users, int(s.impressions), int(s.clicks)] for v, s in state.sums("aa").items()}
+
+        wait_until(lambda: counted() == want, timeout_s=30, what=f"every click to be joined: {want}")
+        assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0}
+
+
 @pytest.mark.redis
 @pytest.mark.kafka
 def test_an_aa_experiment_counts_exactly_what_its_clients_saw_and_clicked_whatever_attackers_send(
