@@ -43,3 +43,8 @@ class OffsetConflict(FeatureStoreError):
 class StoreLayoutError(FeatureStoreError, ValueError):
     """The store's data is in another layout than this version reads (an older key layout, or
     another partition count): a configuration error, refused rather than read or written wrongly."""
+
+
+class StoreConfigError(FeatureStoreError, ValueError):
+    """The store is set up in a way that would lose data dinrec keeps there (a Redis that may evict keys):
+    refused at start-up rather than found out later."""

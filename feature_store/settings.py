@@ -29,6 +29,9 @@ class FeatureStoreSettings(SharedSettings):
         "hash slot, whatever the topic has; otherwise the topic's partition count (ingest refuses another), "
         "the same in every process of a prefix"))
     redis_timeout_ms: int = Field(250, ge=1, le=60_000, description="per Redis call (connect, read, write)")
+    redis_allow_eviction: bool = Field(False, description=(
+        "open a Redis whose maxmemory-policy may evict keys (anything but noeviction): stream offsets, dedup and "
+        "A/B counters can then be lost silently. Refused at start-up unless this says it is meant"))
     redis_prefix: str = Field("dinrec", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$", description=(
         "prefix of every Redis key dinrec writes (several deployments can share one Redis)"))
     history_len: int = Field(DEFAULT_HISTORY_LEN, ge=1, le=10_000,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from feature_store.errors import MissingDependency
+from feature_store.errors import MissingDependency, StoreConfigError
 from feature_store.online.base import OnlineStore
 
 if TYPE_CHECKING:
@@ -37,7 +37,10 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
                            interacted_cap=settings.interacted_cap, partitions=settings.store_partitions,
                            cluster=settings.store == "redis-cluster")
         problem = store.eviction_problem()
+        if problem and not settings.redis_allow_eviction:
+            store.close()
+            raise StoreConfigError(f"{problem}; or, to run on it anyway, DINREC_REDIS_ALLOW_EVICTION=true")
         if problem:
-            log.error("%s", problem)
+            log.error("%s (DINREC_REDIS_ALLOW_EVICTION=true: running on it)", problem)
         return store
     raise ValueError(f"unknown store type {settings.store!r}")  # pragma: no cover - Literal guards it

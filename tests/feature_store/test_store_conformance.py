@@ -472,19 +472,19 @@ def test_the_embedded_store_forgets_attributions_after_the_window(clock):
 
 
 @pytest.mark.redis
-def test_a_redis_that_may_evict_the_stores_keys_is_named_at_open(own_redis, caplog):
+def test_a_redis_that_may_evict_the_stores_keys_is_refused_at_open_unless_allowed(own_redis, caplog):
     import redis
 
+    from feature_store.errors import StoreConfigError
     from feature_store.online import open_store
     from feature_store.settings import FeatureStoreSettings
 
     settings = FeatureStoreSettings(store="redis", redis_url=own_redis.url)
-    with caplog.at_level("ERROR", logger="feature_store.online"):
-        open_store(settings).close()
-    assert not [r for r in caplog.records if "evicts keys" in r.getMessage()]  # redis' default: noeviction
+    open_store(settings).close()  # redis' default: noeviction
     redis.Redis.from_url(own_redis.url).config_set("maxmemory-policy", "allkeys-lru")
+    with pytest.raises(StoreConfigError, match="maxmemory-policy allkeys-lru.*DINREC_REDIS_ALLOW_EVICTION"):
+        open_store(settings)
     with caplog.at_level("ERROR", logger="feature_store.online"):
-        store = open_store(settings)
-    store.close()
+        open_store(settings.model_copy(update={"redis_allow_eviction": True})).close()
     (line,) = [r.getMessage() for r in caplog.records if "evicts keys" in r.getMessage()]
-    assert "maxmemory-policy allkeys-lru" in line and "noeviction" in line
+    assert "running on it" in line
