@@ -51,19 +51,38 @@ class Standing:
     held: tuple[str, ...] = ()  # why the counts are not trusted to act on (integrity), if they are not
 
 
+# Bot-shaped arms. A click drawn at random comes, on average, from a user with c2/c clicks in the
+# experiment: people click a few times, a script hundreds. And people click a fraction of what they are
+# shown; "everything shown" is a script's rate.
+BOT_CLICKS_PER_CLICKER = 50.0  # c2 / c above this (with at least MIN_CLICKS_JUDGED clicks): a few users click it all
+BOT_CTR = 0.5  # an arm clicking half of what it is shown, twice another arm's rate
+MIN_CLICKS_JUDGED = 100
+MIN_IMPRESSIONS_JUDGED = 500
+
+
 def integrity_problems(exp: Experiment, sums: dict[str, VariantSums], stopped: frozenset[str], *,
                        srm_alpha: float = 0.001) -> list[str]:
     """Why ``exp``'s counts should not be acted on: clicks beyond impressions in an arm, counts under a
-    variant the experiment does not declare (forged or stale names), or a sample-ratio mismatch among
+    variant the experiment does not declare (forged or stale names), a sample-ratio mismatch among
     the arms still running (users did not split as the weights say: logging or assignment is broken,
-    or someone is feeding the counters). Empty: the counts look like an experiment's."""
+    or someone is feeding the counters), or a bot-shaped arm — its clicks concentrated in a few users, or
+    a click-through rate no audience has (half of what is shown, twice another arm's). Empty: the counts
+    look like an experiment's."""
     problems = []
     declared = {v.name for v in exp.variants}
+    rates = {name: s.clicks / s.impressions for name, s in sums.items()
+             if name in declared and s.impressions >= MIN_IMPRESSIONS_JUDGED}
     for name, s in sorted(sums.items()):
         if name not in declared:
             problems.append(f"counts under undeclared variant {name!r}")
         elif s.clicks > s.impressions:
             problems.append(f"{name}: {s.clicks:.0f} clicks on {s.impressions:.0f} impressions")
+        elif s.clicks >= MIN_CLICKS_JUDGED and s.clicks_sq / s.clicks > BOT_CLICKS_PER_CLICKER:
+            problems.append(f"{name}: clicks concentrated in a few users (a click comes from a user with "
+                            f"{s.clicks_sq / s.clicks:.0f} clicks on average)")
+        elif name in rates and rates[name] >= BOT_CTR and any(r * 2 <= rates[name] for r in rates.values()):
+            problems.append(f"{name}: {100 * rates[name]:.0f}% of what it shows is clicked, over twice another "
+                            "arm's rate")
     live = [v.name for v in exp.variants if v.name not in stopped]
     weights = exp.weights
     p = srm_p_value([sums.get(v, _EMPTY).users for v in live], [weights[v] for v in live])

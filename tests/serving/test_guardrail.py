@@ -197,7 +197,7 @@ def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registr
         assert c.post("/admin/experiments/rollout/approve").status_code == 404  # decided
 
 
-@pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split"])
+@pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split", "bots clicking in one arm"])
 def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forgery):
     """The same evidence that stops `bad` above, plus one sign the counters were fed: nothing is decided."""
     store = MemoryStore()
@@ -206,12 +206,16 @@ def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forger
     events = traffic("control", 300, 10, 1) + traffic("bad", 300, 10, 0) + traffic("same", 300, 10, 1)
     if forgery == "an undeclared variant":
         events += traffic("intruder", 5, 10, 0)
-    else:  # control got twice its share of users
+    elif forgery == "a skewed split":  # control got twice its share of users
         events += traffic("control", 300, 10, 1, "extra")
+    else:  # invented users in every arm (the split holds), clicking nearly all they are shown in control only
+        events += [e for v in ("control", "bad", "same") for e in traffic(v, 300, 10, 9 if v == "control" else 0,
+                                                                           "bot")]
     store.write(events)
     assert guard.check() == [] and open_state(store).stopped("risky") == {}
     (why,) = guard._standing["risky"].held
-    assert ("undeclared variant 'intruder'" if forgery == "an undeclared variant" else "sample ratio mismatch") in why
+    assert {"an undeclared variant": "undeclared variant 'intruder'", "a skewed split": "sample ratio mismatch",
+            "bots clicking in one arm": "control: 55% of what it shows is clicked"}[forgery] in why
 
 
 def test_clicks_beyond_impressions_or_a_stopped_arm_are_read_right():
@@ -224,3 +228,14 @@ def test_clicks_beyond_impressions_or_a_stopped_arm_are_read_right():
     after_stop = {**even, "bad": VariantSums(100, 1000, 0, 10000, 0, 0)}
     assert integrity_problems(exp, after_stop, frozenset({"bad"})) == []
     assert "sample ratio mismatch" in integrity_problems(exp, after_stop, frozenset())[0]
+    # Bot-shaped: a click-through no audience has; a few users holding the clicks (5 users, 60 clicks each).
+    script = {**even, "control": VariantSums(300, 3000, 2400, 30000, 24000, 24000)}
+    assert integrity_problems(exp, script, frozenset()) == ["control: 80% of what it shows is clicked, over twice "
+                                                            "another arm's rate"]
+    few = {**even, "same": VariantSums(300, 3000, 300, 30000, 5 * 60**2, 3000)}
+    assert integrity_problems(exp, few, frozenset()) == [
+        "same: clicks concentrated in a few users (a click comes from a user with 60 clicks on average)"]
+    # A real winner is neither: 25% against 5%.
+    better = {**even, "control": VariantSums(300, 3000, 150, 30000, 150, 1500),
+              "same": VariantSums(300, 3000, 750, 30000, 2250, 7500)}
+    assert integrity_problems(exp, better, frozenset()) == []
