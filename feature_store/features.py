@@ -19,6 +19,8 @@ POSITIVE_RATING = 4.0
 DEFAULT_HISTORY_LEN = 50
 DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0  # an event id applied once per user within this window
 DEFAULT_INTERACTED_CAP = 1000  # items per user the seen-item policy remembers, beyond the history
+DEFAULT_USER_TTL_S = 180 * 24 * 3600.0  # a user's keys expire this long after their last write
+DEFAULT_SEEN_CAP = 10_000  # event ids per user the dedup set keeps within its window (a person sends far fewer)
 BEHAVIOUR_TYPES = frozenset({"view", "click", "cart", "fav", "buy"})
 
 

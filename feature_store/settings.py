@@ -39,6 +39,13 @@ class FeatureStoreSettings(SharedSettings):
     interacted_cap: int = Field(DEFAULT_INTERACTED_CAP, ge=1, le=100_000, description=(
         "items remembered per user beyond the history (the newest this many behaviours' items), which the "
         "seen-item policy keeps out of the served lists"))
+    user_ttl_days: float = Field(180.0, ge=0, le=3650, description=(
+        "a user's keys in the online store (history, items taken, dedup ids, A/B state) expire this long after "
+        "the user's last event, so user ids clients invent cannot fill the store; 0: never (at least the "
+        "dedup window otherwise)"))
+    seen_cap: int = Field(10_000, ge=1, le=10_000_000, description=(
+        "event ids per user the dedup set keeps within its window (the oldest go first; a person sends far "
+        "fewer): bounds what one user id can make the store hold"))
     dedup_window_s: float = Field(
         DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
         description="an event id is applied once per user within this many seconds of its first application "

@@ -26,7 +26,8 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
         from feature_store.online.memory import MemoryStore
 
         return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s,
-                           interacted_cap=settings.interacted_cap)
+                           interacted_cap=settings.interacted_cap, user_ttl_s=settings.user_ttl_days * 86400,
+                           seen_cap=settings.seen_cap)
     if settings.store in ("redis", "redis-cluster"):
         try:
             from feature_store.online.redis_store import RedisStore
@@ -35,7 +36,8 @@ def open_store(settings: FeatureStoreSettings) -> OnlineStore:
         store = RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
                            dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
                            interacted_cap=settings.interacted_cap, partitions=settings.store_partitions,
-                           cluster=settings.store == "redis-cluster")
+                           cluster=settings.store == "redis-cluster", user_ttl_s=settings.user_ttl_days * 86400,
+                           seen_cap=settings.seen_cap)
         problem = store.eviction_problem()
         if problem and not settings.redis_allow_eviction:
             store.close()

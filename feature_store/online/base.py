@@ -8,7 +8,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem, is_behaviour
+from feature_store.features import (
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_INTERACTED_CAP,
+    DEFAULT_SEEN_CAP,
+    DEFAULT_USER_TTL_S,
+    HistoryItem,
+    is_behaviour,
+)
 from feature_store.schema import BehaviourEvent
 
 CatalogCursor = tuple[int, ...]  # where a catalog read stopped; opaque to callers: () is the beginning
@@ -92,9 +99,18 @@ class OnlineStore(ABC):
     partitions: int = 1
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
-                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
+                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
+                 user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+        """``user_ttl_s``: a user's keys (history, items taken, dedup ids, A/B state) expire this long after
+        their last write, so invented user ids cannot fill the store (0: never); ``seen_cap``: event ids a
+        user's dedup set keeps (the oldest go first: past it, a redelivery of an old one would apply again)."""
         if history_cap < 1:
             raise ValueError("history_cap must be >= 1")
+        if user_ttl_s < 0 or (0 < user_ttl_s < dedup_window_s):
+            raise ValueError("user_ttl_s must be 0 (never) or at least the dedup window")
+        if seen_cap < 1:
+            raise ValueError("seen_cap must be >= 1")
+        self.user_ttl_s, self.seen_cap = float(user_ttl_s), seen_cap
         if interacted_cap < 1:
             raise ValueError("interacted_cap must be >= 1")
         self.interacted_cap = interacted_cap

@@ -8,7 +8,14 @@ from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 
 from feature_store.errors import OffsetConflict
-from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem, merge_history
+from feature_store.features import (
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_INTERACTED_CAP,
+    DEFAULT_SEEN_CAP,
+    DEFAULT_USER_TTL_S,
+    HistoryItem,
+    merge_history,
+)
 from feature_store.long_tail import head_of
 from feature_store.online.base import (
     CatalogCursor,
@@ -22,8 +29,11 @@ class MemoryStore(OnlineStore):
     backend = "memory"
 
     def __init__(self, history_cap: int = 50, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
-                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP) -> None:
-        super().__init__(history_cap, dedup_window_s, clock, interacted_cap)
+                 clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
+                 user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+        super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap)
+        self._written: dict[str, float] = {}  # user -> last write, oldest first: users expire as Redis keys do
+        self._user_experiments: dict[str, set[str]] = defaultdict(set)  # to expire a user's A/B state too
         self._hist: dict[str, list[HistoryItem]] = defaultdict(list)
         self._items: dict[str, dict[str, float]] = defaultdict(dict)  # user -> item -> newest behaviour time
         self._pop: Counter[str] = Counter()
@@ -56,6 +66,7 @@ class MemoryStore(OnlineStore):
 
     def _count(self, user: str, experiment: str, variant: str, clicks: int, item: str = "") -> None:
         """One impression (clicks=0) or click (clicks=1) of ``user`` in ``variant``."""
+        self._user_experiments[user].add(experiment)
         state = self._ab_user.setdefault((experiment, user), [variant, 0, 0])
         if state[0] != variant:
             self._unattributed["variant_conflicts"] += 1
@@ -96,7 +107,10 @@ class MemoryStore(OnlineStore):
                 if stale:
                     raise OffsetConflict(offsets.topic, stale)
                 held.update(offsets.last)
+            self._expire_users(now)
             for user, new in by_user.items():
+                self._written.pop(user, None)
+                self._written[user] = now  # to the end: the order is the order of last writes
                 seen = self._seen[user]
                 while seen and next(iter(seen.values())) <= now - self.dedup_window_s:
                     del seen[next(iter(seen))]
@@ -135,12 +149,25 @@ class MemoryStore(OnlineStore):
                         else:
                             del self._att[(r.request_id, h.item_id)]  # counted once
                             self._count(user, att[0], att[1], 1, h.item_id)
+                while len(seen) > self.seen_cap:  # the oldest ids go first, as ZREMRANGEBYRANK in Redis
+                    del seen[next(iter(seen))]
                 added += len(fresh)
                 if fresh:
                     self._hist[user] = merge_history(self._hist[user], fresh, self.history_cap)
                     self._remember(user, fresh)
             self._pop.update(increments)
         return added
+
+    def _expire_users(self, now: float) -> None:
+        """Forget users not written for ``user_ttl_s`` (their history, items, dedup ids and A/B state), as
+        their keys expire in Redis: invented user ids do not stay forever."""
+        while self.user_ttl_s and self._written and next(iter(self._written.values())) <= now - self.user_ttl_s:
+            user = next(iter(self._written))
+            del self._written[user]
+            for table in (self._hist, self._items, self._seen):
+                table.pop(user, None)
+            for experiment in self._user_experiments.pop(user, ()):
+                self._ab_user.pop((experiment, user), None)
 
     def _remember(self, user: str, fresh: list[HistoryItem]) -> None:
         """The user's interacted items, each at its newest time, trimmed to the newest

@@ -16,10 +16,13 @@ shard (the partition) in braces, e.g. ``dinrec:{3}:hist:u42``:
 * ``{prefix}:{s}:seen:{user_id}`` — a sorted set of the user's event ids scored by when they were
   first applied; entries older than the dedup window are dropped on the user's next write, and the
   key expires a window after the last one. It decides "new or redelivered" independently of the
-  history cap, so a late duplicate of a trimmed event is not counted again.
+  history cap, so a late duplicate of a trimmed event is not counted again; at most ``seen_cap`` ids
+  (the newest) per user.
 * ``{prefix}:{s}:items:{user_id}`` — a sorted set of the items the user took, each scored by its
   newest behaviour's time, trimmed to the newest ``interacted_cap``: what the seen-item policy
   excludes, kept beyond the history cap.
+* A user's keys (``hist``, ``items``, ``ab:{exp}:u:{user}``) expire ``user_ttl_s`` after the user's last
+  write: user ids clients invent do not stay.
 * ``{prefix}:{s}:pop`` — a sorted set of item_id → behaviour count among the shard's users; the
   store's :meth:`RedisStore.popular` sums the shards (no hot key takes every write).
 * ``{prefix}:{s}:offsets:{topic}`` — a hash partition → last applied offset, written by the same
@@ -51,7 +54,13 @@ from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
-from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_INTERACTED_CAP, HistoryItem
+from feature_store.features import (
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_INTERACTED_CAP,
+    DEFAULT_SEEN_CAP,
+    DEFAULT_USER_TTL_S,
+    HistoryItem,
+)
 from feature_store.long_tail import HEAD_SHARE
 from feature_store.online.base import CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
 from feature_store.partitioning import partition_of
@@ -65,10 +74,10 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 
 # KEYS: the shard's offsets hash, its popularity, then (history, seen, items) per user of the shard.
 # ARGV: now, dedup window (s), cap, the shard's key base ("{prefix}:{s}"), interacted cap, n_partitions,
-#       (partition, expected, last)*, then per user: user id, n_events, then one record per event, fields
-#       joined by \31: kind (B/C/I, see online.base.StoreRecord), ts, event_id, item_id, category_id,
-#       request_id, experiment, variant (one argument per event, not eight: packing arguments is most of
-#       the client's cost per event).
+#       user TTL (s, 0: none), seen cap, (partition, expected, last)*, then per user: user id, n_events,
+#       then one record per event, fields joined by \31: kind (B/C/I, see online.base.StoreRecord), ts,
+#       event_id, item_id, category_id, request_id, experiment, variant (one argument per event, not eight:
+#       packing arguments is most of the client's cost per event).
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
 # A raw string: Lua, not Python, reads the \31 escapes (decimal 31, the separator).
 # Experiment and catalog keys are built here from the shard's base, so they share the slot of KEYS:
@@ -86,7 +95,8 @@ _WRITE_SCRIPT = r"""
 local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local icap = tonumber(ARGV[5])
 local nparts = tonumber(ARGV[6])
-local i = 7
+local user_ttl, seen_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+local i = 9
 local conflicts = {0}
 for _ = 1, nparts do
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
@@ -96,7 +106,7 @@ for _ = 1, nparts do
   i = i + 3
 end
 if #conflicts > 1 then return conflicts end
-i = 7
+i = 9
 for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
@@ -139,6 +149,7 @@ local function count(user, exp, var, click, item)
     redis.call('HINCRBY', skey, 'n', 1); redis.call('HINCRBY', skey, 'n2', 2 * n + 1)
     redis.call('HINCRBY', skey, 'nc', c)
   end
+  if user_ttl > 0 then redis.call('EXPIRE', ukey, user_ttl) end
 end
 local applied = 0
 local ttl = math.ceil(window)
@@ -210,7 +221,11 @@ for u = 1, (#KEYS - 2) / 3 do
       redis.call('ZREMRANGEBYRANK', items, 0, -(icap + 1))
     end
   end
+  if redis.call('ZCARD', seen) > seen_cap then redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1)) end
   redis.call('EXPIRE', seen, ttl)
+  if user_ttl > 0 then  -- invented users do not stay forever: every key of the user, from its last write
+    redis.call('EXPIRE', hist, user_ttl); redis.call('EXPIRE', items, user_ttl)
+  end
 end
 for item, n in pairs(increments) do
   redis.call('ZINCRBY', KEYS[2], n, item)
@@ -242,8 +257,9 @@ class RedisStore(OnlineStore):
     def __init__(self, url: str, *, prefix: str = "dinrec", history_cap: int = 50,
                  dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S, socket_timeout_s: float = 2.0,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
-                 partitions: int = 1, cluster: bool = False) -> None:
-        super().__init__(history_cap, dedup_window_s, clock, interacted_cap)
+                 partitions: int = 1, cluster: bool = False, user_ttl_s: float = DEFAULT_USER_TTL_S,
+                 seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+        super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap)
         if not prefix or any(c in prefix for c in "{}*?[]"):
             raise ValueError(f"redis key prefix {prefix!r}: empty, or a brace or glob character (braces are hash tags)")
         if partitions < 1:
@@ -393,7 +409,7 @@ class RedisStore(OnlineStore):
         base = self._base(shard)
         keys = [self._offsets_key(shard, offsets.topic if offsets else ""), f"{base}:pop"]
         args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, base, self.interacted_cap,
-                                         len(parts)]
+                                         len(parts), int(self.user_ttl_s), self.seen_cap]
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
         for user, rs in by_user.items():

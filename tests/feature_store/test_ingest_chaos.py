@@ -91,25 +91,36 @@ def expected_state(events: list[BehaviourEvent]) -> tuple[dict[str, list[tuple]]
 def expected_ab(events: list[BehaviourEvent]) -> tuple[dict[str, tuple], int]:
     """Per variant (users, Σn, Σc, Σn², Σc², Σn·c) and the orphan clicks, from the sent events alone:
     each (user, event id) once, in the order first sent (a user's events share a partition); a click
-    counts once per impression, for the user shown it."""
+    counts once per impression, for the user shown it; a click with no impression to join (none logged
+    yet, or its click counted) waits, an orphan, and is joined by the next impression of its request and
+    item for its user."""
     seen: set[tuple[str, str]] = set()
     shown: dict[tuple[str, str], str] = {}
+    waiting: dict[tuple[str, str], str] = {}  # (request, item) -> the user whose click came first
     per_user: dict[str, list] = {}
     orphans = 0
     for e in events:
         if (e.user_id, e.event_id) in seen:
             continue
         seen.add((e.user_id, e.event_id))
+        key = (e.request_id, e.item_id)
         if e.event_type == "impression" and e.experiment:
-            shown[(e.request_id, e.item_id)] = (e.variant, e.user_id)
             per_user.setdefault(e.user_id, [e.variant, 0, 0])[1] += 1
+            if waiting.get(key) == e.user_id:
+                del waiting[key]
+                orphans -= 1
+                per_user[e.user_id][2] += 1
+            else:
+                shown[key] = (e.variant, e.user_id)
         elif e.event_type == "click" and e.request_id:
             # Counted once per impression, and only for the user it was shown to.
-            variant, shown_to = shown.get((e.request_id, e.item_id), (None, None))
+            variant, shown_to = shown.get(key, (None, None))
             if shown_to != e.user_id:
                 orphans += 1
+                if key not in shown:
+                    waiting.setdefault(key, e.user_id)
             else:
-                del shown[(e.request_id, e.item_id)]
+                del shown[key]
                 per_user.setdefault(e.user_id, [variant, 0, 0])[2] += 1
     sums: dict[str, list[float]] = {}
     for variant, n, c in per_user.values():

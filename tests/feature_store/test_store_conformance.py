@@ -488,3 +488,44 @@ def test_a_redis_that_may_evict_the_stores_keys_is_refused_at_open_unless_allowe
         open_store(settings.model_copy(update={"redis_allow_eviction": True})).close()
     (line,) = [r.getMessage() for r in caplog.records if "evicts keys" in r.getMessage()]
     assert "running on it" in line
+
+
+@pytest.fixture(params=STORE_KINDS)
+def bounded_store(request, unique, clock):
+    """A user's keys expire 2 h after its last write; at most 3 event ids per user in the dedup set."""
+    yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                            user_ttl_s=7200, seen_cap=3)
+
+
+def test_what_one_user_id_makes_the_store_hold_is_bounded(bounded_store, clock):
+    """Invented user ids must not fill the store: a user's keys expire after its last write, and its dedup
+    set keeps at most ``seen_cap`` ids (the newest), while dedup of recent events still holds."""
+    store = bounded_store
+    store.write([ev("bot", f"i{j}", float(j), eid=f"b{j}") for j in range(8)])
+    assert store.write([ev("bot", "i7", 7.0, eid="b7")]) == 0  # a recent id: still applied once
+    if store.backend == "memory":
+        assert list(store._seen["bot"]) == ["b5", "b6", "b7"]
+        clock.now += 7200 + 1
+        store.write([ev("someone", "i1", 1.0)])  # any write lets the embedded store expire the idle users
+        assert store.history("bot", 10) == [] and "bot" not in store._seen and "bot" not in store._items
+        assert [h.item_id for h in store.history("someone", 10)] == ["i1"]
+    else:
+        r = store.client
+        keys = [k for k in store.client.scan_iter(f"{store.prefix}:*") if k.endswith(":bot")]
+        assert sorted(k.split(":")[-2] for k in keys) == ["hist", "items", "seen"]
+        assert r.zrange(next(k for k in keys if ":seen:" in k), 0, -1) == ["b5", "b6", "b7"]
+        assert all(0 < r.ttl(k) <= 7200 for k in keys if ":seen:" not in k)  # the user TTL, from the last write
+        assert 0 < r.ttl(next(k for k in keys if ":seen:" in k)) <= 3600  # the dedup window
+
+
+def test_a_users_ab_state_expires_with_its_other_keys(bounded_store, clock):
+    store = bounded_store
+    store.write([imp("u1", "a", "r1", "A")])
+    if store.backend == "memory":
+        clock.now += 7200 + 1
+        store.write([ev("someone", "i1", 1.0)])
+        assert ("exp1", "u1") not in store._ab_user
+    else:
+        r = store.client
+        (key,) = [k for k in r.scan_iter(f"{store.prefix}:*") if k.endswith(":ab:exp1:u:u1")]
+        assert 0 < r.ttl(key) <= 7200
