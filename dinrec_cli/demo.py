@@ -96,7 +96,11 @@ def demo(
             typer.echo(json.dumps(body, indent=1)[:1200])
             return body
 
-        with httpx.Client(timeout=30) as client:
+        # The walkthrough is the operator's (the admin token): its answers also say which model and strategy
+        # served each list; a client's carry the list alone (docs/serving.md).
+        with httpx.Client(timeout=30, headers={"authorization": f"Bearer {token}"}) as client:
+            say("the answers below are the operator's view (admin token): a client's answer has the same list "
+                "without model_version, strategy, history_len, experiment and variant")
             user = data.user_id[0]
             show("GET", f"/recommend?user_id={user}&k=5")
             show("POST", "/recommend", json={"user_id": data.user_id[-1], "k": 3})
