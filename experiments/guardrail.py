@@ -196,9 +196,14 @@ class Guardrail:
         self._standing = standing
         return made
 
+    @staticmethod
+    def _winner(exp: Experiment, variant: Variant, now: float, reason: str, evidence: dict) -> dict:
+        """The decision that ``variant`` wins ``exp`` (``reason``: winner, or proposed)."""
+        return {"experiment": exp.name, "variant": variant.name, "at": now, "reason": reason,
+                "model": variant.model, "alias": exp.promote, **evidence}
+
     def _propose(self, exp: Experiment, variant: Variant, now: float, evidence: dict) -> list[dict]:
-        decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "proposed",
-                    "model": variant.model, "alias": exp.promote, **evidence}
+        decision = self._winner(exp, variant, now, "proposed", evidence)
         if not self.state.propose(exp.name, decision):
             return []  # proposed already (the first proposal stands until approved)
         log.warning("experiment %s: %s would win (CTR lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); users are "
@@ -227,8 +232,7 @@ class Guardrail:
         return made[0]
 
     def _conclude(self, exp: Experiment, variant: Variant, now: float, evidence: dict) -> list[dict]:
-        decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "winner",
-                    "model": variant.model, "alias": exp.promote, **evidence}
+        decision = self._winner(exp, variant, now, "winner", evidence)
         if not self.state.conclude(exp.name, decision):
             return []  # another replica promoted it
         try:

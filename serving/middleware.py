@@ -28,10 +28,6 @@ class _TooLarge(Exception):
     pass
 
 
-class _TooSlow(Exception):
-    pass
-
-
 class RequestContext:
     """``x-request-id`` taken from the request when it is a plain token of at most 64 characters (else
     made) and echoed on the answer; a body larger than ``max_body_bytes`` refused with 413 before the app
@@ -88,21 +84,22 @@ class RequestContext:
         capped = state is not None and scope["path"] not in _PROBES
         held = False
         try:
+            refused = None
             if size is not None and (not size.isdigit() or int(size) > self.max_body_bytes):
-                await _send_json(send_with_id, 413, {
-                    "error": "request_too_large", "message": f"the body may hold at most {self.max_body_bytes} bytes",
-                    "request_id": rid})
+                refused = self._too_large()
+            elif chunked or (size is not None and int(size) > 0):  # the body, whole, before any slot is taken
+                read = await self._read_body(scope, receive, state)
+                if isinstance(read, tuple):
+                    refused = read
+                else:
+                    receive = read
+            if refused is not None:
+                code, error, message = refused
+                if state is not None and code in (408, 429):
+                    state.metrics.upload_refusals.labels("slow" if code == 408 else "per_client").inc()
+                await _send_json(send_with_id, code, {"error": error, "message": message, "request_id": rid},
+                                 retry_after=b"1" if code == 429 else None, close=code == 408)
                 return
-            if chunked or (size is not None and int(size) > 0):  # the body, whole, before any slot is taken
-                refused = await self._read_body(scope, receive, state)
-                if isinstance(refused, tuple):
-                    code, error, message = refused
-                    if state is not None and code in (408, 429):
-                        state.metrics.upload_refusals.labels("slow" if code == 408 else "per_client").inc()
-                    await _send_json(send_with_id, code, {"error": error, "message": message, "request_id": rid},
-                                     retry_after=b"1" if code == 429 else None, close=code == 408)
-                    return
-                receive = refused
             if capped:
                 if self.max_in_flight and self._held + self._waiting(scope) >= self.max_in_flight:
                     state.metrics.shed.inc()
@@ -138,6 +135,9 @@ class RequestContext:
             self._backlog = ListenBacklog(int(server[1] or 0))
         return self._backlog.depth()
 
+    def _too_large(self) -> tuple[int, str, str]:
+        return 413, "request_too_large", f"the body may hold at most {self.max_body_bytes} bytes"
+
     async def _read_body(self, scope, receive, state):
         """The request's body read now: a ``receive`` that replays it, or (status, error, message) to refuse
         the request with — too many bodies of this client arriving at once, too large, too slow."""
@@ -153,7 +153,7 @@ class RequestContext:
         try:
             return await asyncio.wait_for(self._buffered(receive), self.body_timeout_s)
         except _TooLarge:
-            return 413, "request_too_large", f"the body may hold at most {self.max_body_bytes} bytes"
+            return self._too_large()
         except TimeoutError:
             return 408, "request_timeout", f"the body did not arrive within {self.body_timeout_s:g}s of the headers"
         finally:

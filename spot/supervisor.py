@@ -71,8 +71,7 @@ class Supervisor:
 
     def _finish(self, status: str, reason: str | None = None) -> JobState:
         self.state.status, self.state.reason = status, reason  # type: ignore[assignment]
-        self.save()
-        self._may_act()
+        self.save()  # as the holder: checks the lease (fenced), so a lost job is not cleaned up below
         try:
             self.backend.cleanup(self.spec)
         except CloudError as exc:  # the job's outcome stands; leftovers are only reported

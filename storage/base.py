@@ -58,7 +58,7 @@ class Storage(ABC):
         return f"{self.uri.rstrip('/')}/{key}"
 
     def put_json(self, key: str, doc: Any) -> None:
-        self.put_bytes(key, json.dumps(doc, indent=1, sort_keys=True, default=str).encode())
+        self.put_bytes(key, json_bytes(doc))
 
     def get_json(self, key: str) -> Any | None:
         data = self.get_bytes(key)
@@ -74,3 +74,8 @@ class Storage(ABC):
         files = sorted((p for p in Path(local).rglob("*") if p.is_file()), key=lambda p: (p.name == last, str(p)))
         for path in files:
             self.put_bytes(f"{key}/{path.relative_to(local).as_posix()}", path.read_bytes())
+
+
+def json_bytes(doc: Any) -> bytes:
+    """How a JSON document is stored (:meth:`Storage.put_json`, and conditional writes of one)."""
+    return json.dumps(doc, indent=1, sort_keys=True, default=str).encode()

@@ -31,7 +31,7 @@ import uuid
 from collections.abc import Callable
 
 from storage.aws import CloudError
-from storage.base import Storage, WriteConflict
+from storage.base import Storage, WriteConflict, json_bytes
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +148,8 @@ class Lease:
             fence = int(json.loads(found.data).get("fence", 0)) if found else 0
             if fence > self.token:
                 raise LeaseLost(f"{self.where}: {key} was written by a later holder (token {fence} > {self.token})")
-            data = json.dumps({**doc, "fence": self.token}, indent=1, sort_keys=True, default=str).encode()
             try:
-                storage.put_if(key, data, found.version if found else None)
+                storage.put_if(key, json_bytes({**doc, "fence": self.token}), found.version if found else None)
                 return
             except WriteConflict:
                 continue

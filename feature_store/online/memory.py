@@ -141,14 +141,16 @@ class MemoryStore(OnlineStore):
                         self._catalog_order.append(h.item_id)
                     fresh.append(h)
                     if r.kind == "C":
-                        att = self._att.get((r.request_id, h.item_id))
-                        if att is None or att[2] <= now - self.dedup_window_s or att[3] != user:
+                        key = (r.request_id, h.item_id)
+                        att = self._att.get(key)
+                        shown = att if att is not None and att[2] > now - self.dedup_window_s else None
+                        if shown is None or shown[3] != user:
                             self._unattributed["orphan_clicks"] += 1  # never shown to this user, or clicked
-                            if att is None or att[2] <= now - self.dedup_window_s:  # its impression may follow
-                                self._pending.setdefault((r.request_id, h.item_id), (user, now))
+                            if shown is None:  # its impression may follow
+                                self._pending.setdefault(key, (user, now))
                         else:
-                            del self._att[(r.request_id, h.item_id)]  # counted once
-                            self._count(user, att[0], att[1], 1, h.item_id)
+                            del self._att[key]  # counted once
+                            self._count(user, shown[0], shown[1], 1, h.item_id)
                 while len(seen) > self.seen_cap:  # the oldest ids go first, as ZREMRANGEBYRANK in Redis
                     del seen[next(iter(seen))]
                 added += len(fresh)
