@@ -173,14 +173,39 @@ def bench_overload_cmd(
     items: int = 20_000, users: int = 2000,
     workers: Annotated[int | None, typer.Option(help="dinrec serve workers (default: its own default)")] = None,
     peer_seconds: Annotated[float, typer.Option(help="the same overload without the cap, as the peer")] = 10,
+    slow_clients: Annotated[int | None, typer.Option(
+        help="connections that send a POST's headers and then nothing, beside a second overload run "
+             "(default 8 per worker)", min=0)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
-    """The service past its capacity: good answers/s, accepted and shed p99, /healthz, recovery (Redis)."""
+    """The service past its capacity: good answers/s, accepted and shed p99, /healthz, recovery, and what
+    slow clients cost it (Redis)."""
     from benchmarks.serve_bench import bench_overload
     from feature_store.settings import FeatureStoreSettings
 
     result = bench_overload(FeatureStoreSettings().redis_url, seconds=seconds, overload=overload, cap=cap,
-                            items=items, users=users, workers=workers, peer_seconds=peer_seconds)
+                            items=items, users=users, workers=workers, peer_seconds=peer_seconds,
+                            slow_clients=slow_clients)
+    _print(result, as_json)
+
+
+@bench_app.command("soak")
+def bench_soak_cmd(
+    minutes: Annotated[float, typer.Option(help="how long each store is soaked")] = 10,
+    window_s: Annotated[float, typer.Option(help="seconds between memory and p99 readings")] = 30,
+    store: Annotated[list[str] | None, typer.Option(help="memory and/or redis (repeatable; default both)")] = None,
+    rps: Annotated[float | None, typer.Option(help="offered load (default: 0.8 of the capacity measured)")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
+) -> None:
+    """Random new user and item ids at a steady rate: memory (service RSS, Redis used_memory) and p99 over
+    time, on the embedded store and on Redis."""
+    from benchmarks.soak_bench import bench_soak
+    from feature_store.settings import FeatureStoreSettings
+
+    stores = tuple(store or ("memory", "redis"))
+    if set(stores) - {"memory", "redis"}:
+        raise typer.BadParameter(f"--store: memory or redis, not {sorted(set(stores) - {'memory', 'redis'})}")
+    result = bench_soak(FeatureStoreSettings().redis_url, minutes=minutes, window_s=window_s, stores=stores, rate=rps)
     _print(result, as_json)
 
 

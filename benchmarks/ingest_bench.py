@@ -162,7 +162,7 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
         reference = _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap)
         latency = _latency(stream, store, f"{run}-latency", rate, seconds, users, items)
         # Correctness of what was measured: both sides saw every event once; dinrec counted each once.
-        pop_total = sum(n for _, n in store.popular(10**7))
+        applied = store.applied_behaviours()
     finally:
         store.flush_prefix()
         store.close()
@@ -171,7 +171,7 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     return {
         "events": events, "users": users, "partitions": partitions, "history_cap": cap,
         "produce_events_per_s": round(events / produce_s, 1),
-        "dinrec": {**dinrec, **latency, "popularity_total": pop_total},
+        "dinrec": {**dinrec, **latency, "behaviours_applied": applied},
         "redis_py_pipelined": reference,
         "events_per_s": dinrec["events_per_s"],
         "latency_p50_ms": latency["latency_p50_ms"], "latency_p99_ms": latency["latency_p99_ms"],

@@ -202,10 +202,12 @@ def _overloaded(port: int, health_port: int, requests: list[bytes], rps: float, 
 
 def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0, cap: int = 8, items: int = 20_000,
                    users: int = 2000, workers: int | None = None, peer_seconds: float = 10,
-                   timeout_s: float = 2.0, deadline_ms: int = 200) -> dict:
+                   timeout_s: float = 2.0, deadline_ms: int = 200, slow_clients: int | None = None) -> dict:
     """The service's capacity (closed loop), then ``overload`` × that offered open-loop for ``seconds`` with
-    the in-flight cap, then half the capacity to see it recover; the peer is the same overload without
-    the cap (DINREC_MAX_IN_FLIGHT=0), in the same run."""
+    the in-flight cap — once alone and once beside ``slow_clients`` connections (default 8 per worker) that
+    send a POST's headers and then nothing, from other loopback addresses than the load — then half the
+    capacity to see it recover; the peer is the same overload without the cap (DINREC_MAX_IN_FLIGHT=0), in
+    the same run."""
     from benchmarks.machine import machine
 
     shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}
@@ -220,6 +222,9 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
         closed = loadgen.closed_loop("127.0.0.1", port, requests, concurrency=4 * n_workers, seconds=5)
         capacity = round(sum(r.status == 200 for r in closed) / 5, 1)
         capped = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s)
+        slow_n = 8 * n_workers if slow_clients is None else slow_clients
+        with _SlowClients(port, slow_n) as slow:
+            beside_slow = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s)
         after = loadgen.run("127.0.0.1", port, requests, capacity / 2, 5, timeout_s)
         after_ms = [r.latency_s * 1000 for r in after]
         recovered = all(r.status == 200 for r in after) and (_p(after_ms, 99) or 0) <= 2 * deadline_ms
@@ -227,14 +232,64 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)
         uncapped = _overloaded(port, health, requests, overload * capacity, peer_seconds, timeout_s)
-    return {"capacity_rps": capacity, "offered_rps": capped["offered_rps"], "ok_rps": capped["ok_rps"],
+    return {"capacity_rps": capacity, "offered_rps": capped["offered_rps"], "slow_clients": slow_n,
+            # what the load got beside the slow connections, and alone (the same offered rate)
+            "ok_rps": beside_slow["ok_rps"], "ok_rps_without_slow_clients": capped["ok_rps"],
+            "slow_clients_cost": round(1 - beside_slow["ok_rps"] / capped["ok_rps"], 3) if capped["ok_rps"] else None,
+            "slow_connections_opened": slow.opened, "slow_connections_refused": dict(slow.answers),
             "ok_share_of_capacity": round(capped["ok_rps"] / capacity, 3) if capacity else None,
             "accepted_p99_ms": capped["accepted_p99_ms"], "shed_p99_ms": capped["shed_p99_ms"],
             "healthz_p99_ms": capped["healthz_p99_ms"], "recovered": recovered,
             "recovery_p99_ms": _p(after_ms, 99), "cap": cap, "deadline_ms": deadline_ms, "seconds": seconds,
-            "capped": capped, "peer_uncapped": uncapped,
+            "capped": capped, "capped_beside_slow_clients": beside_slow, "peer_uncapped": uncapped,
             "ok_rps_vs_peer": round(capped["ok_rps"] / uncapped["ok_rps"], 2) if uncapped["ok_rps"] else None,
             "workers": n_workers, "scorer": served["scorer"], "machine": machine()}
+
+
+class _SlowClients:
+    """``n`` connections from 127.0.0.2, 127.0.0.3, … (not the load's address: per-client limits must not
+    be what saves the load) that each send a POST /events's headers with a Content-Length and then nothing,
+    and open again once the service closes them (408): a slow-body attack kept up for as long as it runs."""
+
+    def __init__(self, port: int, n: int) -> None:
+        import threading
+
+        self.port, self.n, self.opened, self.answers = port, n, 0, Counter()
+        self._stop = threading.Event()
+        self._threads = [threading.Thread(target=self._hold, args=(j,), name=f"bench-slow-{j}", daemon=True)
+                         for j in range(n)]
+
+    def _hold(self, j: int) -> None:
+        import socket
+
+        source = f"127.0.0.{2 + j % 250}"
+        head = (b"POST /events HTTP/1.1\r\nhost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                b"content-length: 4096\r\n\r\n")
+        while not self._stop.is_set():
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1, source_address=(source, 0)) as conn:
+                    conn.sendall(head)
+                    self.opened += 1
+                    while not self._stop.is_set():  # wait for the service to answer or close
+                        try:
+                            data = conn.recv(4096)
+                        except TimeoutError:
+                            continue
+                        if data:
+                            self.answers[data.split(b" ", 2)[1].decode("ascii", "replace")] += 1
+                        break
+            except OSError:
+                self._stop.wait(0.05)
+
+    def __enter__(self) -> _SlowClients:
+        for t in self._threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(5)
 
 
 class _HealthProbe:

@@ -81,7 +81,7 @@ def demo(
     with serve_in_thread(app, port, name="dinrec-demo-server") as thread:
         stream.publish(list(data.events("a-")))  # the service's ingest thread moves them into the store
         deadline = time.monotonic() + 60
-        while sum(c for _, c in store.popular(10**6)) < len(data):
+        while store.applied_behaviours() < len(data):
             if time.monotonic() > deadline:
                 raise RuntimeError("ingestion did not finish")
             time.sleep(0.05)

@@ -21,6 +21,9 @@ DEFAULT_DEDUP_WINDOW_S = 24 * 3600.0  # an event id applied once per user within
 DEFAULT_INTERACTED_CAP = 1000  # items per user the seen-item policy remembers, beyond the history
 DEFAULT_USER_TTL_S = 180 * 24 * 3600.0  # a user's keys expire this long after their last write
 DEFAULT_SEEN_CAP = 10_000  # event ids per user the dedup set keeps within its window (a person sends far fewer)
+DEFAULT_POPULARITY_WINDOW_S = 24 * 3600.0  # popularity counts a (user, item) once within this window
+DEFAULT_CATALOG_MIN_USERS = 3  # popularity an item clients name needs before it joins the catalog
+DEFAULT_AB_USER_CAP = 1000  # impressions, and clicks, one user adds to an experiment's counts
 BEHAVIOUR_TYPES = frozenset({"view", "click", "cart", "fav", "buy"})
 
 

@@ -46,6 +46,17 @@ class FeatureStoreSettings(SharedSettings):
     seen_cap: int = Field(10_000, ge=1, le=10_000_000, description=(
         "event ids per user the dedup set keeps within its window (the oldest go first; a person sends far "
         "fewer): bounds what one user id can make the store hold"))
+    popularity_window_h: float = Field(24.0, gt=0, le=30 * 24, description=(
+        "popularity counts a (user, item) once within this many hours: one client repeating a behaviour "
+        "cannot lift an item into every cold-start list"))
+    catalog_min_users: int = Field(3, ge=1, le=1_000_000, description=(
+        "an item clients name joins the catalog (the cold lane serves it before the next retraining) and "
+        "popularity once this many users took it within a popularity window, in one store shard (until then "
+        "its count is kept apart and forgotten a window after its last count); 1 admits an item on its first "
+        "behaviour. A trusted feed admits at once: POST /admin/catalog"))
+    ab_user_cap: int = Field(1000, ge=1, le=10_000_000, description=(
+        "impressions, and clicks, one user adds to an experiment's counts; beyond them the user's events are "
+        "counted apart (capped), so a bot cannot outweigh an arm's people"))
     dedup_window_s: float = Field(
         DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
         description="an event id is applied once per user within this many seconds of its first application "

@@ -22,7 +22,6 @@ Readers refuse formats and versions they do not know, and any file whose checksu
 
 from __future__ import annotations
 
-import hashlib
 import json
 import time
 from collections.abc import Callable
@@ -41,7 +40,7 @@ from models.errors import BundleError
 from models.towers import Towers, TowersConfig
 from models.vocab import Vocab
 from retrieval.covisit import CoVisitation, PairTable
-from storage import folder_written_atomically
+from storage import file_sha256, folder_written_atomically
 
 BUNDLE_FORMAT = "dinrec-bundle"
 BUNDLE_FORMAT_VERSION = 1
@@ -51,14 +50,6 @@ ITEM_COUNTS_FILE = "item_counts.npy"
 COVISIT_FILE = "covisit.npz"
 BLEND_FILE = "ranking_blend.json"
 MANIFEST_FILE = "manifest.json"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def code_version() -> str:
@@ -136,13 +127,13 @@ def write_bundle(out: str | Path, model: DIN, vocab: Vocab, metrics: dict, popul
         (tmp / "popularity.json").write_text(json.dumps([[i, c] for i, c in popularity]))
         for name, writer in (extra_files or {}).items():
             writer(tmp / name)
-        weights_hash = _sha256(tmp / "model.safetensors")
+        weights_hash = file_sha256(tmp / "model.safetensors")
         manifest = {
             "format": BUNDLE_FORMAT, "format_version": BUNDLE_FORMAT_VERSION,
             "model_version": model_version or time.strftime("%Y%m%dT%H%M%SZ", time.gmtime()) + "-" + weights_hash[:8],
             "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "code_version": code_version(), "feature_schema_version": SCHEMA_VERSION,
-            "files": {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
+            "files": {p.name: file_sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()},
         }
         if lineage:
             manifest["lineage"] = lineage
@@ -197,7 +188,7 @@ def verify_bundle(path: str | Path) -> dict:
         f = path / name
         if not f.is_file():
             raise BundleError(f"{path}: {name} is listed in the manifest but missing")
-        if _sha256(f) != expected:
+        if file_sha256(f) != expected:
             raise BundleError(f"{path}: checksum mismatch for {name}; the bundle was modified or corrupted")
     for required in ("model.safetensors", "model_config.json", "vocab.json", "metrics.json", "popularity.json"):
         if required not in manifest.get("files", {}):

@@ -145,15 +145,19 @@ class Recommender:
         self._pairs, self._counts_t = bundle.context_sources()
         self._counts = self._counts_t.numpy()  # (I,) float32, the blend's popularity signal too
 
-    def add_cold_items(self, items: list[tuple[str, str]]) -> int:
-        """Make recallable those of the (item id, category id) pairs this model does not know and its cold
-        lane does not have yet, whose category it knows (with recall towers only: their vector comes from
-        the category); returns how many joined. Appends: what the lane has is not copied, and calling
-        again with the same items does nothing."""
+    def set_cold_items(self, items: list[tuple[str, str]]) -> int:
+        """Make the cold lane the (item id, category id) pairs of ``items`` this model does not know, whose
+        category it knows (with recall towers only: their vector comes from the category); returns how many
+        joined. Appends while the lane holds nothing ``items`` lacks (nothing copied; the same items again
+        do nothing); once the catalog dropped some (serving.catalog caps each category), a new lane."""
         cold = self.cold
+        if cold is not None and not {name for name, _ in items} >= set(cold.names[:cold.size]):
+            cold = None  # some were dropped: the lane is built again (requests holding the old one keep it)
         picked = list({i: c for i, c in items if i not in self._item_idx and c in self._cat_idx
-                       and (cold is None or i not in cold.ids)}.items())
+                       and (cold is None or cold.id_of(i) is None)}.items())
         if not picked:
+            if cold is None:
+                self.cold = None
             return 0
         cats = torch.tensor([self._cat_idx[c] for _, c in picked], dtype=torch.long)  # (C,)
         vectors = self.recall.cold_item_vectors(cats)  # (C, D); None without towers

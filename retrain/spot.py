@@ -3,8 +3,9 @@
 The job's data is the run's sample set plus, for a warm start, the champion's bundle in ``init/``
 (``dinrec train --init-from init`` finds it there); the job resumes from its own checkpoints across
 interruptions, and this run's folder remembers the job, so a retrain killed while it waits takes the
-same job back. The bundle the job returns gets the run's lineage in its manifest (outside the
-checksummed files) and becomes the run's candidate.
+same job back. The bundle the job returns is taken only if the job's own instance signed it
+(spot.signing); it gets the run's lineage in its manifest (outside the checksummed files) and becomes
+the run's candidate.
 """
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
     """(the candidate bundle, the job's cost report). ``towers``: warm-start the towers too."""
     from spot.agent import fetch_data
     from spot.settings import SpotSettings
+    from spot.signing import SIGNATURE, ResultsRejected, check_results, job_key
     from spot.supervisor import cost_report
-    from spot.wiring import create_job, job_supervisor
+    from spot.wiring import create_job, job_supervisor, results_master
 
     settings, files = SpotSettings(), LocalStorage(run_dir)
     known = files.get_json("spot-job.json")
@@ -61,6 +63,13 @@ def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: 
     out = run_dir / "candidate"
     with folder_written_atomically(out) as tmp:
         fetch_data(store, "results/", tmp)
+        if spec.backend != "sagemaker":  # SageMaker writes the results itself, from its own job
+            try:
+                check_results(tmp, store.get_json(SIGNATURE), job_key(results_master(settings), job_id))
+            except ResultsRejected as exc:  # never the gate's candidate: the champion keeps serving
+                files.put_json(f"spot-job-{job_id}-rejected.json", files.get_json("spot-job.json"))
+                files.delete("spot-job.json")
+                raise SpotFailed({**report, "status": "results_rejected", "reason": str(exc)}) from exc
         manifest = verify_bundle(tmp)
         (tmp / "manifest.json").write_text(json.dumps({**manifest, "lineage": lineage}, indent=1))
     return load_bundle(out), report

@@ -66,6 +66,15 @@ class ExactIndex:
         return exact_search(self.vectors, queries, k, exclude, ids=self.ids)
 
 
+def _top(row: np.ndarray, want: int) -> np.ndarray:
+    """The rows of the ``want`` largest of ``row`` (N,), largest first, ties by the lower row: what a stable
+    argsort's head is, by a partial sort (O(N), then only those ordered)."""
+    t = np.partition(row, len(row) - want)[len(row) - want]  # the want-th largest score
+    above = np.flatnonzero(row > t)
+    pick = np.concatenate([above, np.flatnonzero(row == t)[:want - len(above)]])
+    return pick[np.lexsort((pick, -row[pick]))]
+
+
 def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, exclude: Exclude = None, *,
                  ids: np.ndarray | None = None, first_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """The exact inner-product top ``k`` of ``vectors`` (N, D) for ``queries`` (Q, D), as ``search``
@@ -74,7 +83,10 @@ def exact_search(vectors: np.ndarray, queries: np.ndarray, k: int, exclude: Excl
     queries = np.atleast_2d(np.asarray(queries, dtype=np.float32))
     scores = queries @ vectors.T  # (Q, N)
     want = min(len(vectors), k + max((len(e) for e in exclude), default=0) if exclude else k)
-    top = np.argsort(-scores, axis=1, kind="stable")[:, :want]  # (Q, want)
+    if 0 < want < len(vectors) // 4:
+        top = np.stack([_top(row, want) for row in scores])  # (Q, want)
+    else:
+        top = np.argsort(-scores, axis=1, kind="stable")[:, :want]  # (Q, want); ties: the lower row first
     return _filter(ids[top] if ids is not None else top + first_id, np.take_along_axis(scores, top, axis=1), k,
                    exclude)
 

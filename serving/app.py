@@ -23,6 +23,7 @@ from feature_store.streams.base import event_record
 from serving import logs
 from serving.ab_routes import router as ab_router
 from serving.admin import router as admin_router
+from serving.admin_catalog import router as admin_catalog_router
 from serving.admin_experiments import router as admin_experiments_router
 from serving.admin_experiments import watch_document
 from serving.catalog import Catalog
@@ -69,6 +70,7 @@ def create_app(settings: ServingSettings, fs_settings: FeatureStoreSettings | No
     app.include_router(admin_router)
     app.include_router(ab_router)
     app.include_router(admin_experiments_router)
+    app.include_router(admin_catalog_router)
     return app
 
 
@@ -96,11 +98,12 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
         stream = open_stream(fs_settings)
         parts.callback(stream.close)
     metrics = ServiceMetrics()
-    catalog = Catalog()  # new items the store knows and the models do not: every model loaded gets them
+    # new items the store knows and the models do not: every model loaded gets them
+    catalog = Catalog(per_category=settings.cold_items_per_category)
     models = ModelManager(settings, on_swap=metrics.serving_model,
-                          prepare=lambda rec: rec.add_cold_items(catalog.items))
+                          prepare=lambda rec: rec.set_cold_items(catalog.items))
     catalog.attach(models)
-    state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics)
+    state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics, catalog=catalog)
     _start_ingest(parts, state)
     if settings.events_sink == "stream":
         state.outbox = open_outbox(state.stream, fs_settings)

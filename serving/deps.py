@@ -19,10 +19,12 @@ from feature_store.outbox import Outbox
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams import EventStream
 from models.ranking import Recommender
+from serving.catalog import Catalog
 from serving.degraded import GuardedStore
 from serving.impressions import ImpressionLog
 from serving.metrics import ServiceMetrics
 from serving.models import ModelManager
+from serving.quotas import UserQuota
 from serving.settings import ServingSettings
 
 
@@ -41,6 +43,8 @@ class ServiceState:
     experiments_doc: ExperimentsDocument | None = field(init=False)  # where they are kept (DINREC_EXPERIMENTS_FILE)
     guardrail: Guardrail | None = None  # stops a significantly worse variant (set at start-up)
     impressions: ImpressionLog | None = None  # every served list, one event per item (set at start-up)
+    catalog: Catalog | None = None  # items the models do not know, polled from the store (set at start-up)
+    quota: UserQuota | None = field(init=False)  # what one user id may send to POST /events
     ingest_stop: threading.Event = field(default_factory=threading.Event)
     ingest_thread: threading.Thread | None = None
     # The background threads answers depend on, by name: is each running? (readiness, dinrec_thread_alive)
@@ -58,6 +62,7 @@ class ServiceState:
         s = self.settings
         self.features = GuardedStore(self.store, s.store_cooldown_s, popular_cache_s=s.popular_cache_s)
         self.experiment_state = open_state(self.store)
+        self.quota = UserQuota(s.events_per_user_per_minute) if s.events_per_user_per_minute else None
         self.experiments_doc = ExperimentsDocument.open(s.experiments_file) if s.experiments_file else None
 
 

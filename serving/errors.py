@@ -64,7 +64,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         names = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed", 409: "conflict",
-                 413: "request_too_large"}
+                 413: "request_too_large", 429: "too_many_requests"}
         error = names.get(exc.status_code, "http_error")
         response = error_response(exc.status_code, error, str(exc.detail), request)
         for name, value in (exc.headers or {}).items():

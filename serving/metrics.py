@@ -9,6 +9,7 @@
 * ``dinrec_in_flight_requests``, ``dinrec_model_info{version,precision,scorer,recall_index}``,
   ``dinrec_outbox_pending_bytes`` (events accepted, not yet in the stream);
 * ``dinrec_shed_requests_total`` — refused for load (DINREC_MAX_IN_FLIGHT);
+* ``dinrec_events_over_quota_total`` — POST /events refused: a user over its events a minute (serving.quotas).
 * ``dinrec_arriving_bodies``, ``dinrec_refused_bodies_total{reason}`` — request bodies being read before
   their request takes a slot, and those refused (``slow``: late, 408; ``per_client``: 429);
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
@@ -87,6 +88,8 @@ class ServiceMetrics:
                              registry=r, multiprocess_mode="livesum")
         self.upload_refusals = Counter("dinrec_refused_bodies", "request bodies refused while arriving: too slow "
                                        "(408) or too many of one client at once (429)", ["reason"], registry=r)
+        self.over_quota = Counter("dinrec_events_over_quota", "POST /events requests refused (429) because a user "
+                                  "of theirs was over DINREC_EVENTS_PER_USER_PER_MINUTE", registry=r)
         self.impressions_dropped = Counter("dinrec_impressions_dropped", "impressions not logged (queue full or "
                                            "sink failing)", registry=r)
         self.thread_restarts = Counter("dinrec_thread_restarts", "background threads restarted after an error",

@@ -9,7 +9,9 @@ tails. Its blocking calls are bounded (Redis timeouts, the breaker). The other h
 from __future__ import annotations
 
 import logging
+import math
 import time
+from collections import Counter
 from typing import Annotated
 
 import orjson
@@ -174,6 +176,20 @@ def _as_principal(state: State, request: Request, user_ids: set[str]) -> None:
         raise HTTPException(403, f"a request may name only its own user (the {header} header)")
 
 
+def _within_quota(state: State, events_by_user: Counter[str]) -> None:
+    wait = state.quota.take(events_by_user)  # type: ignore[union-attr]
+    if not wait:
+        return
+    state.metrics.over_quota.inc()
+    per_minute = state.settings.events_per_user_per_minute
+    if math.isinf(wait):
+        raise HTTPException(429, f"one user's events in this request exceed a minute's quota ({per_minute} a "
+                                 "minute, DINREC_EVENTS_PER_USER_PER_MINUTE): send them over time")
+    seconds = math.ceil(wait)
+    raise HTTPException(429, f"a user of this request is over its quota of {per_minute} events a minute: retry "
+                             f"in {seconds} s; nothing was accepted", headers={"Retry-After": str(seconds)})
+
+
 def _may_explain(state: State, authorization: str | None) -> None:
     """``explain`` answers with the user's own recent behaviours: anyone who could ask for any user id
     could read every user's history. By default only callers holding the admin token may."""
@@ -231,14 +247,18 @@ def _refuse_what_clients_may_not_send(events: list[BehaviourEvent], max_future_s
 
 
 @router.post("/events", response_model=EventsResponse, status_code=202)
-def post_events(state: State, request: Request, body: EventsRequest) -> EventsResponse:
+def post_events(state: State, request: Request, body: EventsRequest,
+                authorization: Annotated[str | None, Header()] = None) -> EventsResponse:
     """Accept behaviour events (views, clicks, carts, …; a click names the ``request_id`` of the answer it
     came from). With the stream as sink they are journaled locally and sent in the background, so the
     request never waits for Kafka; 503 with Retry-After only when the journal is full. ``event_id`` is
     required: it is the idempotency key, sent again with a retry. Impressions and the A/B fields are the
-    service's own (422); so is a ``ts`` ahead of the server's clock."""
+    service's own (422); so is a ``ts`` ahead of the server's clock. One user id may send
+    ``DINREC_EVENTS_PER_USER_PER_MINUTE`` (serving.quotas): more, 429 and nothing accepted."""
     _as_principal(state, request, {e.user_id for e in body.events})
     _refuse_what_clients_may_not_send(body.events, state.settings.events_max_future_s)
+    if state.quota is not None and not is_admin(state, authorization):
+        _within_quota(state, Counter(e.user_id for e in body.events))
     if state.outbox is not None:
         state.outbox.put([event_record(e) for e in body.events])
     else:

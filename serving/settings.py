@@ -36,6 +36,13 @@ class ServingSettings(SharedSettings, RankingSettings):
     catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
         "how often the store's item catalog is read for items the model does not know (recalled by category); "
         "0: never"))
+    events_per_user_per_minute: int = Field(600, ge=0, le=10_000_000, description=(
+        "events one user id may send through POST /events per minute, per worker (a token bucket holding a "
+        "minute's worth); more are answered 429 with Retry-After. The admin token is not counted (backfills). "
+        "0: no quota"))
+    cold_items_per_category: int = Field(1000, ge=1, le=1_000_000, description=(
+        "items the model does not know kept recallable per category (the newest admitted): bounds the cold "
+        "lane's memory and the time a request spends searching it"))
     recall_ef_search: int | None = Field(None, ge=1, le=100_000,
                                          description="HNSW search breadth (default: the bundle's, 400)")
     score_precision: Literal["auto", "fp32", "bf16"] = Field(

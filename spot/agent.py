@@ -4,7 +4,8 @@ It starts the trainer as a child process and watches IMDSv2: a rebalance recomme
 trainer SIGUSR1 (one extra checkpoint, keep going); an interruption notice sends SIGTERM (finish
 the step, checkpoint to S3, exit 75) well inside the 2-minute notice. It reports each attempt's
 outcome to the job store (``attempts/<n>/status.json``) — that is how the supervisor tells an
-interruption from completion or failure — and uploads the results when training is done.
+interruption from completion or failure — and uploads the results when training is done, signed with
+the job's key (spot.signing).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
 from spot.job import now
 from spot.jobstore import JobStore
 from spot.protocol import EXIT_INTERRUPTED
+from spot.signing import SIGNATURE, signed
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +94,11 @@ def run_agent(store: JobStore, attempt: int, command: list[str], *, imds: Imds |
     status.update(state=outcome(code), exit_code=code, ended=_now())
     if code == 0 and results is not None and results.exists():
         store.upload_dir(results, "results")
+        key = os.environ.get("DINREC_SPOT_JOB_KEY")
+        if key:  # the job's own key: what the retrain gate checks the results against (spot.signing)
+            store.put_json(SIGNATURE, signed(results, key))
+        else:
+            log.error("no DINREC_SPOT_JOB_KEY: the results are not signed, and the retrain gate will refuse them")
         status["results"] = store.child_uri("results")
     store.put_json(status_key, status)
     log.warning("attempt %d: %s (exit %d)", attempt, status["state"], code)

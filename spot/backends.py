@@ -20,6 +20,7 @@ from spot.aws import Aws
 from spot.catalog import InstanceType
 from spot.job import Attempt, JobSpec, boot_script, launch_args
 from spot.settings import SpotSettings
+from spot.signing import job_key
 from storage import CloudError, call
 
 JOB_TAG = "dinrec:job"
@@ -65,10 +66,10 @@ class Ec2Backend(Backend):
     """One instant fleet per attempt over the candidate types × subnets, price-capacity-optimized,
     from a launch template that requires IMDSv2 and terminates the instance when it powers off."""
 
-    def __init__(self, aws: Aws, settings: SpotSettings) -> None:
+    def __init__(self, aws: Aws, settings: SpotSettings, results_master: bytes) -> None:
         if not settings.image_id:
             raise ValueError("the EC2 backend needs an AMI: set DINREC_SPOT_IMAGE_ID (one with the NVIDIA driver)")
-        self.aws, self.s = aws, settings
+        self.aws, self.s, self.results_master = aws, settings, results_master
         self.ec2 = aws.client("ec2")
 
     def _subnets(self, avoid_zone: str | None) -> list[tuple[str | None, str | None]]:
@@ -80,7 +81,8 @@ class Ec2Backend(Backend):
         return preferred or zones  # other zones first after an interruption; the same one if it is all we have
 
     def launch(self, spec: JobSpec, attempt: int, types: list[InstanceType], avoid_zone: str | None) -> Launched:
-        user_data = boot_script(spec, attempt, endpoint_url=self.s.endpoint_url)
+        user_data = boot_script(spec, attempt, endpoint_url=self.s.endpoint_url,
+                                job_key=job_key(self.results_master, spec.job_id))
         data: dict = {
             "ImageId": self.s.image_id,
             "UserData": base64.b64encode(user_data.encode()).decode(),
@@ -205,15 +207,16 @@ class LocalBackend(Backend):
     ``imds_urls`` (one per attempt, the last reused) lets a rehearsal point attempts at a metadata
     mock that announces an interruption; without one the agent does not watch."""
 
-    def __init__(self, workdir: Path, imds_urls: list[str] | None = None):
-        self.workdir, self.imds_urls = Path(workdir), imds_urls or []
+    def __init__(self, workdir: Path, imds_urls: list[str] | None = None, results_master: bytes | None = None):
+        self.workdir, self.imds_urls, self.results_master = Path(workdir), imds_urls or [], results_master
         self._procs: dict[int, subprocess.Popen] = {}
 
     def launch(self, spec: JobSpec, attempt: int, types: list[InstanceType], avoid_zone: str | None) -> Launched:
         run = self.workdir / spec.job_id / f"attempt-{attempt}"
         run.mkdir(parents=True, exist_ok=True)
         script = run / "boot.sh"
-        script.write_text(boot_script(spec, attempt))
+        key = job_key(self.results_master, spec.job_id) if self.results_master else None
+        script.write_text(boot_script(spec, attempt, job_key=key))
         env = {**os.environ, "DINREC_SPOT_WORKDIR": str(run), "DINREC_SPOT_SHUTDOWN_CMD": "true",
                "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}  # this dinrec
         if self.imds_urls:

@@ -41,6 +41,9 @@ class JobSpec(BaseModel):
     budget_usd: float | None = Field(None, gt=0)
     region: str = "us-east-1"
     install: str = "true"
+    wheel: str | None = Field(None, pattern=r"^[A-Za-z0-9_.+-]+\.whl$", description=(
+        "the dinrec wheel the job uploaded (dist/<wheel>), installed by the instance if its SHA-256 is wheel_sha256"))
+    wheel_sha256: str | None = Field(None, pattern=r"^[0-9a-f]{64}$")
     created: dt.datetime = Field(default_factory=now)
 
 
@@ -95,11 +98,20 @@ def launch_args(spec: JobSpec) -> list[str]:
     return ["--ranks", spec.ranks, *tables]
 
 
-def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None) -> str:
-    """The user-data an instance runs: install, fetch the data, train under the agent (resuming
-    from the job's S3 checkpoints), and power off when finished — an interrupted instance is left
-    for AWS to reclaim. The environment can override the IMDS address, work folder and shutdown
-    command (a local run sets them; on EC2 the defaults apply)."""
+def _copy(src: str, dst: str) -> str:
+    """A shell line copying one file from or to the job store, before dinrec is installed (the AWS CLI
+    on an instance; ``cp`` for a folder store)."""
+    if src.startswith("s3://") or dst.startswith("s3://"):
+        return f"aws s3 cp --only-show-errors {src} {dst}"
+    return f"mkdir -p \"$(dirname {dst})\" && cp {src} {dst}"
+
+
+def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None, job_key: str | None = None) -> str:
+    """The user-data an instance runs: install (the job's wheel, if its hash is the one recorded), fetch
+    the data, train under the agent (resuming from the job's S3 checkpoints), and power off when
+    finished — an interrupted instance is left for AWS to reclaim. ``job_key`` signs the results
+    (spot.signing). The environment can override the IMDS address, work folder and shutdown command (a
+    local run sets them; on EC2 the defaults apply)."""
     q = shlex.quote
     job = spec.job_uri.rstrip("/")
     train_cmd = 'dinrec train --data "$WORK/data" --out "$WORK/out" ' + shlex.join(
@@ -115,6 +127,21 @@ def boot_script(spec: JobSpec, attempt: int, *, endpoint_url: str | None = None)
     ]
     if endpoint_url:
         lines.append(f"export DINREC_SPOT_ENDPOINT_URL={q(endpoint_url)} AWS_ENDPOINT_URL={q(endpoint_url)}")
+    if job_key:
+        lines.append(f"export DINREC_SPOT_JOB_KEY={q(job_key)}")
+    if spec.wheel:
+        wheel = f'"$WORK/{spec.wheel}"'
+        lines += [
+            # Before dinrec is installed the agent cannot report: the script writes the failure itself.
+            "refuse() {",
+            f'  printf \'{{"attempt": {attempt}, "state": "failed", "reason": "%s"}}\' "$1" > "$WORK/failed.json"',
+            f'  {_copy(chr(34) + "$WORK/failed.json" + chr(34), q(f"{job}/attempts/{attempt}/status.json"))}',
+            '  echo "$1" >&2; ${DINREC_SPOT_SHUTDOWN_CMD:-shutdown -h now}; exit 1',
+            "}",
+            f"{_copy(q(f'{job}/dist/{spec.wheel}'), wheel)} || refuse 'the job wheel could not be fetched'",
+            f"echo {q(f'{spec.wheel_sha256}  ')}{wheel} | sha256sum -c --status - "
+            f"|| refuse {q(f'{spec.wheel}: not the SHA-256 the job recorded ({spec.wheel_sha256})')}",
+        ]
     lines += [
         spec.install,
         f"dinrec spot agent --job-uri {q(job)} --attempt {attempt} --data-dir \"$WORK/data\" "

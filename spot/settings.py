@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -23,7 +24,16 @@ class SpotSettings(BaseSettings):
         "security groups of the instances (EC2 backend; JSON list)"))
     instance_profile_arn: str | None = Field(None, description="lets the instance read/write the job's S3 prefix")
     key_name: str | None = Field(None, description="EC2 key pair for SSH to the instances (none: no SSH)")
-    install: str = Field("pip install 'dinrec[gpu]'", description="shell line that installs dinrec on the instance")
+    install: str = Field("pip install 'dinrec[gpu]'", description=(
+        "shell line that installs dinrec on the instance, where no DINREC_SPOT_WHEEL is given (set it explicitly: "
+        "an instance should not install whatever an index serves under a name)"))
+    wheel: Path | None = Field(None, description=(
+        "a dinrec wheel (`pip wheel --no-deps -w dist .`): each job uploads it, and its instances install it with "
+        "its [gpu] extra only if its SHA-256 is the one the job recorded"))
+    results_key: SecretStr | None = Field(None, min_length=32, description=(
+        "the supervisors' master key: each job's results are signed by its instances with a key derived from it "
+        "and checked before the retrain gate takes them (default: a key file made on first use at "
+        "~/.config/dinrec/spot-results.key; supervisors on several machines set one key)"))
     sagemaker_role_arn: str | None = Field(None, description=(
         "IAM role SageMaker training jobs run as (SageMaker backend)"))
     sagemaker_image_uri: str | None = Field(None, description="training image with dinrec installed")

@@ -23,15 +23,22 @@ def job_store(settings, job_id: str):
     return open_job_store(f"{root.rstrip('/')}/jobs/{job_id}", aws_for(settings))
 
 
+def results_master(settings) -> bytes:
+    """The master key the jobs' result keys derive from (spot.signing)."""
+    from spot.signing import master_key
+
+    return master_key(settings.results_key.get_secret_value() if settings.results_key else None)
+
+
 def backend_for(name: str, settings, imds_urls: list[str] | None):
     from spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
 
     if name == "ec2":
-        return Ec2Backend(aws_for(settings), settings)
+        return Ec2Backend(aws_for(settings), settings, results_master(settings))
     if name == "sagemaker":
         return SageMakerBackend(aws_for(settings), settings)
     if name == "local":
-        return LocalBackend(Path(settings.workdir).expanduser(), imds_urls)
+        return LocalBackend(Path(settings.workdir).expanduser(), imds_urls, results_master(settings))
     raise ValueError(f"unknown backend {name!r}: ec2, sagemaker or local")
 
 
@@ -64,15 +71,30 @@ def create_job(settings, data: Path, instance_types: list[str], train_args: list
     """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
     from spot.job import JobSpec, new_job_id
     from spot.supervisor import SPEC
+    from storage import file_sha256
 
     same_rank_count(instance_types, ranks)
+    wheel = settings.wheel.expanduser() if settings.wheel is not None else None
+    if wheel is not None and not (wheel.is_file() and wheel.suffix == ".whl"):
+        raise ValueError(f"DINREC_SPOT_WHEEL={settings.wheel}: not a wheel file")
+    if wheel is None and settings.backend == "ec2" and "install" not in settings.model_fields_set:
+        raise ValueError("say what an instance installs: DINREC_SPOT_WHEEL (a dinrec wheel, installed by its hash) "
+                         "or DINREC_SPOT_INSTALL (your own pinned line); an instance does not install whatever the "
+                         "public index serves as 'dinrec'")
     job_id = new_job_id()
     store = job_store(settings, job_id)
+    install = settings.install
+    if settings.backend == "local":
+        install = "true"  # this dinrec: the wheel's hash is still checked
+    elif wheel is not None:
+        install = f'pip install "$WORK/{wheel.name}[gpu]"'
     spec = JobSpec(job_id=job_id, job_uri=store.uri, backend=settings.backend, instance_types=instance_types,
                    train_args=train_args, ranks=ranks, embeddings=embeddings,
                    max_relaunches=settings.max_relaunches if max_relaunches is None else max_relaunches,
-                   budget_usd=budget_usd or settings.budget_usd, region=settings.region,
-                   install="true" if settings.backend == "local" else settings.install)  # local: this dinrec
+                   budget_usd=budget_usd or settings.budget_usd, region=settings.region, install=install,
+                   wheel=wheel.name if wheel else None, wheel_sha256=file_sha256(wheel) if wheel else None)
+    if wheel is not None:
+        store.put_bytes(f"dist/{wheel.name}", wheel.read_bytes())
     store.upload_dir(data, "data")
     store.put_json(SPEC, spec.model_dump(mode="json"))
     return store, spec

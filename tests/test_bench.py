@@ -59,7 +59,7 @@ def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, 
     assert result["ratio_vs_reference"] == pytest.approx(
         result["dinrec"]["events_per_s"] / result["redis_py_pipelined"]["events_per_s"], rel=1e-2)
     # Every backlog and latency-phase event was applied once (all are behaviours with distinct ids).
-    assert result["dinrec"]["popularity_total"] == 6000 + result["dinrec"]["measured"]
+    assert result["dinrec"]["behaviours_applied"] == 6000 + result["dinrec"]["measured"]
     assert 0 < result["latency_p50_ms"] <= result["latency_p99_ms"]
 
 
@@ -147,7 +147,8 @@ def test_bench_store_size_measures_real_keys_and_projects_a_cluster(redis_url):
 def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_without(redis_url):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url}
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "overload", "--seconds", "2",
-                          "--peer-seconds", "1", "--cap", "4", "--items", "3000", "--users", "100", "--json"],
+                          "--peer-seconds", "1", "--cap", "4", "--items", "3000", "--users", "100",
+                          "--slow-clients", "4", "--json"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
@@ -156,6 +157,10 @@ def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_wit
     assert result["peer_uncapped"]["shed"] == 0  # no cap: nothing is ever refused for load
     assert result["ok_rps"] > 0 and result["healthz_p99_ms"] is not None and isinstance(result["recovered"], bool)
     assert result["machine"]["cpu"] and result["cap"] == 4
+    # The same overload beside 4 connections that sent a POST's headers and nothing more: they were held
+    # open, and the load's answers were measured both ways.
+    assert result["slow_clients"] == 4 and result["slow_connections_opened"] >= 4
+    assert result["ok_rps_without_slow_clients"] > 0 and result["capped_beside_slow_clients"]["requests"] > 0
 
 
 def test_bench_ab_prints_the_error_rates_and_power():
@@ -301,3 +306,15 @@ def test_bench_e2e_pools_a_users_seeds_before_the_standard_error():
     # Each user: 0.5 on average over the seeds; item-CF 1 or 0 → differences ±0.5, mean 0.
     d = np.where(np.arange(40) % 2 == 1, -0.5, 0.5)
     assert pooled["vs_item_cf"]["hr@10"] == {"diff": 0.0, "se": round(float(d.std(ddof=1) / np.sqrt(40)), 4)}
+
+
+@pytest.mark.slow
+def test_bench_soak_reads_memory_and_p99_over_windows_of_invented_ids():
+    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "soak", "--minutes", "0.25",
+                          "--window-s", "5", "--store", "memory", "--rps", "40", "--json"],
+                         cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    run = json.loads(out.stdout)["runs"]["memory"]
+    assert [w["t_s"] for w in run["windows"]] == [5, 10, 15] and run["offered_rps"] == 40
+    assert all(w["rss_mb"] > 0 and w["ok_share"] > 0.5 for w in run["windows"]) and run["capacity_rps"] > 0
+    assert run["rss_mb_start"] > 0 and run["p99_last_vs_first"] is not None and run["new_user_ids"] == 600

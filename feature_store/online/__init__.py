@@ -20,24 +20,28 @@ __all__ = ["OnlineStore", "open_store"]
 log = logging.getLogger(__name__)
 
 
+def _bounds(settings: FeatureStoreSettings) -> dict:
+    """What bounds the store, the same for every backend: what one user id or item id can make it hold."""
+    return {"history_cap": settings.history_len, "dedup_window_s": settings.dedup_window_s,
+            "interacted_cap": settings.interacted_cap, "user_ttl_s": settings.user_ttl_days * 86400,
+            "seen_cap": settings.seen_cap, "popularity_window_s": settings.popularity_window_h * 3600,
+            "catalog_min_users": settings.catalog_min_users, "ab_user_cap": settings.ab_user_cap}
+
+
 def open_store(settings: FeatureStoreSettings) -> OnlineStore:
     """Build the configured store; backends are imported only when chosen."""
     if settings.store == "memory":
         from feature_store.online.memory import MemoryStore
 
-        return MemoryStore(history_cap=settings.history_len, dedup_window_s=settings.dedup_window_s,
-                           interacted_cap=settings.interacted_cap, user_ttl_s=settings.user_ttl_days * 86400,
-                           seen_cap=settings.seen_cap)
+        return MemoryStore(**_bounds(settings))
     if settings.store in ("redis", "redis-cluster"):
         try:
             from feature_store.online.redis_store import RedisStore
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
-        store = RedisStore(settings.redis_url, prefix=settings.redis_prefix, history_cap=settings.history_len,
-                           dedup_window_s=settings.dedup_window_s, socket_timeout_s=settings.redis_timeout_ms / 1000,
-                           interacted_cap=settings.interacted_cap, partitions=settings.store_partitions,
-                           cluster=settings.store == "redis-cluster", user_ttl_s=settings.user_ttl_days * 86400,
-                           seen_cap=settings.seen_cap)
+        store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,
+                           socket_timeout_s=settings.redis_timeout_ms / 1000, partitions=settings.store_partitions,
+                           cluster=settings.store == "redis-cluster", **_bounds(settings))
         problem = store.eviction_problem()
         if problem and not settings.redis_allow_eviction:
             store.close()

@@ -9,8 +9,11 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from feature_store.features import (
+    DEFAULT_AB_USER_CAP,
+    DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
+    DEFAULT_POPULARITY_WINDOW_S,
     DEFAULT_SEEN_CAP,
     DEFAULT_USER_TTL_S,
     HistoryItem,
@@ -18,6 +21,9 @@ from feature_store.features import (
 )
 from feature_store.schema import BehaviourEvent
 
+# What the A/B counters keep apart: clicks never shown to the clicking user (or clicked again, or still
+# waiting for their impression), a user met in two variants, and what a user added past ab_user_cap.
+UNATTRIBUTED = ("orphan_clicks", "variant_conflicts", "capped")
 CatalogCursor = tuple[int, ...]  # where a catalog read stopped; opaque to callers: () is the beginning
 
 
@@ -82,7 +88,13 @@ class OnlineStore(ABC):
       whatever the arrival order.
     * Exactly-once effect: an event id is applied once per user within ``dedup_window_s`` of its
       first application, however often it is redelivered and whether or not it is still inside the
-      capped history; popularity counts it once.
+      capped history.
+    * Popularity counts a (user, item) once per ``popularity_window_s`` (by the store's clock): one
+      client repeating a behaviour cannot lift an item into everybody's list.
+    * The catalog admits an item clients name once its popularity reaches ``catalog_min_users`` (in
+      one shard), or when a trusted feed names it (:meth:`admit`): invented item ids do not reach serving.
+      Popularity lists admitted items only; an item's count until then is kept apart and forgotten a
+      popularity window after its last count, so what invented ids make the store hold goes away.
     * With ``offsets``, the write and the topic offsets it covers are applied in one atomic step,
       or not at all (OffsetConflict): a consumer that resumes from the store's offsets never applies
       a record twice nor skips one, even if the store itself lost recent writes.
@@ -91,7 +103,9 @@ class OnlineStore(ABC):
       per item, however often taken), kept beyond the history cap and written in the same atomic
       step: what the seen-item policy keeps out of a served list.
     * Experiments: the write also keeps the A/B counters (experiments.state reads them) in the
-      same atomic step as everything else, so they are exactly once like the histories.
+      same atomic step as everything else, so they are exactly once like the histories. A user adds
+      at most ``ab_user_cap`` impressions, and as many clicks, to an experiment's counts; beyond
+      that they are counted apart (``capped``): a bot cannot outweigh the people in an arm.
     """
 
     # Shards of the store's data, one per stream partition (feature_store.partitioning); a write is
@@ -100,10 +114,21 @@ class OnlineStore(ABC):
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
-                 user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
+                 user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP,
+                 popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
+                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP) -> None:
         """``user_ttl_s``: a user's keys (history, items taken, dedup ids, A/B state) expire this long after
         their last write, so invented user ids cannot fill the store (0: never); ``seen_cap``: event ids a
-        user's dedup set keeps (the oldest go first: past it, a redelivery of an old one would apply again)."""
+        user's dedup set keeps (the oldest go first: past it, a redelivery of an old one would apply again),
+        and items whose popularity it counted within the window; the rest: see the class's contract."""
+        if popularity_window_s < 1:
+            raise ValueError("popularity_window_s must be >= 1 second")
+        if catalog_min_users < 1:
+            raise ValueError("catalog_min_users must be >= 1")
+        if ab_user_cap < 1:
+            raise ValueError("ab_user_cap must be >= 1")
+        self.popularity_window_s, self.catalog_min_users = float(popularity_window_s), catalog_min_users
+        self.ab_user_cap = ab_user_cap
         if history_cap < 1:
             raise ValueError("history_cap must be >= 1")
         if user_ttl_s < 0 or (0 < user_ttl_s < dedup_window_s):
@@ -152,7 +177,17 @@ class OnlineStore(ABC):
 
     @abstractmethod
     def popular(self, k: int) -> list[tuple[str, float]]:
-        """The ``k`` items with the most behaviours, most popular first."""
+        """The ``k`` most popular items (a (user, item) counts once per window), most popular first."""
+
+    @abstractmethod
+    def applied_behaviours(self) -> int:
+        """How many behaviours were applied to histories, ever: what a loader waits on to know its
+        events are in (popularity is no count of events)."""
+
+    @abstractmethod
+    def admit(self, items: Sequence[tuple[str, str]]) -> int:
+        """Put (item id, category id) pairs from a trusted feed in the catalog at once (those not in it
+        yet, with this category); returns how many joined."""
 
     @abstractmethod
     def catalog(self, cursor: CatalogCursor = (), limit: int = 10_000) -> tuple[list[tuple[str, str]], CatalogCursor]:

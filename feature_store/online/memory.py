@@ -9,8 +9,11 @@ from collections.abc import Callable, Sequence
 
 from feature_store.errors import OffsetConflict
 from feature_store.features import (
+    DEFAULT_AB_USER_CAP,
+    DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
+    DEFAULT_POPULARITY_WINDOW_S,
     DEFAULT_SEEN_CAP,
     DEFAULT_USER_TTL_S,
     HistoryItem,
@@ -18,6 +21,7 @@ from feature_store.features import (
 )
 from feature_store.long_tail import head_of
 from feature_store.online.base import (
+    UNATTRIBUTED,
     CatalogCursor,
     OnlineStore,
     StoreRecord,
@@ -30,14 +34,24 @@ class MemoryStore(OnlineStore):
 
     def __init__(self, history_cap: int = 50, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
-                 user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP) -> None:
-        super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap)
+                 user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP,
+                 popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
+                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP) -> None:
+        super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap,
+                         popularity_window_s, catalog_min_users, ab_user_cap)
         self._written: dict[str, float] = {}  # user -> last write, oldest first: users expire as Redis keys do
         self._user_experiments: dict[str, set[str]] = defaultdict(set)  # to expire a user's A/B state too
         self._hist: dict[str, list[HistoryItem]] = defaultdict(list)
         self._items: dict[str, dict[str, float]] = defaultdict(dict)  # user -> item -> newest behaviour time
         self._pop: Counter[str] = Counter()
-        self._catalog: dict[str, str] = {}  # item -> category, as first seen
+        # user -> item -> when its popularity was last counted; insertion order is that order (a recount
+        # moves it to the end), so expiry pops from the front
+        self._counted: dict[str, dict[str, float]] = defaultdict(dict)
+        self._applied = 0  # behaviours applied to histories, ever
+        # item -> [popularity, expires at] of an item not admitted yet; insertion order is the order of last
+        # counts, so expiry pops from the front (as the Redis store's adm keys expire)
+        self._admitting: dict[str, list[float]] = {}
+        self._catalog: dict[str, str] = {}  # item -> category, as admitted (base: the catalog)
         self._catalog_order: list[str] = []
         # user -> {event_id: first applied at}; insertion order is application order, so expiry pops
         # from the front (like the Redis store's ZREMRANGEBYSCORE).
@@ -72,6 +86,9 @@ class MemoryStore(OnlineStore):
             self._unattributed["variant_conflicts"] += 1
             return
         _, n, c = state
+        if (c if clicks else n) >= self.ab_user_cap:  # what one user adds is capped: the rest counted apart
+            self._unattributed["capped"] += 1
+            return
         sums = self._ab_sums[experiment].setdefault(variant, [0.0] * 7)
         if n == 0 and c == 0:
             sums[0] += 1
@@ -93,6 +110,7 @@ class MemoryStore(OnlineStore):
             by_user[user].append(r)
         added = 0
         increments: Counter[str] = Counter()  # applied after the batch, as the Redis script does
+        categories: dict[str, str] = {}  # item -> its category in this batch (the first met)
         with self._lock:
             self._head = None  # popularity moved since the last write
             # Attribution entries were inserted in time order: drop the expired ones from the front,
@@ -114,6 +132,9 @@ class MemoryStore(OnlineStore):
                 seen = self._seen[user]
                 while seen and next(iter(seen.values())) <= now - self.dedup_window_s:
                     del seen[next(iter(seen))]
+                counted = self._counted[user]
+                while counted and next(iter(counted.values())) <= now - self.popularity_window_s:
+                    del counted[next(iter(counted))]
                 kept = {h.event_id for h in self._hist[user]}
                 fresh = []
                 for r in new:
@@ -135,10 +156,10 @@ class MemoryStore(OnlineStore):
                     if h.event_id in kept:  # applied before, and its seen-entry has expired since
                         continue
                     kept.add(h.event_id)
-                    increments[h.item_id] += 1
-                    if h.item_id not in self._catalog:
-                        self._catalog[h.item_id] = h.category_id
-                        self._catalog_order.append(h.item_id)
+                    if h.item_id not in counted:  # a (user, item) once per popularity window
+                        counted[h.item_id] = now
+                        increments[h.item_id] += 1
+                        categories.setdefault(h.item_id, h.category_id)
                     fresh.append(h)
                     if r.kind == "C":
                         key = (r.request_id, h.item_id)
@@ -153,12 +174,41 @@ class MemoryStore(OnlineStore):
                             self._count(user, shown[0], shown[1], 1, h.item_id)
                 while len(seen) > self.seen_cap:  # the oldest ids go first, as ZREMRANGEBYRANK in Redis
                     del seen[next(iter(seen))]
+                while len(counted) > self.seen_cap:
+                    del counted[next(iter(counted))]
                 added += len(fresh)
+                self._applied += len(fresh)
                 if fresh:
                     self._hist[user] = merge_history(self._hist[user], fresh, self.history_cap)
                     self._remember(user, fresh)
-            self._pop.update(increments)
+            while self._admitting and next(iter(self._admitting.values()))[1] <= now:
+                del self._admitting[next(iter(self._admitting))]
+            for item, n in increments.items():
+                if item in self._catalog:
+                    self._pop[item] += n
+                    continue
+                count = self._admitting.pop(item, [0, 0.0])[0] + n
+                if count >= self.catalog_min_users:  # popular enough: admitted
+                    self._pop[item] += int(count)
+                    self._list(item, categories[item])
+                else:
+                    self._admitting[item] = [count, now + self.popularity_window_s]
         return added
+
+    def _list(self, item: str, category: str) -> bool:
+        if item in self._catalog:
+            return False
+        self._catalog[item] = category
+        self._catalog_order.append(item)
+        return True
+
+    def admit(self, items: Sequence[tuple[str, str]]) -> int:
+        with self._lock:
+            return sum(self._list(item, category) for item, category in items)
+
+    def applied_behaviours(self) -> int:
+        with self._lock:
+            return self._applied
 
     def _expire_users(self, now: float) -> None:
         """Forget users not written for ``user_ttl_s`` (their history, items, dedup ids and A/B state), as
@@ -166,7 +216,7 @@ class MemoryStore(OnlineStore):
         while self.user_ttl_s and self._written and next(iter(self._written.values())) <= now - self.user_ttl_s:
             user = next(iter(self._written))
             del self._written[user]
-            for table in (self._hist, self._items, self._seen):
+            for table in (self._hist, self._items, self._seen, self._counted):
                 table.pop(user, None)
             for experiment in self._user_experiments.pop(user, ()):
                 self._ab_user.pop((experiment, user), None)
@@ -206,8 +256,7 @@ class MemoryStore(OnlineStore):
 
     def unattributed_counts(self) -> dict[str, int]:
         with self._lock:
-            return {"orphan_clicks": self._unattributed["orphan_clicks"],
-                    "variant_conflicts": self._unattributed["variant_conflicts"]}
+            return {k: self._unattributed[k] for k in UNATTRIBUTED}
 
     def catalog(self, cursor: CatalogCursor = (), limit: int = 10_000) -> tuple[list[tuple[str, str]], CatalogCursor]:
         since = cursor[0] if cursor else 0

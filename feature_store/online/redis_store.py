@@ -23,13 +23,18 @@ shard (the partition) in braces, e.g. ``dinrec:{3}:hist:u42``:
   excludes, kept beyond the history cap.
 * A user's keys (``hist``, ``items``, ``ab:{exp}:u:{user}``) expire ``user_ttl_s`` after the user's last
   write: user ids clients invent do not stay.
-* ``{prefix}:{s}:pop`` — a sorted set of item_id → behaviour count among the shard's users; the
-  store's :meth:`RedisStore.popular` sums the shards (no hot key takes every write).
+* ``{prefix}:{s}:pop`` — a sorted set of item_id → popularity among the shard's users (a (user, item)
+  once per popularity window: ``{prefix}:{s}:pc:{user}`` holds when each of the user's items was last
+  counted) of the items admitted to the catalog; until admitted an item's count is
+  ``{prefix}:{s}:adm:{item}``, expiring. The store's :meth:`RedisStore.popular` sums the shards (no hot
+  key takes every write).
+* ``{prefix}:{s}:applied`` — behaviours applied to the shard's histories, ever.
 * ``{prefix}:{s}:offsets:{topic}`` — a hash partition → last applied offset, written by the same
   script as the events it covers (so a failover that loses acknowledged writes loses their offsets
   with them, and the consumer re-reads them).
-* ``{prefix}:{s}:catalog`` / ``{prefix}:{s}:catalog:order`` — item → category as first seen in the
-  shard, and the order they were: :meth:`RedisStore.catalog` merges the shards.
+* ``{prefix}:{s}:catalog`` / ``{prefix}:{s}:catalog:order`` — item → category as admitted in the
+  shard (popular enough there, or named by a trusted feed), and the order they were:
+  :meth:`RedisStore.catalog` merges the shards.
 * A/B counters, per shard (summed on read): see the script's comment below.
 * ``{prefix}:layout`` — a hash ``version``, ``partitions``, written by the first store to open the
   prefix; a store with another partition count, or a prefix holding layout 1's keys, is refused
@@ -55,14 +60,17 @@ from redis.exceptions import RedisClusterException, RedisError
 
 from feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
 from feature_store.features import (
+    DEFAULT_AB_USER_CAP,
+    DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
+    DEFAULT_POPULARITY_WINDOW_S,
     DEFAULT_SEEN_CAP,
     DEFAULT_USER_TTL_S,
     HistoryItem,
 )
 from feature_store.long_tail import HEAD_SHARE
-from feature_store.online.base import CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
+from feature_store.online.base import UNATTRIBUTED, CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
 from feature_store.partitioning import partition_of
 
 log = logging.getLogger(__name__)
@@ -74,7 +82,8 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 
 # KEYS: the shard's offsets hash, its popularity, then (history, seen, items) per user of the shard.
 # ARGV: now, dedup window (s), cap, the shard's key base ("{prefix}:{s}"), interacted cap, n_partitions,
-#       user TTL (s, 0: none), seen cap, (partition, expected, last)*, then per user: user id, n_events,
+#       user TTL (s, 0: none), seen cap, popularity window (s), catalog min users, A/B user cap,
+#       (partition, expected, last)*, then per user: user id, n_events,
 #       then one record per event, fields joined by \31: kind (B/C/I, see online.base.StoreRecord), ts,
 #       event_id, item_id, category_id, request_id, experiment, variant (one argument per event, not eight:
 #       packing arguments is most of the client's cost per event).
@@ -90,13 +99,18 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 #                                  tail_c (clicks on long-tail items by the shard's popularity at the time:
 #                                  feature_store.long_tail)
 #   {base}:ab:{exp}:variants       set;  {base}:ab:experiments  set;  {base}:ab:unattributed  hash
-#   {base}:catalog                 hash item -> category (first seen); {base}:catalog:order  list of items
+#   {base}:catalog                 hash item -> category (as admitted); {base}:catalog:order  list of items
+#   {base}:pc:{user}               sorted set item -> when its popularity was counted for the user (store clock)
+#   {base}:adm:{item}              the popularity of an item not admitted yet (expires a popularity window after
+#                                  its last count); at catalog_min it moves to pop and the item to the catalog
+#   {base}:applied                 behaviours applied to the shard's histories, ever
 _WRITE_SCRIPT = r"""
 local now, window, cap, prefix = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[4]
 local icap = tonumber(ARGV[5])
 local nparts = tonumber(ARGV[6])
 local user_ttl, seen_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
-local i = 9
+local pop_window, catalog_min, ab_cap = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
+local i = 12
 local conflicts = {0}
 for _ = 1, nparts do
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
@@ -106,7 +120,7 @@ for _ = 1, nparts do
   i = i + 3
 end
 if #conflicts > 1 then return conflicts end
-i = 9
+i = 12
 for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
@@ -133,6 +147,10 @@ local function count(user, exp, var, click, item)
     return
   end
   local n, c = tonumber(state[2] or '0'), tonumber(state[3] or '0')
+  if (click and c or n) >= ab_cap then  -- what one user adds is capped: the rest counted apart
+    redis.call('HINCRBY', prefix .. ':ab:unattributed', 'capped', 1)
+    return
+  end
   local skey = prefix .. ':ab:' .. exp .. ':v:' .. var
   if n == 0 and c == 0 then
     redis.call('HINCRBY', skey, 'users', 1)
@@ -151,8 +169,8 @@ local function count(user, exp, var, click, item)
   end
   if user_ttl > 0 then redis.call('EXPIRE', ukey, user_ttl) end
 end
-local applied = 0
-local ttl = math.ceil(window)
+local applied, behaviours = 0, 0
+local ttl, pop_ttl = math.ceil(window), math.ceil(pop_window)
 local increments = {}  -- item -> new behaviours: one ZINCRBY per item, not per event (Zipf traffic)
 local categories = {}  -- item -> its category in this batch: the catalog keeps the first ever seen
 for u = 1, (#KEYS - 2) / 3 do
@@ -160,7 +178,9 @@ for u = 1, (#KEYS - 2) / 3 do
   local user = ARGV[i]
   local n = tonumber(ARGV[i + 1]); i = i + 2
   local grew = false  -- did this user's history take a behaviour in this batch?
+  local counted = prefix .. ':pc:' .. user
   redis.call('ZREMRANGEBYSCORE', seen, '-inf', now - window)
+  redis.call('ZREMRANGEBYSCORE', counted, '-inf', now - pop_window)
   for _ = 1, n do
     -- One pattern match, not a split loop: the eight fields of a record (Python joins them with SEP).
     local f = {string.match(ARGV[i], RECORD)}
@@ -186,9 +206,12 @@ for u = 1, (#KEYS - 2) / 3 do
       elseif redis.call('ZADD', hist, f[2], eid .. '\31' .. item .. '\31' .. f[5]) == 1 then
         redis.call('ZADD', items, 'GT', f[2], item)
         grew = true
-        if not increments[item] then categories[item] = f[5] end
-        increments[item] = (increments[item] or 0) + 1
+        if redis.call('ZADD', counted, 'NX', now, item) == 1 then  -- a (user, item) once per popularity window
+          if not increments[item] then categories[item] = f[5] end
+          increments[item] = (increments[item] or 0) + 1
+        end
         applied = applied + 1
+        behaviours = behaviours + 1
         if kind == 'C' then
           -- Counted once, for the user the item was shown to: a click naming another user's request, or
           -- clicking again, is counted apart (a client cannot add clicks to an arm it was not shown).
@@ -223,17 +246,43 @@ for u = 1, (#KEYS - 2) / 3 do
   end
   if redis.call('ZCARD', seen) > seen_cap then redis.call('ZREMRANGEBYRANK', seen, 0, -(seen_cap + 1)) end
   redis.call('EXPIRE', seen, ttl)
+  if redis.call('ZCARD', counted) > seen_cap then redis.call('ZREMRANGEBYRANK', counted, 0, -(seen_cap + 1)) end
+  if grew then redis.call('EXPIRE', counted, pop_ttl) end
   if user_ttl > 0 then  -- invented users do not stay forever: every key of the user, from its last write
     redis.call('EXPIRE', hist, user_ttl); redis.call('EXPIRE', items, user_ttl)
   end
 end
 for item, n in pairs(increments) do
-  redis.call('ZINCRBY', KEYS[2], n, item)
-  if redis.call('HSETNX', prefix .. ':catalog', item, categories[item]) == 1 then
-    redis.call('RPUSH', prefix .. ':catalog:order', item)
+  if redis.call('HEXISTS', prefix .. ':catalog', item) == 1 then
+    redis.call('ZINCRBY', KEYS[2], n, item)
+  else
+    -- Counted apart, expiring, until popular enough: then admitted to the catalog and to popularity. An item
+    -- id one client invents never reaches serving, and what invented ids make Redis hold expires.
+    local adm = prefix .. ':adm:' .. item
+    local total = redis.call('INCRBY', adm, n)
+    if total >= catalog_min then
+      redis.call('DEL', adm)
+      redis.call('ZINCRBY', KEYS[2], total, item)
+      redis.call('HSET', prefix .. ':catalog', item, categories[item])
+      redis.call('RPUSH', prefix .. ':catalog:order', item)
+    else
+      redis.call('EXPIRE', adm, pop_ttl)
+    end
   end
 end
+if behaviours > 0 then redis.call('INCRBY', prefix .. ':applied', behaviours) end
 return {1, applied}
+"""
+
+# KEYS: a shard's catalog hash and order list; ARGV: item, category, item, category, ... (a trusted feed's items)
+_ADMIT_SCRIPT = r"""
+local joined = 0
+for j = 1, #ARGV, 2 do
+  if redis.call('HSETNX', KEYS[1], ARGV[j], ARGV[j + 1]) == 1 then
+    redis.call('RPUSH', KEYS[2], ARGV[j]); joined = joined + 1
+  end
+end
+return joined
 """
 
 
@@ -258,8 +307,10 @@ class RedisStore(OnlineStore):
                  dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S, socket_timeout_s: float = 2.0,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
                  partitions: int = 1, cluster: bool = False, user_ttl_s: float = DEFAULT_USER_TTL_S,
-                 seen_cap: int = DEFAULT_SEEN_CAP) -> None:
-        super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap)
+                 seen_cap: int = DEFAULT_SEEN_CAP, popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
+                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP) -> None:
+        super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap,
+                         popularity_window_s, catalog_min_users, ab_user_cap)
         if not prefix or any(c in prefix for c in "{}*?[]"):
             raise ValueError(f"redis key prefix {prefix!r}: empty, or a brace or glob character (braces are hash tags)")
         if partitions < 1:
@@ -289,6 +340,7 @@ class RedisStore(OnlineStore):
                         raise StoreUnavailable(f"redis not reachable ({self._url}): {exc}") from exc
                     self._script = self._r_client.register_script(
                         _WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
+                    self._admit_script = self._r_client.register_script(_ADMIT_SCRIPT)
         return self._r_client
 
     @property
@@ -409,7 +461,8 @@ class RedisStore(OnlineStore):
         base = self._base(shard)
         keys = [self._offsets_key(shard, offsets.topic if offsets else ""), f"{base}:pop"]
         args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, base, self.interacted_cap,
-                                         len(parts), int(self.user_ttl_s), self.seen_cap]
+                                         len(parts), int(self.user_ttl_s), self.seen_cap, self.popularity_window_s,
+                                         self.catalog_min_users, self.ab_user_cap]
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
         for user, rs in by_user.items():
@@ -422,6 +475,23 @@ class RedisStore(OnlineStore):
             return self._script(keys=keys, args=args)
         except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
+
+    def admit(self, items: Sequence[tuple[str, str]]) -> int:
+        """Each item into its own shard's catalog (by its id, as a user's keys by theirs), unless a shard
+        lists it already: readers keep an item's first listing, so one admitted twice is served once."""
+        by_shard: dict[int, list[str]] = {}
+        for item, category in dict(items).items():
+            by_shard.setdefault(partition_of(item, self.partitions) if self.partitions > 1 else 0, []).extend(
+                (item, category))
+        joined = 0
+        try:
+            self._r  # noqa: B018 - connects and checks the layout first
+            for shard, args in sorted(by_shard.items()):
+                base = self._base(shard)
+                joined += int(self._admit_script(keys=[f"{base}:catalog", f"{base}:catalog:order"], args=args))
+        except REDIS_ERRORS as exc:
+            raise StoreUnavailable(f"redis write failed ({self._url}): {exc}") from exc
+        return joined
 
     # -------------------------------------------------------------- reads
     def _read(self, queue: Callable[[redis.client.Pipeline], None]) -> list:
@@ -492,6 +562,10 @@ class RedisStore(OnlineStore):
                 return ranked[:k]
             pos += step
 
+    def applied_behaviours(self) -> int:
+        return sum(int(n or 0) for n in self._read(lambda pipe: [pipe.get(f"{self._base(s)}:applied")
+                                                                 for s in self._shards()]))
+
     def catalog(self, cursor: CatalogCursor = (), limit: int = 10_000) -> tuple[list[tuple[str, str]], CatalogCursor]:
         """Up to ``limit`` items per shard; an item first seen in several shards is listed by each (with the
         category that shard saw first) and once per call: readers keep the first (serving.catalog)."""
@@ -524,7 +598,7 @@ class RedisStore(OnlineStore):
 
     def unattributed_counts(self) -> dict[str, int]:
         rows = self._read(lambda pipe: [pipe.hgetall(f"{self._base(s)}:ab:unattributed") for s in self._shards()])
-        return {k: sum(int(r.get(k, 0)) for r in rows) for k in ("orphan_clicks", "variant_conflicts")}
+        return {k: sum(int(r.get(k, 0)) for r in rows) for k in UNATTRIBUTED}
 
     # -------------------------------------------------------------- lifecycle
     def ping(self) -> None:

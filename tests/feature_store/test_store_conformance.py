@@ -30,13 +30,23 @@ def clock() -> Clock:
 
 @pytest.fixture(params=STORE_KINDS)
 def store(request, unique, clock):
-    yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock)
+    """Popularity and the catalog take an item on its first behaviour (catalog_min_users=1: admission is
+    tried on its own, with the default, below)."""
+    yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                            catalog_min_users=1)
 
 
 @pytest.fixture(params=STORE_KINDS)
 def small_store(request, unique, clock):
     """History cap 3, as in the report that found late duplicates counted twice."""
-    yield from online_store(request.param, request, unique, history_cap=3, dedup_window_s=3600, clock=clock)
+    yield from online_store(request.param, request, unique, history_cap=3, dedup_window_s=3600, clock=clock,
+                            catalog_min_users=1)
+
+
+@pytest.fixture(params=STORE_KINDS)
+def admitting_store(request, unique, clock):
+    """The default admission: an item clients name needs 3 users (a user once a day)."""
+    yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock)
 
 
 def ev(user: str, item: str, ts: float, eid: str | None = None, **kw) -> BehaviourEvent:
@@ -138,7 +148,8 @@ def test_dedup_holds_for_the_window_and_only_the_window(small_store, clock):
     clock.now += 3602  # past the window of the first application (the redelivery did not renew it)
     small_store.write([ev("u", "other", 50.0)])  # expiry runs on the user's writes
     assert small_store.write([old]) == 1  # documented: a duplicate later than the window counts again
-    assert dict(small_store.popular(10))["old"] == 2.0
+    assert small_store.applied_behaviours() == 6
+    assert dict(small_store.popular(10))["old"] == 1.0  # popularity: the (user, item) once a day, still
 
 
 def test_an_expired_entry_still_in_the_history_is_not_counted_again(store, clock):
@@ -223,7 +234,8 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
     golden = json.loads((Path(__file__).parents[1] / "golden" / "redis_layout.json").read_text()
                         .replace("PREFIX", unique))
     assert partition_of("u1", golden["partitions"]) == 2
-    s = RedisStore(redis_url, prefix=unique, clock=lambda: 1700000100.0, partitions=golden["partitions"])
+    s = RedisStore(redis_url, prefix=unique, clock=lambda: 1700000100.0, partitions=golden["partitions"],
+                   catalog_min_users=1)
     try:
         s.write([BehaviourEvent(event_id="e-2", user_id="u1", item_id="i3", category_id="c1", ts=1700000005.0),
                  BehaviourEvent(event_id="e-1", user_id="u1", item_id="i9", category_id="c2", ts=1700000000.0)],
@@ -231,7 +243,10 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         assert sorted(r.scan_iter(f"{unique}:*")) == sorted(
             [golden["hist_key"], golden["pop_key"], golden["seen_key"], golden["items_key"], golden["offsets_key"],
-             golden["catalog_key"], golden["catalog_order_key"], golden["layout_key"]])
+             golden["catalog_key"], golden["catalog_order_key"], golden["layout_key"], golden["pc_key"],
+             golden["applied_key"]])
+        assert [list(x) for x in r.zrange(golden["pc_key"], 0, -1, withscores=True)] == golden["pc_members"]
+        assert r.get(golden["applied_key"]) == golden["applied"]
         assert [list(x) for x in r.zrange(golden["hist_key"], 0, -1, withscores=True)] == golden["hist_members"]
         assert [list(x) for x in r.zrange(golden["pop_key"], 0, -1, withscores=True)] == golden["pop_members"]
         assert [list(x) for x in r.zrange(golden["seen_key"], 0, -1, withscores=True)] == golden["seen_members"]
@@ -280,6 +295,23 @@ def click(user: str, item: str, req: str, ts: float = 2.0, eid: str | None = Non
                           request_id=req)
 
 
+@pytest.mark.parametrize("backend", STORE_KINDS)
+def test_what_one_user_adds_to_an_experiment_is_capped(backend, request, unique, clock):
+    """A bot shown 5 lists that clicks everything adds 3 impressions and 3 clicks (``ab_user_cap``); the rest
+    is counted apart, and a person beside it counts whole."""
+    store = next(online_store(backend, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                              ab_user_cap=3))
+    state = open_state(store)
+    store.write([e for j in range(5) for e in (imp("bot", f"i{j}", f"r{j}", "A"), click("bot", f"i{j}", f"r{j}"))])
+    store.write([imp("person", "i0", "p0", "A"), click("person", "i0", "p0")])
+    a = state.sums("exp1")["A"]
+    assert (a.users, a.impressions, a.clicks, a.impressions_sq, a.clicks_sq) == (2, 4, 4, 9 + 1, 9 + 1)
+    assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0, "capped": 4}
+    if backend != "memory":
+        store.flush_prefix()
+        store.close()
+
+
 def test_experiment_sums_count_each_impression_and_attributed_click_once(store):
     state = open_state(store)
     events = [imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A"), imp("u1", "c", "r2", "A"),
@@ -293,7 +325,7 @@ def test_experiment_sums_count_each_impression_and_attributed_click_once(store):
     # u1: 3 impressions, 2 clicks; u2: 2 impressions, 1 click.
     assert (a.users, a.impressions, a.clicks, a.impressions_sq, a.clicks_sq, a.cross) == (1, 3, 2, 9, 4, 6)
     assert (b.users, b.impressions, b.clicks, b.impressions_sq, b.clicks_sq, b.cross) == (1, 2, 1, 4, 1, 2)
-    assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0}
+    assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0, "capped": 0}
     assert [h.item_id for h in store.history("u1", 10)] == ["a", "c"]  # clicks are history, impressions not
     assert state.sums("no-such-experiment") == {}
 
@@ -402,7 +434,15 @@ def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
     assert expected == 2 and state.sums("exp1")["A"].tail_clicks == expected  # i1 and i3
 
 
-def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(store):
+@pytest.fixture(params=STORE_KINDS)
+def open_catalog(request, unique, clock):
+    """A store whose catalog admits an item on its first behaviour."""
+    yield from online_store(request.param, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                            catalog_min_users=1)
+
+
+def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(open_catalog):
+    store = open_catalog
     store.write([ev("u1", "a", 1.0, category_id="c1"), ev("u2", "b", 2.0, category_id="c2"),
                  imp("u1", "shown-only", "r1", "A")])  # an impression is no behaviour: not in the catalog
     first, cursor = store.catalog()
@@ -415,9 +455,10 @@ def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(
     assert len(store.catalog(limit=1)[0]) == (1 if store.partitions == 1 else 2)  # the limit is per shard
 
 
-def test_serving_lists_an_item_first_seen_in_two_shards_once(store):
+def test_serving_lists_an_item_first_seen_in_two_shards_once(open_catalog):
     from serving.catalog import Catalog
 
+    store = open_catalog
     assert store.partitions == 1 or partition_of("u1", 4) != partition_of("u2", 4)
     catalog = Catalog()
     store.write([ev("u1", "x", 1.0, category_id="c1"), ev("u1", "y", 1.5, category_id="c1")])
@@ -425,6 +466,46 @@ def test_serving_lists_an_item_first_seen_in_two_shards_once(store):
     assert catalog.poll(store) == 3 and sorted(catalog.items) == [("x", "c1"), ("y", "c1"), ("z", "c2")]
     store.write([ev("u3", "x", 3.0, category_id="c1"), ev("u3", "w", 3.5, category_id="c3")])
     assert catalog.poll(store) == 1 and catalog.items[-1] == ("w", "c3")
+
+
+def test_an_item_clients_name_joins_the_catalog_once_enough_users_took_it(admitting_store, clock):
+    """Three users by default (``catalog_min_users``) within a popularity window (a user once in it): one
+    client repeating a behaviour, or inventing ids, puts nothing in the catalog nor in popularity; a trusted
+    feed admits at once."""
+    store = admitting_store
+    store.write([ev("bot", "odd", float(j), eid=f"b{j}", category_id="c1") for j in range(1000)])
+    assert store.catalog()[0] == [] and store.popular(5) == []  # counted apart until admitted
+    store.write([ev("u1", "odd", 1.0, category_id="c1"), ev("u1", "new", 1.0, category_id="c2")])
+    assert store.catalog()[0] == []
+    clock.now += 3600  # within the day: a third user
+    store.write([ev("u3", "odd", 2000.0, category_id="c1")])
+    assert store.applied_behaviours() == 1003
+    one_shard = store.partitions == 1 or len({partition_of(u, 4) for u in ("bot", "u1", "u3")}) == 1
+    assert store.popular(5) == ([("odd", 3.0)] if one_shard else [])  # per shard: bot and u1 may count apart
+    listed, cursor = store.catalog()
+    assert listed == ([("odd", "c1")] if one_shard else [])
+    store.write([ev("u2", "odd", 3.0, category_id="c1"), ev("u2", "odd", 4.0, eid="again", category_id="c1")])
+    if store.partitions == 1:
+        assert store.popular(5) == [("odd", 4.0)]  # once admitted, every count goes on
+    assert store.admit([("new", "c2"), ("feed", "c3"), ("odd", "c1")]) == (2 if listed else 3)
+    page, _ = store.catalog(cursor)
+    assert sorted(page) == sorted([("new", "c2"), ("feed", "c3")] + ([] if listed else [("odd", "c1")]))
+    assert store.admit([("feed", "c9")]) == 0  # admitted already: its category stays
+
+
+def test_what_invented_item_ids_make_the_store_hold_is_forgotten_after_the_window(admitting_store, clock):
+    store = admitting_store
+    store.write([ev(f"bot{j}", f"made-up-{j}", 1.0, category_id="c1") for j in range(50)])
+    assert store.popular(100) == [] and store.catalog()[0] == []
+    if store.backend == "memory":
+        assert len(store._admitting) == 50
+    else:
+        pending = list(store.client.scan_iter(f"{store.prefix}:*:adm:*"))
+        assert len(pending) == 50 and all(0 < store.client.ttl(k) <= 24 * 3600 for k in pending)
+    clock.now += 24 * 3600 + 1
+    store.write([ev("someone", "made-up-0", 2.0, category_id="c1")])  # a count after the window starts again
+    if store.backend == "memory":
+        assert list(store._admitting) == ["made-up-0"] and store._admitting["made-up-0"][0] == 1
 
 
 def test_a_sharded_store_judges_the_long_tail_by_the_clicking_users_shard(store):
@@ -450,8 +531,8 @@ def test_popular_is_the_exact_top_of_the_summed_shards(store):
               for n in range(4000)]
     store.write(events)
     counts: dict[str, float] = {}
-    for e in events:
-        counts[e.item_id] = counts.get(e.item_id, 0.0) + 1
+    for _, item in {(e.user_id, e.item_id) for e in events}:  # a (user, item) counts once a window
+        counts[item] = counts.get(item, 0.0) + 1
     want = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
     assert len(want) > 64
     for k in (1, 3, 10, 65, len(want), 1000):
@@ -504,17 +585,20 @@ def test_what_one_user_id_makes_the_store_hold_is_bounded(bounded_store, clock):
     store.write([ev("bot", f"i{j}", float(j), eid=f"b{j}") for j in range(8)])
     assert store.write([ev("bot", "i7", 7.0, eid="b7")]) == 0  # a recent id: still applied once
     if store.backend == "memory":
-        assert list(store._seen["bot"]) == ["b5", "b6", "b7"]
+        assert list(store._seen["bot"]) == ["b5", "b6", "b7"] and list(store._counted["bot"]) == ["i5", "i6", "i7"]
         clock.now += 7200 + 1
         store.write([ev("someone", "i1", 1.0)])  # any write lets the embedded store expire the idle users
         assert store.history("bot", 10) == [] and "bot" not in store._seen and "bot" not in store._items
+        assert "bot" not in store._counted
         assert [h.item_id for h in store.history("someone", 10)] == ["i1"]
     else:
         r = store.client
         keys = [k for k in store.client.scan_iter(f"{store.prefix}:*") if k.endswith(":bot")]
-        assert sorted(k.split(":")[-2] for k in keys) == ["hist", "items", "seen"]
+        assert sorted(k.split(":")[-2] for k in keys) == ["hist", "items", "pc", "seen"]
         assert r.zrange(next(k for k in keys if ":seen:" in k), 0, -1) == ["b5", "b6", "b7"]
-        assert all(0 < r.ttl(k) <= 7200 for k in keys if ":seen:" not in k)  # the user TTL, from the last write
+        assert r.zrange(next(k for k in keys if ":pc:" in k), 0, -1) == ["i5", "i6", "i7"]  # the seen cap too
+        assert 0 < r.ttl(next(k for k in keys if ":pc:" in k)) <= 24 * 3600  # the popularity window
+        assert all(0 < r.ttl(k) <= 7200 for k in keys if ":hist:" in k or ":items:" in k)  # the user TTL
         assert 0 < r.ttl(next(k for k in keys if ":seen:" in k)) <= 3600  # the dedup window
 
 

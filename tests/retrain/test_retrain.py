@@ -299,7 +299,8 @@ def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
 def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(world, tmp_path):
     root = fresh_copy(world, tmp_path)
     spot = {"DINREC_SPOT_STATE_URI": str(tmp_path / "spot-state"), "DINREC_SPOT_BACKEND": "local",
-            "DINREC_SPOT_WORKDIR": str(tmp_path / "spot-work"), "DINREC_SPOT_POLL_S": "0.3"}
+            "DINREC_SPOT_WORKDIR": str(tmp_path / "spot-work"), "DINREC_SPOT_POLL_S": "0.3",
+            "DINREC_SPOT_RESULTS_KEY": "s" * 64}
     reg = Registry(root / "registry")
     first = reg.resolve("champion")
     # A setting the old --spot path did not pass on (it sent 5 of them as flags): the job must build with it.

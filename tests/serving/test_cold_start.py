@@ -33,12 +33,11 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         rec = c.service_state().recommender
         rec.covisit_candidates = 0  # what is inspected here: the towers' recall and the lanes beside it
         assert not rec.knows("brand-new") and rec.cold is None
-        # Two new items arrive after training, each clicked once by somebody else.
+        # Two new items arrive after training, each clicked by three others (the catalog's admission).
         r = c.post("/events", json={"events": [
-            {"event_id": "n1", "user_id": "early", "item_id": "brand-new", "category_id": fans_cat,
-             "event_type": "click", "ts": 1.65e9},
-            {"event_id": "n2", "user_id": "early", "item_id": "other-new", "category_id": other_cat,
-             "event_type": "click", "ts": 1.65e9 + 1}]})
+            {"event_id": f"n{j}-{n}", "user_id": f"early-{n}", "item_id": item, "category_id": cat,
+             "event_type": "click", "ts": 1.65e9 + j} for n in range(3)
+            for j, (item, cat) in enumerate([("brand-new", fans_cat), ("other-new", other_cat)])]})
         assert r.status_code == 202, r.text
         wait_until(lambda: rec.cold is not None and rec.cold.size == 2, timeout_s=10,
                    what="the catalog poll to give the model both new items")
@@ -59,7 +58,7 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
         with_popular = rec.recall_items(history, 20)
         assert set(popular) <= set(with_popular) and with_popular[:20] == recalled and len(with_popular) <= 23
         rec.popular_candidates = 0
-        early = [HistoryItem(1.65e9, "n1", "brand-new", fans_cat)]
+        early = [HistoryItem(1.65e9, "n0-0", "brand-new", fans_cat)]
         assert "brand-new" not in rec.recall_items(history + early, 250)  # once seen, excluded too
         # DIN scores the new item (as an unknown item of its category) like any other: it is in the ranked
         # list of every candidate, with a probability. (Without the blend, which weighs in co-visitation
@@ -80,11 +79,11 @@ def test_new_items_are_appended_to_the_lane_and_a_request_keeps_the_version_it_r
     data, _, bundle_dir = tiny_run[0], tiny_run[1], tiny_run[2]
     rec = load_recommender(ServingSettings(bundle_dir=bundle_dir, score_precision="fp32"), bundle_dir)
     cats = [c for c, _ in Counter(data.category_id.tolist()).most_common(3)]
-    assert rec.add_cold_items([("new-0", cats[0]), ("new-1", cats[1]), (str(data.item_id[0]), cats[0]),
+    assert rec.set_cold_items([("new-0", cats[0]), ("new-1", cats[1]), (str(data.item_id[0]), cats[0]),
                                ("no-such-category", "never-seen-category")]) == 2  # known and unplaceable skipped
     held = rec.cold  # what a request in flight reads
     assert held is not None and held.size == 2
-    assert rec.add_cold_items([("new-0", cats[0]), ("new-1", cats[1]), ("new-2", cats[2])]) == 1  # only the new one
+    assert rec.set_cold_items([("new-0", cats[0]), ("new-1", cats[1]), ("new-2", cats[2])]) == 1  # only the new one
     now = rec.cold
     assert now is not None and now.size == 3 and held.size == 2
     assert held.id_of("new-2") is None and now.id_of("new-2") == now.base + 2

@@ -68,8 +68,10 @@ def test_a_kafka_outage_delays_no_request_and_loses_no_accepted_event(broker, ti
     stream.ensure_topic(4)
     fs = FeatureStoreSettings(stream="kafka", kafka_bootstrap=broker.bootstrap, topic=unique,
                               outbox_dir=tmp_path / "outbox")
+    # No per-user quota: the load is a few users posting as fast as they can (the journal is what is tried).
     app = create_app(ServingSettings(bundle_dir=tiny_run[2], events_sink="stream", ingest_in_app=False,
-                                     shutdown_drain_s=60), fs, store=MemoryStore(), stream=stream)
+                                     shutdown_drain_s=60, events_per_user_per_minute=0), fs, store=MemoryStore(),
+                     stream=stream)
     port = free_port()
     accepted: set[str] = set()
     latencies: list[float] = []

@@ -128,7 +128,7 @@ def test_three_replicas_agree_on_counts_experiments_models_and_metrics(registry,
                                       timeout=30).status_code == 202
             wait_until(lambda: counted() == want, timeout_s=120, interval_s=0.5,
                        what=f"the A/A counts to be what the clients saw and clicked: {want}")
-            assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0}
+            assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0, "capped": 0}
 
             # An experiment change through replica 0: every worker of every replica serves it within the poll.
             late = {**AA, "name": "late", "seed": "late"}

@@ -33,7 +33,8 @@ def ec2_env(aws_env, tmp_path):
     env = {**os.environ, "DINREC_SPOT_BACKEND": "ec2", "DINREC_SPOT_STATE_URI": f"s3://{BUCKET}/spot",
            "DINREC_SPOT_IMAGE_ID": ami,
            "DINREC_SPOT_SUBNET_IDS": json.dumps([s["SubnetId"] for s in subnets]),
-           "DINREC_SPOT_ENDPOINT_URL": aws_env, "DINREC_SPOT_INSTALL": "true", "DINREC_SPOT_POLL_S": "0.5"}
+           "DINREC_SPOT_ENDPOINT_URL": aws_env, "DINREC_SPOT_INSTALL": "true", "DINREC_SPOT_POLL_S": "0.5",
+           "DINREC_SPOT_RESULTS_KEY": "e" * 64}
     return {"s3": s3, "ec2": ec2, "env": env, "endpoint": aws_env}
 
 

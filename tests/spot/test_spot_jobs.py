@@ -13,6 +13,7 @@ import pytest
 from tests.conftest import REPO, synthetic_dataset_dir, wait_until
 
 TRAIN = "--epochs 1 --seq-len 20 --batch-size 256"
+RESULTS_KEY = "r" * 64  # the supervisors' master key (spot.signing): not a key file in the home folder
 
 
 def _dinrec(*args, env, timeout=600):
@@ -27,7 +28,8 @@ def _last_json(text: str) -> dict:
 @pytest.fixture
 def local_env(tmp_path):
     return {**os.environ, "DINREC_SPOT_STATE_URI": str(tmp_path / "state"), "DINREC_SPOT_BACKEND": "local",
-            "DINREC_SPOT_WORKDIR": str(tmp_path / "work"), "DINREC_SPOT_POLL_S": "0.3"}
+            "DINREC_SPOT_WORKDIR": str(tmp_path / "work"), "DINREC_SPOT_POLL_S": "0.3",
+            "DINREC_SPOT_RESULTS_KEY": RESULTS_KEY}
 
 
 @pytest.fixture
@@ -45,8 +47,12 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_local_job_runs_to_done_and_reports_status_and_cost(local_env, small_data, tmp_path):
+    from spot.signing import SIGNATURE, check_results, job_key, master_key
+
+    wheel = tmp_path / "dinrec-0.1.0-py3-none-any.whl"  # uploaded with the job, its hash checked at boot
+    wheel.write_bytes(b"a wheel")
     run = _dinrec("spot", "run", "--data", str(small_data), "--instance-type", "g5.xlarge", "--train-args", TRAIN,
-                  env=local_env)
+                  env={**local_env, "DINREC_SPOT_WHEEL": str(wheel)})
     assert run.returncode == 0, run.stderr[-3000:]
     report = _last_json(run.stdout)
     assert report["status"] == "done" and report["attempts"] == 1 and report["interruptions"] == 0
@@ -54,6 +60,8 @@ def test_local_job_runs_to_done_and_reports_status_and_cost(local_env, small_dat
     job_id = json.loads(run.stderr.strip().splitlines()[0])["job_id"]
     job = tmp_path / "state" / "jobs" / job_id
     assert (job / "results" / "model.safetensors").exists()  # the bundle came back to the job store
+    # signed with the job's key by its agent
+    check_results(job / "results", json.loads((job / SIGNATURE).read_text()), job_key(master_key(RESULTS_KEY), job_id))
     assert json.loads((job / "attempts" / "1" / "status.json").read_text())["state"] == "done"
     status = _dinrec("spot", "status", "--job-id", job_id, env=local_env)
     assert status.returncode == 0 and _last_json(status.stdout)["status"] == "done"

@@ -56,7 +56,7 @@ def test_a_two_rank_sharded_spot_job_is_interrupted_and_resumes_to_the_uninterru
     threading.Thread(target=announce_when_training, daemon=True).start()
     job_env = {**env, "DINREC_SPOT_STATE_URI": str(state), "DINREC_SPOT_BACKEND": "local",
                "DINREC_SPOT_WORKDIR": str(tmp_path / "work"), "DINREC_SPOT_POLL_S": "0.3",
-               "DINREC_SPOT_IMDS_POLL_S": "0.2"}
+               "DINREC_SPOT_IMDS_POLL_S": "0.2", "DINREC_SPOT_RESULTS_KEY": "q" * 64}
     run = _dinrec("spot", "run", "--data", str(data), "--instance-type", "g5.xlarge", "--ranks", "2",
                   "--embeddings", "sharded", "--train-args", " ".join(TRAIN),
                   "--imds-url", f"http://127.0.0.1:{interrupting_port}", "--imds-url", calm, env=job_env)
