@@ -128,11 +128,20 @@ def demo(
             served = simulate(operator, world, users=users, rounds=2, k=10,  # tallied per arm: the operator's view
                               before_clicks=lambda so_far: wait_until_logged(ab, "din-vs-popular", so_far))
             wait_until_logged(ab, "din-vs-popular", served)
+            clicked, deadline = sum(v["clicked"] for v in served.values()), time.monotonic() + 30
+            while (sum(s.clicks for s in ab.sums("din-vs-popular").values()) + ab.unattributed()["orphan_clicks"]
+                   < clicked and time.monotonic() < deadline):  # the clicks travel stream → ingest → store too
+                time.sleep(0.05)
             results = client.get(base + "/experiments/din-vs-popular/results").json()
             ctrs = ", ".join(f"{v} CTR {100 * s['ctr']:.2f}%" for v, s in results["results"]["variants"].items())
             lifts = "".join(f"; {c['variant']} lift {100 * c['lift']:+.1f}% (p = {c['p_value']:.2g}, "
                             f"sequential: {c['sequential']})" for c in results["results"]["comparisons"])
             say(f"6/7 ran an experiment on {users} simulated users: {ctrs}{lifts}; dashboard: {base}/dashboard")
+            # A stopped arm's users leave the experiment: their later lists are served outside it, and clicks on
+            # those cannot count for an arm: the results page shows them as unattributed.
+            outside = served.get("(none)", {}).get("clicked", 0)
+            say(f"    unattributed clicks: {results['unattributed']['orphan_clicks']}; clicks on lists served outside "
+                f"the experiment: {outside} (stopped: {', '.join(results['stopped']) or 'none'})")
             stream.publish(list(later.events("b-")))
             say(f"    {len(later)} more behaviours arrived through the stream (new items among them)")
             report = _retrain(out, stream, registry, say, smoke)

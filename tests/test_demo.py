@@ -1,6 +1,7 @@
 """`dinrec demo --smoke`: the whole loop on embedded defaults, as the README promises."""
 
 import json
+import re
 import subprocess
 import sys
 
@@ -23,6 +24,11 @@ def test_demo_smoke_runs_the_whole_loop(tmp_path):
     assert "PUT /admin/experiments/din-vs-popular" in out.stdout  # the experiment, started through the API
     experiment = next(line for line in out.stderr.splitlines() if line.startswith("6/7 ran an experiment"))
     assert "din CTR" in experiment and "popular lift" in experiment and "/dashboard" in experiment
+    # Every click the results call unattributed is one on a list served outside the experiment (after the
+    # guardrail stopped an arm, its users leave it): no rule drops a click shown in the experiment.
+    line = next(line for line in out.stderr.splitlines() if "unattributed clicks:" in line)
+    unattributed, outside = (int(x) for x in re.findall(r": (\d+)", line)[:2])
+    assert unattributed == outside, line
     # The held-back behaviours arrive, the stream is archived and the retrain job decides through its gate.
     retrain = next(line for line in out.stderr.splitlines() if line.startswith("7/7 archived"))
     assert "retrain: promoted" in retrain or "retrain: refused" in retrain
