@@ -52,6 +52,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
                                  "run on the instance when training ends other than by an interruption"),
     "DINREC_SPOT_JOB_KEY": ("the spot job's shell script", "set by the supervisor",
                             "the job's own key, with which the agent signs the results (spot.signing)"),
+    "DINREC_CHECKPOINT_KEY": ("training/cli.py", "unset", "sign every checkpoint file and resume only from ones "
+                              "signed with it (a spot job's agent sets it to the job's key)"),
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
     "DINREC_PEERS_PYTHON": ("benchmarks/peers", "<venv>-peers/bin/python (make peers)",
                             "the interpreter of the library peers' environment (RecTools) `dinrec bench e2e` runs"),

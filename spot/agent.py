@@ -67,7 +67,10 @@ def run_agent(store: JobStore, attempt: int, command: list[str], *, imds: Imds |
     store.put_json(status_key, status)
     # Its own process group: a signal reaches every training rank at once (`dinrec train --ranks N`
     # launches one process per rank; the launcher waits for their checkpoints).
-    child = subprocess.Popen(command, process_group=0)
+    # The job's key signs the trainer's checkpoints too: a resume takes only this job's (training.checkpoint).
+    key = os.environ.get("DINREC_SPOT_JOB_KEY")
+    child = subprocess.Popen(command, process_group=0,
+                             env={**os.environ, "DINREC_CHECKPOINT_KEY": key} if key else None)
 
     def forward(sig: int) -> None:
         if child.poll() is None:
@@ -94,7 +97,6 @@ def run_agent(store: JobStore, attempt: int, command: list[str], *, imds: Imds |
     status.update(state=outcome(code), exit_code=code, ended=_now())
     if code == 0 and results is not None and results.exists():
         store.upload_dir(results, "results")
-        key = os.environ.get("DINREC_SPOT_JOB_KEY")
         if key:  # the job's own key: what the retrain gate checks the results against (spot.signing)
             store.put_json(SIGNATURE, signed(results, key))
         else:

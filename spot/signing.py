@@ -8,7 +8,8 @@ and no package swapped on an index reaches the retrain gate.
   result file (``results.sig.json`` beside ``results/``), and whoever takes the results checks the files
   it downloaded against it (:func:`check_results`): an instance of another job — the instance role may
   write anywhere under the state prefix — cannot sign for this one, and a file changed after signing
-  fails its digest.
+  fails its digest. The agent hands the key to its trainer, which signs its checkpoints with it and
+  resumes only from signed ones (training.checkpoint).
 * **The instance installs the wheel the job uploaded, by its hash** (``DINREC_SPOT_WHEEL``): the boot
   script refuses a wheel whose SHA-256 is not the one the job recorded (spot.job.boot_script).
 """

@@ -104,7 +104,8 @@ def train(
         samples = samples_for(load_dataset(data), settings)  # every rank builds the same (seeded) samples
         if int(os.environ.get("RANK", "0")) == 0:
             samples.save(out / "samples")
-    store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints)
+    store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints,
+                                  key=os.environ.get("DINREC_CHECKPOINT_KEY") or None)  # a spot job's (spot.agent)
     champion = None
     if init_from is not None:
         from models.bundle import load_bundle

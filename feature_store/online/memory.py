@@ -61,7 +61,7 @@ class MemoryStore(OnlineStore):
         # item -> [popularity, expires at] of an item not admitted yet; insertion order is the order of last
         # counts, so expiry pops from the front (as the Redis store's adm keys expire)
         self._admitting: OrderedDict[str, list[float]] = OrderedDict()
-        self._catalog: dict[str, str] = {}  # item -> category, as admitted (base: the catalog)
+        self._catalog: dict[str, str] = {}  # item -> category of the items admitted (OnlineStore: the catalog)
         self._catalog_order: list[str] = []
         # user -> {event_id: first applied at}; insertion order is application order, so expiry pops
         # from the front (like the Redis store's ZREMRANGEBYSCORE).

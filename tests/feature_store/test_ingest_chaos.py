@@ -140,7 +140,10 @@ class Ingesters:
         self.env = {**os.environ, "DINREC_STORE": store, "DINREC_STORE_PARTITIONS": str(store_partitions),
                     "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
                     "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": topic, "DINREC_REDIS_PREFIX": topic,
-                    "DINREC_CONSUMER_GROUP": f"{topic}-ingest", "DINREC_HISTORY_LEN": str(CAP), **extra}
+                    "DINREC_CONSUMER_GROUP": f"{topic}-ingest", "DINREC_HISTORY_LEN": str(CAP),
+                    # every item in popularity from its first user: the reference model counts (user, item)
+                    # pairs, and admission has its own tests (test_store_conformance)
+                    "DINREC_CATALOG_MIN_USERS": "1", **extra}
 
     def start(self) -> subprocess.Popen:
         self.logs.append((self.folder / f"ingest-{len(self.logs)}.log").open("w"))

@@ -9,7 +9,7 @@ from serving.degraded import GuardedStore
 
 class CountingStore(MemoryStore):
     def __init__(self) -> None:
-        super().__init__(history_cap=5)
+        super().__init__(history_cap=5, catalog_min_users=1)  # every item in popularity from its first user
         self.popular_reads = 0
 
     def popular(self, k: int) -> list[tuple[str, float]]:

@@ -60,10 +60,11 @@ def test_seen_policy_recent_and_none(tiny_run, store):
 
 
 def test_every_path_fills_the_list_to_k(tiny_run):
-    """A store that has seen a single item: the cold user's list goes on with the bundle's popularity;
+    """A store that has seen a single item (admitted on its first user): the cold user's list goes on with
+    the bundle's popularity;
     a known user whose recall finds too few gets popular items after the ranked ones; the store down,
     and the deadline passed answer ``k`` too (the popularity variant takes the cold user's path)."""
-    store = MemoryStore(history_cap=50)
+    store = MemoryStore(history_cap=50, catalog_min_users=1)
     vocab = tiny_run[1].vocab
     store.write([BehaviourEvent(event_id="only", user_id="someone", item_id=vocab.items[1],
                                 category_id=vocab.categories[int(vocab.item_category[1])], ts=1.0)])

@@ -115,3 +115,13 @@ def test_the_retrain_gate_refuses_results_the_jobs_instance_did_not_sign(tmp_pat
     LocalStorage(run).put_json("spot-job.json", {"job_id": spec.job_id, "job_uri": store.uri})
     bundle, report = train_on_spot(run, tmp_path / "samples", None, TrainSettings(progress=False), ["g5.xlarge"], {})
     assert report["status"] == "done" and json.loads((run / "candidate" / "manifest.json").read_text())["lineage"] == {}
+
+
+def test_the_agent_gives_its_trainer_the_jobs_key_for_the_checkpoints(tmp_path, monkeypatch):
+    from spot.agent import run_agent
+    from storage import LocalStorage
+
+    monkeypatch.setenv("DINREC_SPOT_JOB_KEY", "j" * 64)
+    store = LocalStorage(tmp_path / "job")
+    code = run_agent(store, 1, ["bash", "-c", f'test "$DINREC_CHECKPOINT_KEY" = {"j" * 64}'], imds=None)
+    assert code == 0 and store.get_json("attempts/1/status.json")["state"] == "done"

@@ -95,6 +95,34 @@ def test_incomplete_and_foreign_checkpoints_are_never_used(samples, tmp_path):
         store.load(good)
 
 
+def test_with_a_key_only_checkpoints_it_signed_are_resumed(tmp_path):
+    """A spot job's checkpoints are signed with its key: another job's instance (which may write here) can
+    neither plant a checkpoint nor change one, whole or a shard of it."""
+    mine = open_checkpoint_store(tmp_path, key="a" * 64)
+    state = {"model": {"w": torch.arange(4.0)}, "step": 3}
+    mine.save("step-000000003", state, {"seed": 1})
+    mine.save_shard("step-000000003", 1, b"rank one's tables")
+    assert mine.load("step-000000003")[0]["step"] == 3
+    theirs = open_checkpoint_store(tmp_path, key="b" * 64)
+    with pytest.raises(CheckpointError, match="not signed with this job's key"):
+        theirs.load("step-000000003")
+    open_checkpoint_store(tmp_path).save("step-000000009", {"model": {"w": torch.zeros(4)}}, {"seed": 1})  # unsigned
+    assert mine.latest() == "step-000000009"  # the pointer moved: resuming from it is refused
+    with pytest.raises(CheckpointError, match="not signed"):
+        mine.load(mine.latest())
+    (tmp_path / "step-000000003" / "shard-00001.pt").write_bytes(b"planted tables")
+    with pytest.raises(CheckpointError, match="shard-00001: not signed"):
+        mine.load_shard("step-000000003", 1)
+    import io
+
+    buf = io.BytesIO()
+    torch.save({"model": {"w": torch.ones(4)}, "step": 3}, buf)
+    (tmp_path / "step-000000003" / "state.pt").write_bytes(buf.getvalue())  # loads fine, but was changed
+    with pytest.raises(CheckpointError, match="not signed"):
+        mine.load("step-000000003")
+    assert open_checkpoint_store(tmp_path).load("step-000000003")[0]["step"] == 3  # without a key: not checked
+
+
 def _cli_train(out, data, *extra, env=None):
     return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
                              "--epochs", "2", "--batch-size", "128", "--recall-epochs", "3", "--no-progress", *extra],
