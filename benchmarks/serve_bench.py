@@ -324,26 +324,29 @@ class _HealthProbe:
         self._thread.join(10)
 
 
-def _tree_cpu_s(root: int) -> float:
-    """User + system CPU seconds of ``root`` and every process under it, threads included (Linux /proc)."""
-    parents: dict[int, int] = {}
-    cpu: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
+def process_tree_stats(root: int) -> list[list[str]]:
+    """The ``/proc/<pid>/stat`` fields after the command name (index 0: state; 11, 12: utime, stime in
+    ticks; 21: rss in pages) of ``root`` and every process under it (Linux)."""
+    stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            stats[int(entry)] = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:  # gone meanwhile
             continue
-        parents[int(entry)] = int(fields[1])
-        cpu[int(entry)] = (int(fields[11]) + int(fields[12])) / tick
     tree, grew = {root}, True
     while grew:
-        more = {pid for pid, parent in parents.items() if parent in tree} - tree
+        more = {pid for pid, fields in stats.items() if int(fields[1]) in tree} - tree
         tree |= more
         grew = bool(more)
-    return sum(cpu.get(pid, 0.0) for pid in tree)
+    return [stats[pid] for pid in tree if pid in stats]
+
+
+def _tree_cpu_s(root: int) -> float:
+    """User + system CPU seconds of ``root`` and every process under it, threads included."""
+    tick = os.sysconf("SC_CLK_TCK")
+    return sum((int(f[11]) + int(f[12])) / tick for f in process_tree_stats(root))
 
 
 def _stage_cpu_ms(base: str, scrapes: int = 8) -> dict[str, float]:

@@ -24,7 +24,7 @@ import numpy as np
 
 from benchmarks import loadgen
 from benchmarks.loadgen import request_bytes
-from benchmarks.serve_bench import _p, _wait_ready, synthetic_bundle
+from benchmarks.serve_bench import _p, _wait_ready, process_tree_stats, synthetic_bundle
 from retrieval.index import IndexSpec
 from serving.server import free_port
 
@@ -57,23 +57,8 @@ def _fresh_requests(port: int, n: int, tag: str, categories: int, rng: np.random
 
 def _rss_mb(root: int) -> float:
     """Resident memory of ``root`` and its descendants (the service's supervisor and workers), MB."""
-    parents, rss = {}, {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            status = Path(f"/proc/{entry}/status").read_text()
-        except OSError:
-            continue
-        fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
-        parents[int(entry)] = int(fields.get("PPid", "0").strip())
-        rss[int(entry)] = int(fields.get("VmRSS", "0 kB").split()[0]) / 1024
-    tree, grew = {root}, True
-    while grew:
-        more = {pid for pid, parent in parents.items() if parent in tree} - tree
-        tree |= more
-        grew = bool(more)
-    return round(sum(rss.get(pid, 0.0) for pid in tree), 1)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return round(sum(int(f[21]) * page for f in process_tree_stats(root)) / 2**20, 1)
 
 
 def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: float | None, items: int,
