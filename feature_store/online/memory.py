@@ -30,10 +30,11 @@ from feature_store.online.base import (
 )
 
 
-def _drop_oldest(table: OrderedDict, expired: Callable[[Any], bool]) -> None:
-    """Pop ``table``'s oldest entries while their value has ``expired``."""
+def _drop_oldest(table: dict, expired: Callable[[Any], bool]) -> None:
+    """Drop ``table``'s first (oldest) entries while their value has ``expired`` (O(1) each in an OrderedDict;
+    in a plain dict only for the small per-user tables)."""
     while table and expired(next(iter(table.values()))):
-        table.popitem(last=False)
+        del table[next(iter(table))]
 
 
 class MemoryStore(OnlineStore):
@@ -138,11 +139,9 @@ class MemoryStore(OnlineStore):
                 self._written[user] = now
                 self._written.move_to_end(user)  # the order is the order of last writes
                 seen = self._seen[user]
-                while seen and next(iter(seen.values())) <= now - self.dedup_window_s:
-                    del seen[next(iter(seen))]
+                _drop_oldest(seen, lambda at: at <= now - self.dedup_window_s)
                 counted = self._counted[user]
-                while counted and next(iter(counted.values())) <= now - self.popularity_window_s:
-                    del counted[next(iter(counted))]
+                _drop_oldest(counted, lambda at: at <= now - self.popularity_window_s)
                 kept = {h.event_id for h in self._hist[user]}
                 fresh = []
                 for r in new:
