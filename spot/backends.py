@@ -19,11 +19,13 @@ from pathlib import Path
 from spot.aws import Aws
 from spot.catalog import InstanceType
 from spot.job import Attempt, JobSpec, boot_script, launch_args
+from spot.job_role import JobRole
 from spot.settings import SpotSettings
 from spot.signing import job_key
 from storage import CloudError, call
 
 JOB_TAG = "dinrec:job"
+PROFILE_NOT_READY = "InstanceProfileNotReady"  # a new IAM profile EC2 does not see yet: retried like no capacity
 
 
 @dataclass(frozen=True)
@@ -64,13 +66,18 @@ def _tags(spec: JobSpec, attempt: int) -> list[dict]:
 
 class Ec2Backend(Backend):
     """One instant fleet per attempt over the candidate types × subnets, price-capacity-optimized,
-    from a launch template that requires IMDSv2 and terminates the instance when it powers off."""
+    from a launch template that requires IMDSv2 and terminates the instance when it powers off. The
+    instances run as the job's own role (spot.job_role), which may write only that job's prefix."""
 
     def __init__(self, aws: Aws, settings: SpotSettings, results_master: bytes) -> None:
         if not settings.image_id:
             raise ValueError("the EC2 backend needs an AMI: set DINREC_SPOT_IMAGE_ID (one with the NVIDIA driver)")
+        if not settings.instance_boundary_arn:
+            raise ValueError("the EC2 backend gives each job its own instance role under a permissions boundary: "
+                             "set DINREC_SPOT_INSTANCE_BOUNDARY_ARN (deploy/aws/instance-boundary.json)")
         self.aws, self.s, self.results_master = aws, settings, results_master
         self.ec2 = aws.client("ec2")
+        self.role = JobRole(aws.client("iam"), settings.instance_boundary_arn)
 
     def _subnets(self, avoid_zone: str | None) -> list[tuple[str | None, str | None]]:
         if not self.s.subnet_ids:
@@ -88,11 +95,10 @@ class Ec2Backend(Backend):
             "UserData": base64.b64encode(user_data.encode()).decode(),
             "MetadataOptions": {"HttpTokens": "required", "HttpEndpoint": "enabled", "HttpPutResponseHopLimit": 2},
             "InstanceInitiatedShutdownBehavior": "terminate",
+            "IamInstanceProfile": {"Arn": self.role.ensure(spec.job_id, spec.job_uri)},
             "TagSpecifications": [{"ResourceType": "instance", "Tags": _tags(spec, attempt)},
                                   {"ResourceType": "volume", "Tags": _tags(spec, attempt)}],
         }
-        if self.s.instance_profile_arn:
-            data["IamInstanceProfile"] = {"Arn": self.s.instance_profile_arn}
         if self.s.key_name:
             data["KeyName"] = self.s.key_name
         if self.s.security_group_ids:
@@ -119,6 +125,9 @@ class Ec2Backend(Backend):
         launched = [i for i in resp.get("Instances", []) if i.get("InstanceIds")]
         if not launched:
             errors = "; ".join(f"{e.get('ErrorCode')}: {e.get('ErrorMessage')}" for e in resp.get("Errors", []))
+            if "instance profile" in errors.lower() or "iaminstanceprofile" in errors.lower():
+                # IAM is eventually consistent: EC2 may not see a profile made seconds ago
+                raise CloudError(f"the job's instance profile is not visible to EC2 yet: {errors}", PROFILE_NOT_READY)
             raise CloudError(f"no spot capacity for {[t.name for t in types]}: {errors or 'no instance launched'}",
                              "InsufficientInstanceCapacity")
         instance_id = launched[0]["InstanceIds"][0]
@@ -140,12 +149,13 @@ class Ec2Backend(Backend):
         call("ec2.terminate_instances", self.ec2.terminate_instances, InstanceIds=[attempt.backend_id])
 
     def cleanup(self, spec: JobSpec) -> None:
-        """Delete the job's launch templates (one per attempt; a region holds at most 5,000)."""
+        """Delete the job's launch templates (one per attempt; a region holds at most 5,000) and its role."""
         resp = call("ec2.describe_launch_templates", self.ec2.describe_launch_templates,
                     Filters=[{"Name": f"tag:{JOB_TAG}", "Values": [spec.job_id]}])
         for template in resp.get("LaunchTemplates", []):
             call("ec2.delete_launch_template", self.ec2.delete_launch_template,
                  LaunchTemplateId=template["LaunchTemplateId"])
+        self.role.delete(spec.job_id)
 
 
 class SageMakerBackend(Backend):

@@ -22,7 +22,9 @@ class SpotSettings(BaseSettings):
     subnet_ids: list[str] = Field(default_factory=list, description="one per availability zone to spread over")
     security_group_ids: list[str] = Field(default_factory=list, description=(
         "security groups of the instances (EC2 backend; JSON list)"))
-    instance_profile_arn: str | None = Field(None, description="lets the instance read/write the job's S3 prefix")
+    instance_boundary_arn: str | None = Field(None, description=(
+        "EC2 backend: the permissions boundary (deploy/aws/instance-boundary.json as a managed policy) under which "
+        "each job gets its own instance role, one that may write only that job's prefix; deleted when the job ends"))
     key_name: str | None = Field(None, description="EC2 key pair for SSH to the instances (none: no SSH)")
     install: str = Field("pip install 'dinrec[gpu]'", description=(
         "shell line that installs dinrec on the instance, where no DINREC_SPOT_WHEEL is given (set it explicitly: "

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from spot.backends import Backend, Liveness
+from spot.backends import PROFILE_NOT_READY, Backend, Liveness
 from spot.catalog import InstanceType
 from spot.job import FINAL, Attempt, JobSpec, JobState, now
 from spot.jobstore import JobStore
@@ -177,7 +177,8 @@ class Supervisor:
                     self._launch()
                     failed_launches = 0
                 except CloudError as exc:
-                    if exc.code not in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "Unsupported"):
+                    if exc.code not in ("InsufficientInstanceCapacity", "SpotMaxPriceTooLow", "Unsupported",
+                                        PROFILE_NOT_READY):
                         raise
                     failed_launches += 1  # no capacity now: wait and retry, but not forever
                     if failed_launches > self.spec.max_relaunches:

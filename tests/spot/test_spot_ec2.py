@@ -30,12 +30,17 @@ def ec2_env(aws_env, tmp_path):
     ec2 = boto3.client("ec2", endpoint_url=aws_env, region_name="us-east-1")
     subnets = ec2.describe_subnets()["Subnets"][:2]
     ami = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    iam = boto3.client("iam", endpoint_url=aws_env, region_name="us-east-1")
+    boundary = (REPO / "deploy" / "aws" / "instance-boundary.json").read_text()
+    boundary_arn = iam.create_policy(PolicyName=f"dinrec-instance-boundary-{tmp_path.name}"[:128],
+                                     PolicyDocument=boundary.replace("BUCKET", BUCKET).replace("PREFIX", "spot"),
+                                     )["Policy"]["Arn"]
     env = {**os.environ, "DINREC_SPOT_BACKEND": "ec2", "DINREC_SPOT_STATE_URI": f"s3://{BUCKET}/spot",
-           "DINREC_SPOT_IMAGE_ID": ami,
+           "DINREC_SPOT_IMAGE_ID": ami, "DINREC_SPOT_INSTANCE_BOUNDARY_ARN": boundary_arn,
            "DINREC_SPOT_SUBNET_IDS": json.dumps([s["SubnetId"] for s in subnets]),
            "DINREC_SPOT_ENDPOINT_URL": aws_env, "DINREC_SPOT_INSTALL": "true", "DINREC_SPOT_POLL_S": "0.5",
            "DINREC_SPOT_RESULTS_KEY": "e" * 64}
-    return {"s3": s3, "ec2": ec2, "env": env, "endpoint": aws_env}
+    return {"s3": s3, "ec2": ec2, "iam": iam, "env": env, "endpoint": aws_env}
 
 
 class InstancePlayer(threading.Thread):
@@ -154,6 +159,10 @@ def test_interrupted_spot_job_is_relaunched_resumes_and_ends_with_the_uninterrup
     for lt in player.templates.values():
         assert lt["MetadataOptions"]["HttpTokens"] == "required"
         assert lt["InstanceInitiatedShutdownBehavior"] == "terminate"
+        # each instance runs as its job's own role (tests/spot/test_job_role.py holds what it may write)
+        assert lt["IamInstanceProfile"]["Arn"].endswith(f":instance-profile/dinrec/dinrec-job-{job_id}")
+    iam = ec2_env["iam"]
+    assert not [r for r in iam.list_roles(PathPrefix="/dinrec/")["Roles"] if job_id in r["RoleName"]]  # deleted
     templates = ec2.describe_launch_templates()["LaunchTemplates"]
     assert not [t for t in templates if t["LaunchTemplateName"].startswith(f"dinrec-{job_id}")]  # cleaned up
     script = next(iter(player.scripts.values()))
