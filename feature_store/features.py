@@ -24,6 +24,7 @@ DEFAULT_SEEN_CAP = 10_000  # event ids per user the dedup set keeps within its w
 DEFAULT_POPULARITY_WINDOW_S = 24 * 3600.0  # popularity counts a (user, item) once within this window
 DEFAULT_CATALOG_MIN_USERS = 3  # popularity an item clients name needs before it joins the catalog
 DEFAULT_AB_USER_CAP = 1000  # impressions, and clicks, one user adds to an experiment's counts
+DEFAULT_ATTRIBUTION_WINDOW_S = 3600.0  # a click joins its impression within this window (either may come first)
 BEHAVIOUR_TYPES = frozenset({"view", "click", "cart", "fav", "buy"})
 
 

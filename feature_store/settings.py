@@ -8,7 +8,12 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from feature_store.features import DEFAULT_DEDUP_WINDOW_S, DEFAULT_HISTORY_LEN, DEFAULT_INTERACTED_CAP
+from feature_store.features import (
+    DEFAULT_ATTRIBUTION_WINDOW_S,
+    DEFAULT_DEDUP_WINDOW_S,
+    DEFAULT_HISTORY_LEN,
+    DEFAULT_INTERACTED_CAP,
+)
 from storage.settings import SharedSettings
 
 
@@ -61,6 +66,9 @@ class FeatureStoreSettings(SharedSettings):
         DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
         description="an event id is applied once per user within this many seconds of its first application "
                     "(the store keeps one id per event for this long)")
+    attribution_window_s: float = Field(DEFAULT_ATTRIBUTION_WINDOW_S, ge=1, le=30 * 24 * 3600, description=(
+        "an experiment's click joins its impression if the two arrive within this many seconds of each other, "
+        "in either order; what the join keeps per request expires with it (at most the dedup window)"))
     stream: Literal["inprocess", "kafka"] = Field("inprocess", description=(
         "the event stream: inprocess (embedded) or kafka"))
     kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3, description=(

@@ -25,7 +25,8 @@ def _bounds(settings: FeatureStoreSettings) -> dict:
     return {"history_cap": settings.history_len, "dedup_window_s": settings.dedup_window_s,
             "interacted_cap": settings.interacted_cap, "user_ttl_s": settings.user_ttl_days * 86400,
             "seen_cap": settings.seen_cap, "popularity_window_s": settings.popularity_window_h * 3600,
-            "catalog_min_users": settings.catalog_min_users, "ab_user_cap": settings.ab_user_cap}
+            "catalog_min_users": settings.catalog_min_users, "ab_user_cap": settings.ab_user_cap,
+            "attribution_window_s": settings.attribution_window_s}
 
 
 def open_store(settings: FeatureStoreSettings) -> OnlineStore:

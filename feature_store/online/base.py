@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from feature_store.features import (
     DEFAULT_AB_USER_CAP,
+    DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
@@ -106,6 +107,9 @@ class OnlineStore(ABC):
       same atomic step as everything else, so they are exactly once like the histories. A user adds
       at most ``ab_user_cap`` impressions, and as many clicks, to an experiment's counts; beyond
       that they are counted apart (``capped``): a bot cannot outweigh the people in an arm.
+    * A click joins its impression if the two arrive within ``attribution_window_s`` of each other, in
+      either order; what each impression and each early click leaves for the join expires with the window
+      (not with the dedup window: an experiment's per-request state must not outlive its use).
     """
 
     # Shards of the store's data, one per stream partition (feature_store.partitioning); a write is
@@ -116,7 +120,8 @@ class OnlineStore(ABC):
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
                  user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP,
                  popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
-                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP) -> None:
+                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP,
+                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S) -> None:
         """``user_ttl_s``: a user's keys (history, items taken, dedup ids, A/B state) expire this long after
         their last write, so invented user ids cannot fill the store (0: never); ``seen_cap``: event ids a
         user's dedup set keeps (the oldest go first: past it, a redelivery of an old one would apply again),
@@ -143,6 +148,9 @@ class OnlineStore(ABC):
             raise ValueError("dedup_window_s must be >= 1 second")
         self.history_cap = history_cap
         self.dedup_window_s = float(dedup_window_s)
+        if not 1 <= attribution_window_s <= dedup_window_s:
+            raise ValueError("attribution_window_s must be >= 1 second and at most the dedup window")
+        self.attribution_window_s = float(attribution_window_s)
         self._clock = clock or time.time  # injectable: tests move time past the dedup window
 
     def write(self, events: Sequence[BehaviourEvent], offsets: StreamOffsets | None = None) -> int:

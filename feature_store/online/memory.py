@@ -11,6 +11,7 @@ from typing import Any
 from feature_store.errors import OffsetConflict
 from feature_store.features import (
     DEFAULT_AB_USER_CAP,
+    DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
@@ -44,9 +45,10 @@ class MemoryStore(OnlineStore):
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
                  user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP,
                  popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
-                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP) -> None:
+                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP,
+                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S) -> None:
         super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap,
-                         popularity_window_s, catalog_min_users, ab_user_cap)
+                         popularity_window_s, catalog_min_users, ab_user_cap, attribution_window_s)
         # The store-wide tables that expire from their oldest entry are OrderedDicts: a plain dict's first entry is
         # found by scanning the holes its deletions left at the front, which made a long-running store slower
         # by the minute (`dinrec bench soak`); an OrderedDict's is at hand.
@@ -126,8 +128,8 @@ class MemoryStore(OnlineStore):
             self._head = None  # popularity moved since the last write
             # Attribution entries were inserted in time order: drop the expired ones from the front,
             # as Redis lets them expire, so a long-running embedded service does not grow without end.
-            _drop_oldest(self._att, lambda v: v[2] <= now - self.dedup_window_s)
-            _drop_oldest(self._pending, lambda v: v[1] <= now - self.dedup_window_s)
+            _drop_oldest(self._att, lambda v: v[2] <= now - self.attribution_window_s)
+            _drop_oldest(self._pending, lambda v: v[1] <= now - self.attribution_window_s)
             if offsets is not None:
                 held = self._offsets[offsets.topic]
                 stale = {p: held.get(p, -1) for p, want in offsets.expected.items() if held.get(p, -1) != want}
@@ -171,7 +173,7 @@ class MemoryStore(OnlineStore):
                     if r.kind == "C":
                         key = (r.request_id, h.item_id)
                         att = self._att.get(key)
-                        shown = att if att is not None and att[2] > now - self.dedup_window_s else None
+                        shown = att if att is not None and att[2] > now - self.attribution_window_s else None
                         if shown is None or shown[3] != user:
                             self._unattributed["orphan_clicks"] += 1  # never shown to this user, or clicked
                             if shown is None:  # its impression may follow

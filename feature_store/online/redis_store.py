@@ -61,6 +61,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
 from feature_store.features import (
     DEFAULT_AB_USER_CAP,
+    DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_INTERACTED_CAP,
@@ -90,10 +91,10 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
 # A raw string: Lua, not Python, reads the \31 escapes (decimal 31, the separator).
 # Experiment and catalog keys are built here from the shard's base, so they share the slot of KEYS:
-#   {base}:att:{request}           hash item -> "experiment\31variant\31user" until clicked (expires with the
-#                                  dedup window); a click is the clicking user's, so it is in their shard
+#   {base}:att:{request}           hash item -> "experiment\31variant\31user\31landed" until clicked (expires with the
+#                                  attribution window); a click is the clicking user's, so it is in their shard
 #   {base}:pend:{request}          hash item -> "user\31arrived": a click that came before its impression, joined
-#                                  when the impression lands within the dedup window (until then an orphan)
+#                                  when the impression lands within the attribution window (until then an orphan)
 #   {base}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
 #   {base}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the shard's users of the variant),
 #                                  tail_c (clicks on long-tail items by the shard's popularity at the time:
@@ -110,7 +111,9 @@ local icap = tonumber(ARGV[5])
 local nparts = tonumber(ARGV[6])
 local user_ttl, seen_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
 local pop_window, catalog_min, ab_cap = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local i = 12
+local att_window = tonumber(ARGV[12])
+local FIRST_PART = 13  -- the partitions' (partition, expected, last) triples start here
+local i = FIRST_PART
 local conflicts = {0}
 for _ = 1, nparts do
   local stored = tonumber(redis.call('HGET', KEYS[1], ARGV[i]) or '-1')
@@ -120,7 +123,7 @@ for _ = 1, nparts do
   i = i + 3
 end
 if #conflicts > 1 then return conflicts end
-i = 12
+i = FIRST_PART
 for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
@@ -170,7 +173,7 @@ local function count(user, exp, var, click, item)
   if user_ttl > 0 then redis.call('EXPIRE', ukey, user_ttl) end
 end
 local applied, behaviours = 0, 0
-local ttl, pop_ttl = math.ceil(window), math.ceil(pop_window)
+local ttl, pop_ttl, att_ttl = math.ceil(window), math.ceil(pop_window), math.ceil(att_window)
 local increments = {}  -- item -> new behaviours: one ZINCRBY per item, not per event (Zipf traffic)
 local categories = {}  -- item -> its category in this batch: the catalog keeps the first ever seen
 for u = 1, (#KEYS - 2) / 3 do
@@ -191,15 +194,15 @@ for u = 1, (#KEYS - 2) / 3 do
         local pend = prefix .. ':pend:' .. f[6]
         local waiting = redis.call('HGET', pend, item)
         waiting = waiting and split(waiting)  -- {user, when it arrived}: the window by the store's clock
-        if waiting and waiting[1] == user and tonumber(waiting[2]) > now - window then
+        if waiting and waiting[1] == user and tonumber(waiting[2]) > now - att_window then
           -- Its click arrived first (impressions are logged off the request path): joined now, once.
           redis.call('HDEL', pend, item)
           redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', -1)
           count(user, f[7], f[8], true, item)
         else
           local att = prefix .. ':att:' .. f[6]
-          redis.call('HSET', att, item, f[7] .. '\31' .. f[8] .. '\31' .. user)
-          redis.call('EXPIRE', att, ttl)
+          redis.call('HSET', att, item, f[7] .. '\31' .. f[8] .. '\31' .. user .. '\31' .. now)
+          redis.call('EXPIRE', att, att_ttl)
         end
         applied = applied + 1
       -- ZADD answers 0 for a member still in the history whose seen-entry expired: applied before.
@@ -218,16 +221,20 @@ for u = 1, (#KEYS - 2) / 3 do
           local att = prefix .. ':att:' .. f[6]
           local ev = redis.call('HGET', att, item)
           local shown = ev and split(ev)
+          -- {experiment, variant, user, when it landed}: the window by the store's clock, as the pending side
+          if shown and tonumber(shown[4] or now) <= now - att_window then shown = nil end
           if shown and shown[3] == user then
             redis.call('HDEL', att, item)
             count(user, shown[1], shown[2], true, item)
           else
-            -- Counted apart; one whose impression is not logged yet waits for it (the dedup window)
+            -- Counted apart; one whose impression is not logged yet waits for it (the attribution window)
             -- and is joined when it lands: a click may outrun its impression.
             redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', 1)
             if not shown then
               local pend = prefix .. ':pend:' .. f[6]
-              if redis.call('HSETNX', pend, item, user .. '\31' .. now) == 1 then redis.call('EXPIRE', pend, ttl) end
+              if redis.call('HSETNX', pend, item, user .. '\31' .. now) == 1 then
+                redis.call('EXPIRE', pend, att_ttl)
+              end
             end
           end
         end
@@ -308,9 +315,10 @@ class RedisStore(OnlineStore):
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
                  partitions: int = 1, cluster: bool = False, user_ttl_s: float = DEFAULT_USER_TTL_S,
                  seen_cap: int = DEFAULT_SEEN_CAP, popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
-                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP) -> None:
+                 catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP,
+                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S) -> None:
         super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap,
-                         popularity_window_s, catalog_min_users, ab_user_cap)
+                         popularity_window_s, catalog_min_users, ab_user_cap, attribution_window_s)
         if not prefix or any(c in prefix for c in "{}*?[]"):
             raise ValueError(f"redis key prefix {prefix!r}: empty, or a brace or glob character (braces are hash tags)")
         if partitions < 1:
@@ -462,7 +470,7 @@ class RedisStore(OnlineStore):
         keys = [self._offsets_key(shard, offsets.topic if offsets else ""), f"{base}:pop"]
         args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, base, self.interacted_cap,
                                          len(parts), int(self.user_ttl_s), self.seen_cap, self.popularity_window_s,
-                                         self.catalog_min_users, self.ab_user_cap]
+                                         self.catalog_min_users, self.ab_user_cap, self.attribution_window_s]
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
         for user, rs in by_user.items():

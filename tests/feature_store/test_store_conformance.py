@@ -378,6 +378,35 @@ def test_a_click_that_outruns_its_impression_is_joined_when_the_impression_lands
     assert state.sums("exp1")["A"].clicks == 2 and state.unattributed()["orphan_clicks"] == 3
 
 
+@pytest.mark.parametrize("backend", STORE_KINDS)
+def test_the_click_join_keeps_per_request_state_for_the_attribution_window_only(backend, request, unique, clock):
+    """A click joins its impression within ``attribution_window_s`` (60 s here), either may come first;
+    later it is an orphan, and what the join kept per request is gone — a day's experiment answers must
+    not hold a day of keys (the dedup window, an hour here, is not the join's)."""
+    store = next(online_store(backend, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                              attribution_window_s=60, catalog_min_users=1))
+    state = open_state(store)
+    store.write([imp("u1", "a", "r1", "A"), imp("u1", "b", "r1", "A"), click("u1", "c", "r2")])
+    clock.now += 30
+    store.write([click("u1", "a", "r1")])  # within the window: attributed
+    assert state.sums("exp1")["A"].clicks == 1 and state.unattributed()["orphan_clicks"] == 1
+    clock.now += 31
+    store.write([click("u1", "b", "r1"), imp("u1", "c", "r2", "A")])  # 61 s after each other: no join
+    assert state.sums("exp1")["A"].clicks == 1 and state.unattributed()["orphan_clicks"] == 2
+    if store.backend == "memory":
+        clock.now += 61
+        store.write([ev("someone", "i1", 1.0)])  # any write lets the embedded store drop what expired
+        assert not store._att and not store._pending
+    else:
+        r = store.client
+        keys = [k for k in r.scan_iter(f"{store.prefix}:*") if ":att:" in k or ":pend:" in k]
+        assert keys and all(0 < r.ttl(k) <= 60 for k in keys)
+        store.flush_prefix()
+        store.close()
+    with pytest.raises(ValueError, match="attribution_window_s"):
+        next(online_store(backend, request, unique, history_cap=5, dedup_window_s=60, attribution_window_s=61))
+
+
 def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     state = open_state(store)
     assert state.stop("exp1", "B", {"at": 1.0, "lift": -0.2}) is True
