@@ -26,6 +26,7 @@ from serving.admin import router as admin_router
 from serving.admin_catalog import router as admin_catalog_router
 from serving.admin_experiments import router as admin_experiments_router
 from serving.admin_experiments import watch_document
+from serving.allocator import limit_arenas
 from serving.catalog import Catalog
 from serving.deps import ServiceState
 from serving.errors import install_error_handlers
@@ -87,6 +88,7 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     and the stream, the in-app ingest, the models, the outbox, the impression log, then the background
     loops (models, experiments, guardrail, catalog). Stopping runs the other way: loops first, then
     impressions into the outbox, the outbox drained into the stream, ingest, the stream, the store."""
+    limit_arenas(settings.malloc_arenas)  # before the threads that serve start
     if store is None:
         store = open_store(fs_settings)
         parts.callback(store.close)

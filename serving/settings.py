@@ -98,6 +98,9 @@ class ServingSettings(SharedSettings, RankingSettings):
         "a folder the worker processes of this replica share (their merged /metrics, which worker runs the "
         "guardrail's decisions); `dinrec serve` with several workers makes a temporary one unless this is set"))
     torch_threads: int | None = Field(None, ge=1, le=256, description="per worker; default: CPUs / workers")
+    malloc_arenas: int = Field(2, ge=0, le=1024, description=(
+        "glibc malloc arenas per worker (0: glibc's default, 8 per core): a few keep freed memory where it can "
+        "be reused, so a long-running worker's RSS stays flat (serving/allocator.py)"))
     log_format: Literal["json", "text"] = Field("json", description="one JSON object per log line, or plain text")
     max_k: int = Field(100, ge=1, le=1000, description="the largest list GET /recommend may ask for (k above it: 422)")
     default_k: int = Field(10, ge=1, le=1000, description="the list length when a request names no k")
