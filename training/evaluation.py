@@ -44,6 +44,7 @@ from feature_store.long_tail import long_tail_mask
 from models.bundle import Bundle
 from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace, target_found, top_unseen
+from retrieval.covisit import CoVisitation
 from training.data import gather_history
 from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
@@ -194,10 +195,11 @@ def served_lists(bundle: Bundle, samples: SampleSet, split: Split, rows: np.ndar
     return out
 
 
-def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K) -> tuple[dict, dict]:
+def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K,
+              lane: CoVisitation | None = None) -> tuple[dict, dict]:
     """HR@k of what popularity (training counts) and item-CF (the co-visitation lane fitted on the
-    training behaviours, tuned on validation) serve on the holdout rows' behaviours, history excluded:
-    ({name: {"served_hr"}}, {name: per-behaviour hits})."""
+    training behaviours, tuned on validation; ``lane``: that one, already fitted) serve on the holdout
+    rows' behaviours, history excluded: ({name: {"served_hr"}}, {name: per-behaviour hits})."""
     from retrieval.baselines import Popularity
     from training.export import fit_covisitation
 
@@ -206,7 +208,8 @@ def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K) -> tuple[
     hist = gather_history(torch.from_numpy(samples.seq_items), torch.from_numpy(split.hist_end[positives]),
                           torch.from_numpy(split.hist_len[positives]), samples.seq_len).tolist()
     pop = Popularity(np.bincount(samples.train.target_item[samples.train.label == 1], minlength=samples.vocab.n_items))
-    lane, _ = fit_covisitation(samples)
+    if lane is None:
+        lane, _ = fit_covisitation(samples)
     recall = {"popularity": lambda h: pop.recall(h, k),
               "item_cf": lambda h: lane.recall(h, k, excluded=set(h))[0]}
     out, hits = {}, {}
@@ -225,7 +228,9 @@ def served_comparison(bundle: Bundle, samples: SampleSet) -> dict:
     rows = np.arange(len(samples.test))
     units: dict = {}
     served = measure(bundle, samples, rows, units=units)["served_hr"]
-    found, hits = baselines(samples, rows)
+    # A bundle exported from these samples carries the very lane item-CF is (fitted and tuned on them).
+    same = bundle.covisit is not None and list(bundle.vocab.items) == list(samples.vocab.items)
+    found, hits = baselines(samples, rows, lane=bundle.covisit if same else None)
     out: dict = {"split": "test", "k": SERVED_K, "served_hr": round(served, 5), "baselines": found}
     differences = baseline_differences(units["served_hr"], hits)
     for name in hits:

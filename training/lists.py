@@ -40,6 +40,9 @@ from training.samples import SampleSet, Split, training_ends
 
 _DENSE_CELLS = 1 << 24  # rows × items scored at once when mining (64 MB of float32)
 _POOL_CELLS = 1 << 28  # hard-negative pools kept for every training positive up to this many entries (1 GB)
+# The co-visitation pair inputs as one dense (lanes, items, items) table up to this many entries (256 MB of
+# float32: the guard's 6 lanes up to ~3,300 items); past it, a binary search over the neighbour rows.
+DENSE_PAIRS_MAX = 1 << 26
 
 
 @dataclass(frozen=True)
@@ -125,7 +128,7 @@ class ListData:
             others = [seq for u, seq in enumerate(seqs) if self.folds[u] != f and len(seq)]
             guarded.append(CoVisitation.from_item_cf(ItemCF.fit(others, self.n_items, cfg), lane.cfg.neighbours))
         self.fold_lanes = guarded
-        self.pairs = PairTable([*guarded, lane])  # lane index F: the served one
+        self.pairs = PairTable([*guarded, lane], DENSE_PAIRS_MAX)  # lane index F: the served one
         self.served_lane = settings.guard_folds
         # Training counts, and each user's own (the guard subtracts them).
         flat = np.concatenate(seqs) if seqs else np.zeros(0, dtype=np.int64)

@@ -86,7 +86,7 @@ class TrainSettings(BaseSettings):
         "end training after this many steps (the epoch in progress is evaluated as the last); 0: no limit"))
     patience: int | None = Field(None, ge=0, description=(
         "stop after this many epochs without a better validation figure (listwise: DIN alone's HR@10 over the "
-        "served candidates; pointwise: GAUC) and keep the best epoch's weights; 0: off (default: 3 listwise, "
+        "served candidates; pointwise: GAUC) and keep the best epoch's weights; 0: off (default: 2 listwise, "
         "0 pointwise)"))
     checkpoint_every: int = Field(0, ge=0, description="also checkpoint every N steps (0: at epoch ends only)")
     keep_checkpoints: int = Field(3, ge=1, description="checkpoints kept (oldest deleted first)")
@@ -112,7 +112,7 @@ class TrainSettings(BaseSettings):
         if self.epochs is None:
             self.epochs = 20 if listwise else 2
         if self.patience is None:
-            self.patience = 3 if listwise else 0
+            self.patience = 2 if listwise else 0
         return self
 
     @model_validator(mode="after")

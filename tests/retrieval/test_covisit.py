@@ -59,3 +59,27 @@ def test_the_pair_tables_batched_scores_are_the_lanes_own(item_cf):
     for r, h in enumerate(histories):
         want = lanes[int(fold[r])].score(h, np.arange(60))
         assert np.allclose(got[r].numpy(), want, rtol=1e-5, atol=1e-6) and want.max() > 0
+
+
+def test_the_dense_pair_table_looks_up_what_the_sparse_one_does(item_cf):
+    """Training spreads the lanes into a dense table; every (candidate, behaviour) reads the same
+    similarity as the binary search over the neighbour rows, unknown behaviours and cold candidates 0."""
+    import torch
+
+    from retrieval.covisit import PairTable
+
+    lanes = [CoVisitation.from_item_cf(item_cf, neighbours=m) for m in (8, 8, 8)]
+    lanes[1] = CoVisitation(lanes[1].neighbours, lanes[1].weights * 2, lanes[1].cfg)
+    lanes[2] = CoVisitation(lanes[2].neighbours[::-1].copy(), lanes[2].weights[::-1].copy(), lanes[2].cfg)
+    n = lanes[0].n_items
+    sparse, dense = PairTable(lanes), PairTable(lanes, dense_max_entries=3 * n * n)
+    assert sparse.dense is None and dense.dense is not None
+    gen = torch.Generator().manual_seed(0)
+    hist = torch.randint(0, n + 5, (16, 12), generator=gen)  # 0: padding; ≥ n: unknown to the lanes
+    hist[:, :3] = 0
+    cand = torch.randint(0, n + 5, (16, 30), generator=gen)  # ≥ n: cold
+    fold = torch.randint(0, 3, (16,), generator=gen)
+    want = sparse.lookup(hist, cand, fold)  # (B, N, L)
+    assert (want > 0).sum() > 20  # the draw meets real neighbours
+    assert torch.equal(dense.lookup(hist, cand, fold), want)
+    assert torch.equal(dense.lookup(hist, cand), sparse.lookup(hist, cand))
