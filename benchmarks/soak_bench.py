@@ -29,8 +29,8 @@ from retrieval.index import IndexSpec
 from serving.server import free_port
 
 # Short windows, so that what invented ids make the store hold expires within the run.
-SHORT_WINDOWS = {"DINREC_DEDUP_WINDOW_S": "60", "DINREC_USER_TTL_DAYS": str(120 / 86400),
-                 "DINREC_POPULARITY_WINDOW_H": str(60 / 3600)}
+SHORT_WINDOWS = {"DINREC_DEDUP_WINDOW_S": "60", "DINREC_ATTRIBUTION_WINDOW_S": "60",
+                 "DINREC_USER_TTL_DAYS": str(120 / 86400), "DINREC_POPULARITY_WINDOW_H": str(60 / 3600)}
 
 
 def _post(port: int, path: str, body: dict) -> bytes:

@@ -68,7 +68,7 @@ class FeatureStoreSettings(SharedSettings):
                     "(the store keeps one id per event for this long)")
     attribution_window_s: float = Field(DEFAULT_ATTRIBUTION_WINDOW_S, ge=1, le=30 * 24 * 3600, description=(
         "an experiment's click joins its impression if the two arrive within this many seconds of each other, "
-        "in either order; what the join keeps per request expires with it (at most the dedup window)"))
+        "in either order; what the join keeps per request expires with it"))
     stream: Literal["inprocess", "kafka"] = Field("inprocess", description=(
         "the event stream: inprocess (embedded) or kafka"))
     kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3, description=(

@@ -404,7 +404,7 @@ def test_the_click_join_keeps_per_request_state_for_the_attribution_window_only(
         store.flush_prefix()
         store.close()
     with pytest.raises(ValueError, match="attribution_window_s"):
-        next(online_store(backend, request, unique, history_cap=5, dedup_window_s=60, attribution_window_s=61))
+        next(online_store(backend, request, unique, history_cap=5, attribution_window_s=0.5))
 
 
 def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
