@@ -90,8 +90,8 @@ class ItemCF:
             part = histories[lo:lo + chunk]
             recent = [np.asarray(h[-self.cfg.last:], dtype=np.int64)[::-1] for h in part]  # newest first
             rows = np.repeat(np.arange(len(part)), [len(r) for r in recent])
-            weights = np.concatenate([self.cfg.decay ** np.arange(len(r)) for r in recent]) if len(rows) else []
-            query = sparse.csr_matrix((weights, (rows, np.concatenate(recent) if len(rows) else rows)),
+            weights = np.concatenate([self.cfg.decay ** np.arange(len(r)) for r in recent])
+            query = sparse.csr_matrix((weights, (rows, np.concatenate(recent))),
                                       shape=(len(part), self.sim.shape[0]))  # (C, I), duplicates summed
             scores = (query @ self.sim).toarray()  # (C, I)
             out += [_top_unseen(scores[r], n, h) for r, h in enumerate(part)]

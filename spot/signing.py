@@ -6,10 +6,11 @@ and no package swapped on an index reaches the retrain gate.
   supervisors on several machines share one). Each job's key is derived from it (HMAC of the job id),
   and only that job's instances get it (in their boot script). The agent signs the digest of every
   result file (``results.sig.json`` beside ``results/``), and whoever takes the results checks the files
-  it downloaded against it (:func:`check_results`): an instance of another job — the instance role may
-  write anywhere under the state prefix — cannot sign for this one, and a file changed after signing
-  fails its digest. The agent hands the key to its trainer, which signs its checkpoints with it and
-  resumes only from signed ones (training.checkpoint).
+  it downloaded against it (:func:`check_results`): an instance of another job — which its own role
+  (spot.job_role) already keeps out of this job's prefix on EC2, and a shared role (SageMaker's) does
+  not — cannot sign for this one, and a file changed after signing fails its digest. The agent hands the
+  key to its trainer, which signs its checkpoints with it and resumes only from signed ones
+  (training.checkpoint).
 * **The instance installs the wheel the job uploaded, by its hash** (``DINREC_SPOT_WHEEL``): the boot
   script refuses a wheel whose SHA-256 is not the one the job recorded (spot.job.boot_script).
 """

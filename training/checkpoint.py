@@ -12,8 +12,8 @@ so a checkpoint can never execute code.
 
 With a ``key`` (``DINREC_CHECKPOINT_KEY``: a spot job's agent gives its trainer the job's own key,
 spot.signing) every file of a checkpoint is signed (``sig`` beside ``meta.json``, ``shard-N.sig``
-beside each shard) and a checkpoint is resumed only if its signatures are the key's: an instance of
-another job — the instance role may write any job's checkpoints — cannot plant weights this job resumes.
+beside each shard) and a checkpoint is resumed only if its signatures are the key's: weights written by
+anything without the key (another job's instance, where a role is shared) are refused, not resumed.
 """
 
 from __future__ import annotations

@@ -111,16 +111,16 @@ def test_a_jobs_policy_stays_inside_the_boundary_the_operator_made():
     """The boundary caps every job role; a job policy asking for more would be silently cut by IAM."""
     from spot.job_role import job_policy
 
+    def listed(value):  # IAM allows one string or a list
+        return [value] if isinstance(value, str) else value
+
     boundary = json.loads(_boundary())["Statement"]
     policy = job_policy(f"s3://{BUCKET}/{PREFIX}/jobs/job-a")["Statement"]
     for statement in policy:
-        actions = [statement["Action"]] if isinstance(statement["Action"], str) else statement["Action"]
-        resources = [statement["Resource"]] if isinstance(statement["Resource"], str) else statement["Resource"]
-        for action in actions:
-            for resource in resources:
-                assert any(action in ([b["Action"]] if isinstance(b["Action"], str) else b["Action"])
-                           and any(fnmatch.fnmatchcase(resource, r)
-                                   for r in ([b["Resource"]] if isinstance(b["Resource"], str) else b["Resource"]))
+        for action in listed(statement["Action"]):
+            for resource in listed(statement["Resource"]):
+                assert any(action in listed(b["Action"])
+                           and any(fnmatch.fnmatchcase(resource, r) for r in listed(b["Resource"]))
                            for b in boundary), f"{action} on {resource} is outside the boundary"
     with pytest.raises(ValueError, match="S3"):
         job_policy("/var/jobs/job-a")
