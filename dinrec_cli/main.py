@@ -37,6 +37,24 @@ app.command("demo")(demo)
 app.command("simulate")(simulate)
 app.add_typer(bench_app, name="bench")
 
+EXIT_USAGE = 2  # a mistyped setting, a bad file, a refused input: retrying the same command cannot help
+EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: a dependency is down; the same command may succeed later (spot's and
+# retrain's "stopped after a checkpoint, run again" is 75 too: both mean "retry")
+
+
+def _print_version(asked: bool) -> None:
+    if asked:
+        from models.bundle import code_version
+
+        typer.echo(f"dinrec {code_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                       help="print the installed dinrec's version and exit")) -> None:
+    """dinrec: DIN recommendations, from behaviour logs to an HTTP API."""
+
 
 @app.command("config")
 def config() -> None:
@@ -46,22 +64,51 @@ def config() -> None:
     typer.echo(reference(), nl=False)
 
 
+def _configure_logging() -> None:
+    """Every process logs the same way: DINREC_LOG_FORMAT (json, the default, or text), warnings and
+    above (the services — serve, ingest, retrain — raise their own level to info)."""
+    import logging
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from serving import logs
+    from serving.settings import ServingSettings
+
+    field = ServingSettings.model_fields["log_format"]  # the one definition of the setting and its values
+    value = os.environ.get("DINREC_LOG_FORMAT", field.default)
+    try:
+        fmt = TypeAdapter(field.annotation).validate_python(value)
+    except ValidationError as exc:
+        raise ValueError(f"DINREC_LOG_FORMAT={value!r}: {exc.errors()[0]['msg']}") from None
+    logs.configure(fmt, logging.WARNING)
+
+
 def main() -> None:
     from dinrec_cli.config import unknown_warnings
     from feature_store.errors import FeatureStoreError
     from models.errors import BundleError
     from retrieval.errors import RetrievalError
-    from storage import CloudError
+    from storage import CloudError, outage
 
     atexit.register(quiet_triton_teardown)
     for line in unknown_warnings(os.environ):  # a mistyped variable would otherwise be dropped silently
         typer.echo(line, err=True)
     try:
-        app()
-    # expected failures: a message, not a traceback
-    except (FeatureStoreError, RetrievalError, CloudError, BundleError, ValueError) as exc:
+        _configure_logging()
+    except ValueError as exc:
         typer.echo(f"error: {exc}", err=True)
-        sys.exit(2)
+        sys.exit(EXIT_USAGE)
+    try:
+        app()
+    except Exception as exc:  # expected failures: a message and an exit code that says what to do, no traceback
+        down = outage(exc)
+        if down is not None:  # anywhere in the causes: a registry error raised from an unreachable S3 is one
+            typer.echo(f"error: {exc}\n(a dependency is unavailable: {type(down).__name__}; retry later)", err=True)
+            sys.exit(EXIT_TEMPFAIL)
+        if isinstance(exc, (FeatureStoreError, RetrievalError, CloudError, BundleError, ValueError)):
+            typer.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_USAGE)
+        raise
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ Backends (redis, kafka) map their client's errors into these once, at the adapte
 callers never catch a third-party exception type.
 """
 
+from storage.outage import DependencyUnavailable
+
 
 class FeatureStoreError(Exception):
     """Base class for feature_store errors."""
@@ -13,11 +15,11 @@ class InvalidEvent(FeatureStoreError, ValueError):
     """An event failed validation (bad JSON, a missing field, a value out of range)."""
 
 
-class StoreUnavailable(FeatureStoreError):
+class StoreUnavailable(FeatureStoreError, DependencyUnavailable):
     """The online store could not be reached or answered with an error."""
 
 
-class StreamUnavailable(FeatureStoreError):
+class StreamUnavailable(FeatureStoreError, DependencyUnavailable):
     """The event stream (broker) could not be reached or answered with an error."""
 
 

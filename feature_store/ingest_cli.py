@@ -41,7 +41,7 @@ def ingest(
     from feature_store.online import open_store
     from feature_store.streams import open_stream
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     settings = _kafka_settings()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -232,7 +232,7 @@ def archive(
     from feature_store.archive import Archiver
     from feature_store.streams import open_stream
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     settings = _kafka_settings()
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):

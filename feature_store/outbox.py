@@ -136,7 +136,8 @@ class Outbox:
 
     @property
     def pending_bytes(self) -> int:
-        return self._pending
+        with self._lock:  # read with the sent count's update (_advance), never between its halves
+            return self._pending
 
     def journal_problem(self) -> str | None:
         """Why events cannot be accepted now (readiness reports it), or None. After a failed put, the
@@ -206,8 +207,7 @@ class Outbox:
             self._stop.wait(delay)
             return
         backoff.reset()
-        self._advance(after, size)
-        self.sent += len(batch)
+        self._advance(after, size, len(batch))
 
     def _next_batch(self) -> tuple[list[OutgoingRecord], tuple[int, int], int]:
         while True:
@@ -227,11 +227,12 @@ class Outbox:
                 return [], (seg, off), 0
             self._advance((seg + 1, 0), 0)  # this segment is done: go on to the next one
 
-    def _advance(self, cursor: tuple[int, int], size: int) -> None:
+    def _advance(self, cursor: tuple[int, int], size: int, sent: int = 0) -> None:
         write_atomically(self.dir / "cursor", f"{cursor[0]} {cursor[1]}".encode(), durable=self.fsync)
-        with self._lock:
+        with self._lock:  # one step: a reader never sees the bytes gone and the records not yet counted as sent
             self._cursor = cursor
             self._pending -= size
+            self.sent += sent
         for old in self._segments():
             if old < cursor[0]:
                 self._seg_path(old).unlink(missing_ok=True)

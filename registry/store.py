@@ -52,6 +52,11 @@ class RegistryError(ValueError):
     """An unknown alias or version, a bad name, or a version that already exists."""
 
 
+class UnknownAlias(RegistryError):
+    """The alias is not set: the registry answered, and has no such alias (an outage is not this; it is
+    an error caused by a storage.DependencyUnavailable or a transient CloudError)."""
+
+
 class AliasConflict(RegistryError):
     """The alias did not hold the version its mover expected, or moved while it was being moved:
     nothing moved. Read it again and decide again."""
@@ -128,7 +133,7 @@ class _StoredRegistry:
     def resolve(self, alias: str) -> str:
         data = self._get(f"aliases/{_name('alias', alias)}")
         if data is None:
-            raise RegistryError(f"alias {alias!r} is not set in {self.uri}")
+            raise UnknownAlias(f"alias {alias!r} is not set in {self.uri}")
         return data.decode().strip()
 
     def aliases(self) -> dict[str, str]:

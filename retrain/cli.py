@@ -71,7 +71,7 @@ def retrain(
     from retrain.settings import RetrainSettings
     from training.settings import TrainSettings
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     overrides = {k: v for k, v in {"rollout": rollout, "registry": registry, "archive_dir": archive_dir,
                                    "work_dir": work_dir}.items() if v is not None}
     end = parse_time(until) if until else None

@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 import numpy as np
 
 from models.bundle import Bundle, code_version, load_bundle
-from registry.store import ANY, AliasConflict, RegistryError, open_registry
+from registry.store import ANY, AliasConflict, UnknownAlias, open_registry
 from retrain.drills import DRILLS, degrade_model, degrade_samples
 from retrain.events import read_window
 from retrain.gate import checks_json, decide
@@ -190,7 +190,7 @@ class RetrainJob:
     def _champion(self) -> tuple[str | None, Bundle | None]:
         try:
             version = self.registry.resolve("champion")
-        except RegistryError:
+        except UnknownAlias:  # the first model; a registry that cannot be read is an outage, raised
             return None, None
         return version, load_bundle(self.registry.bundle_dir(version))
 
@@ -290,7 +290,7 @@ class RetrainJob:
         try:
             if self.registry.resolve(alias) == version:
                 return  # a resumed run that already moved it
-        except RegistryError:
+        except UnknownAlias:
             pass
         self.registry.set_alias(alias, version, reason=reason, expected=expected)
 

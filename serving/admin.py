@@ -21,6 +21,7 @@ from starlette.exceptions import HTTPException
 from registry.store import AliasConflict, RegistryError
 from serving.deps import ServiceState, State
 from serving.models import ReloadFailed
+from storage import outage
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 # One line per change an operator made (which route, from where, what changed): kept apart, so it can
@@ -145,9 +146,9 @@ def rollback(state: State, request: Request, authorization: Auth = None) -> Mode
     before = models.current.model_version
     try:
         current, back = registry.rollback_target(alias)
-    except RegistryError as exc:
+    except RegistryError as exc:  # nothing to go back to (409), or the registry cannot be read (503)
         audit(request, "rollback refused", reason=str(exc))
-        raise HTTPException(409, str(exc)) from exc
+        raise HTTPException(503 if outage(exc) else 409, str(exc)) from exc
     _serve_then_move(state, request, "rollback", back, current, f"rollback from {current}")
     status = _status(state, changed=True, scope="fleet")
     audit(request, "rollback", alias=alias, version=back, before=before, now=status.model_version)

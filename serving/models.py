@@ -22,7 +22,7 @@ from pathlib import Path
 from feature_store.features import HistoryItem
 from models.bundle import load_bundle
 from models.ranking import Recommender
-from registry.store import RegistryError, open_registry
+from registry.store import UnknownAlias, open_registry
 from retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from serving.loops import every
 from serving.settings import ServingSettings
@@ -88,7 +88,7 @@ class ModelManager:
     def _variant_version(self, name: str) -> str:
         try:
             return self.registry.resolve(name)  # type: ignore[union-attr]
-        except RegistryError:
+        except UnknownAlias:
             return name  # not an alias: a version
 
     def _load_variant(self, name: str) -> None:

@@ -235,7 +235,6 @@ def spot_agent(
     results: Annotated[Path | None, typer.Option(help="upload this folder to results/ when done")] = None,
 ) -> None:
     """On the instance: run the command after `--` (dinrec train …) under the interruption watcher."""
-    import logging
     import sys
 
     from spot.agent import fetch_data, run_agent
@@ -243,7 +242,6 @@ def spot_agent(
     from spot.jobstore import open_job_store
     from spot.settings import SpotSettings
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     command = [a for a in ctx.args if a != "--"]
     if not command:
         raise ValueError("give the command to run after `--`, e.g. -- dinrec train --data …")

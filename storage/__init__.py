@@ -24,11 +24,12 @@ from storage.base import Storage, Versioned, WriteConflict
 from storage.files import file_sha256, folder_written_atomically, fsync_dir, write_atomically
 from storage.lease import Lease, LeaseHeld, LeaseLost
 from storage.local import LocalStorage
+from storage.outage import DependencyUnavailable, outage
 from storage.s3 import S3Storage
 
-__all__ = ["CloudError", "Lease", "LeaseHeld", "LeaseLost", "LocalStorage", "S3Storage", "Storage", "Versioned",
-           "WriteConflict", "aws_client", "call", "file_sha256", "folder_written_atomically", "fsync_dir",
-           "open_storage", "reraise_as", "s3_client", "write_atomically"]
+__all__ = ["CloudError", "DependencyUnavailable", "Lease", "LeaseHeld", "LeaseLost", "LocalStorage", "S3Storage",
+           "Storage", "Versioned", "WriteConflict", "aws_client", "call", "file_sha256", "folder_written_atomically",
+           "fsync_dir", "open_storage", "outage", "reraise_as", "s3_client", "write_atomically"]
 
 
 def open_storage(uri: str | Path, client: Any = None, durable: bool = False) -> Storage:

@@ -10,25 +10,37 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 
-class CloudError(RuntimeError):
-    """An AWS call failed; the message says which call and why."""
+# AWS's answers that mean "not now" rather than "not this": throttled, or the service failed.
+_TRANSIENT_CODES = frozenset({"Throttling", "ThrottlingException", "RequestLimitExceeded", "TooManyRequestsException",
+                              "SlowDown", "ServiceUnavailable", "InternalError", "InternalFailure", "RequestTimeout",
+                              "RequestTimeoutException", "PriorRequestNotComplete"})
 
-    def __init__(self, message: str, code: str | None = None) -> None:
+
+class CloudError(RuntimeError):
+    """An AWS call failed; the message says which call and why. ``transient``: AWS could not be reached or
+    answered "not now" (throttled, a 5xx) — worth retrying later, unlike a refusal or a missing credential."""
+
+    def __init__(self, message: str, code: str | None = None, transient: bool = False) -> None:
         super().__init__(message)
         self.code = code
+        self.transient = transient
 
 
 def call(what: str, fn: Callable[..., T], /, **kwargs: Any) -> T:
     """``fn(**kwargs)``, with botocore's errors turned into one :class:`CloudError` naming ``what``."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, HTTPClientError
+    from botocore.exceptions import ConnectionError as AwsConnectionError
 
     try:
         return fn(**kwargs)
     except ClientError as exc:
         err = exc.response.get("Error", {})
-        raise CloudError(f"{what}: {err.get('Code', 'error')}: {err.get('Message', exc)}", err.get("Code")) from exc
+        status = int(exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode") or 0)
+        transient = err.get("Code") in _TRANSIENT_CODES or status >= 500
+        raise CloudError(f"{what}: {err.get('Code', 'error')}: {err.get('Message', exc)}", err.get("Code"),
+                         transient) from exc
     except BotoCoreError as exc:  # no credentials, endpoint unreachable, bad region, …
-        raise CloudError(f"{what}: {exc}") from exc
+        raise CloudError(f"{what}: {exc}", transient=isinstance(exc, (AwsConnectionError, HTTPClientError))) from exc
 
 
 def reraise_as(error: type[Exception], where: str, what: str, fn: Callable, *args: Any) -> Any:

@@ -8,7 +8,6 @@ checkpoint after the current step (the spot agent sends it on a rebalance recomm
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import signal
@@ -82,7 +81,6 @@ def train(
     from training.samples import SampleSet, is_sample_dir
     from training.settings import TrainSettings
 
-    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     overrides = {k: v for k, v in {"objective": objective, "epochs": epochs, "seq_len": seq_len,
                                    "batch_size": batch_size, "negatives": negatives,
                                    "negative_power": negative_power, "seed": seed, "device": device,

@@ -108,9 +108,9 @@ class KafkaStream(EventStream):
             deadline = time.monotonic() + self._timeout_s
             while not (have := self._partitions(admin)) and time.monotonic() < deadline:
                 time.sleep(0.1)  # metadata catches up with the creation
-        except KafkaException as exc:
+        except (KafkaException, TimeoutError) as exc:  # the admin future times out when no broker answers
             raise StreamUnavailable(f"kafka topic {self.topic!r} could not be created at {self.bootstrap}: "
-                                    f"{exc}") from exc
+                                    f"{str(exc) or f'no answer in {self._timeout_s} s'}") from exc
         if len(have) < partitions:
             # Not raised automatically: more partitions move users to other partitions (key hashing).
             log.warning("topic %s has %d partitions (%d wanted); add them with kafka-topics --alter",
