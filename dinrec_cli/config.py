@@ -41,6 +41,32 @@ COMPONENTS: tuple[tuple[str, type[BaseSettings], str], ...] = (
     ("Spot jobs", SpotSettings, "spot, retrain --spot, plan"),
 )
 
+# What a deployment must set, in the order an operator meets it: name → (an example value, why). The
+# defaults are the laptop's (embedded store and stream, models in a folder, anyone may name any user);
+# a deployment that leaves these at their defaults runs, and loses data or trust.
+MUST_SET: dict[str, tuple[str, str]] = {
+    "DINREC_STORE": ("redis", "the embedded store lives and dies with one process: redis or redis-cluster"),
+    "DINREC_REDIS_URL": ("redis://redis:6379/0", "where it is (its maxmemory-policy must be noeviction)"),
+    "DINREC_STREAM": ("kafka", "the in-process stream reaches no other process: kafka"),
+    "DINREC_KAFKA_BOOTSTRAP": ("kafka:9092", "where it is"),
+    "DINREC_TOPIC_REPLICATION": ("3", "topics dinrec creates survive a broker (min.insync.replicas 2)"),
+    "DINREC_OUTBOX_DIR": ("/var/lib/dinrec/outbox", "events accepted while Kafka is away wait here: a volume that "
+                          "outlives the pod"),
+    "DINREC_REGISTRY": ("s3://models/registry", "where versions and aliases live: every replica follows the alias, "
+                        "retrain publishes to it"),
+    "DINREC_HOST": ("0.0.0.0", "the address the API binds (loopback by default)"),
+    "DINREC_USER_HEADER": ("x-user-id", "the header your gateway sets to the authenticated user: without it, on a "
+                           "non-loopback address the service refuses to start (DINREC_ANONYMOUS_USERS opts out)"),
+    "DINREC_ADMIN_TOKEN": ("(from a secret: openssl rand -hex 32)", "enables /admin/* (reload, rollback, "
+                           "experiments); unset: admin off"),
+    "DINREC_EXPERIMENTS_FILE": ("s3://models/control/experiments.json", "the A/B experiments (on S3: every change is "
+                                "compare-and-swap); unset: none"),
+    "DINREC_RETRAIN_ARCHIVE_DIR": ("s3://models/archive", "the event archive `dinrec ingest archive` writes and "
+                                   "retrain trains on"),
+    "DINREC_SPOT_STATE_URI": ("s3://models/spot", "spot jobs only: their state and checkpoints, where a relaunched "
+                              "instance finds them"),
+}
+
 # Read outside the settings classes: name → (where, default, what).
 OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
     "DINREC_KERNEL_CACHE": ("models/kernels.py", "~/.cache/dinrec/kernels",
@@ -151,7 +177,13 @@ def reference() -> str:
              "it). Every setting is an environment variable; the commands also take some as options. Settings",
              "are validated when a component starts: a value out of range or of the wrong type is an error, a",
              "mistyped keyword raises, and a `DINREC_*` variable that nothing reads is reported by every command",
-             "with the closest known name.", ""]
+             "with the closest known name.", "",
+             "## What a deployment must set", "",
+             "The defaults run the whole loop on a laptop (`dinrec demo`). A deployment sets these; the rest may stay",
+             "as they are ([deploying](deploying.md), [facing clients](serving.md#facing-clients)).", "",
+             "| variable | for example | why |", "|---|---|---|"]
+    lines += [f"| `{name}` | `{example}` | {_cell(why)} |" for name, (example, why) in MUST_SET.items()]
+    lines.append("")
     for title, cls, commands in COMPONENTS:
         doc = (cls.__doc__ or "").strip().split("\n\n")[0]
         lines += [f"## {title}", "", f"`{cls.__module__}.{cls.__name__}`; read by `dinrec {commands}`."

@@ -10,7 +10,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from dinrec_cli.config import COMPONENTS, RENAMED, known_variables, unknown_variables
+from dinrec_cli.config import COMPONENTS, MUST_SET, RENAMED, known_variables, unknown_variables
 from serving.settings import ServingSettings
 from tests.conftest import REPO
 
@@ -72,3 +72,28 @@ def test_every_dinrec_variable_the_code_names_is_in_the_reference():
     named -= set(RENAMED)  # the old names the warning maps to their shared variable
     assert named, "the scan found nothing"
     assert sorted(named - known_variables()) == []
+
+
+def test_what_a_deployment_must_set_names_real_settings_and_the_deployments_set_them():
+    """Each is a setting, and the shipped deployment sets it: in the image, the ConfigMap or Secret, or a
+    container's env (spot state: only where spot jobs run, so not there)."""
+    import yaml
+
+    assert set(MUST_SET) <= known_variables()
+    k8s = REPO / "deploy" / "k8s"
+    docs = [d for f in sorted(k8s.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
+    set_here = set(re.findall(r"\b(DINREC_[A-Z0-9_]+)=", (REPO / "deploy" / "docker" / "Dockerfile").read_text()))
+    for doc in docs:
+        set_here |= set((doc.get("data") or {}) | (doc.get("stringData") or {}))
+
+        def envs(node):
+            if isinstance(node, dict):
+                yield from (e["name"] for e in node.get("env", []) if isinstance(e, dict) and "name" in e)
+                for value in node.values():
+                    yield from envs(value)
+            elif isinstance(node, list):
+                for value in node:
+                    yield from envs(value)
+        set_here |= set(envs(doc))
+    missing = set(MUST_SET) - set_here - {"DINREC_SPOT_STATE_URI"}
+    assert not missing, f"the deployment (deploy/docker, deploy/k8s) sets none of {sorted(missing)}"
