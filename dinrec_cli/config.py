@@ -80,6 +80,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
                             "the job's own key, with which the agent signs the results (spot.signing)"),
     "DINREC_CHECKPOINT_KEY": ("training/cli.py", "unset", "sign every checkpoint file and resume only from ones "
                               "signed with it (a spot job's agent sets it to the job's key)"),
+    "DINREC_PROMTOOL": ("tests", "promtool on PATH", "promtool for the alert rules' tests (deploy/local/services.sh "
+                        "unpacks one from Debian's prometheus package)"),
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
     "DINREC_PEERS_PYTHON": ("benchmarks/peers", "<venv>-peers/bin/python (make peers)",
                             "the interpreter of the library peers' environment (RecTools) `dinrec bench e2e` runs"),

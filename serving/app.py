@@ -126,6 +126,8 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
                                 interval_s=settings.guardrail_interval_s,
                                 promote=models.promote if models.registry is not None else None,
                                 auto_promote=settings.auto_promote == "always" or settings.user_header is not None)
+    metrics.watch_guardrail(lambda: {exp.name: float(len(state.guardrail.held(exp.name)))  # type: ignore[union-attr]
+                                     for exp in state.experiments.all if exp.status == "running"})
     _start_loops(parts, state, catalog)
     rec = state.recommender
     metrics.serving_model(rec)

@@ -13,7 +13,8 @@
 * ``dinrec_arriving_bodies``, ``dinrec_refused_bodies_total{reason}`` — request bodies being read before
   their request takes a slot, and those refused (``slow``: late, 408; ``per_client``: 429);
 * ``dinrec_thread_alive{name}``, ``dinrec_thread_restarts_total{name}`` — the background threads;
-* ``dinrec_store_up`` — the feature store answered its last health check (``/readyz``).
+* ``dinrec_store_up`` — the feature store answered its last health check (``/readyz``);
+* ``dinrec_experiment_held{experiment}`` — reasons the guardrail does not act on an experiment's counts.
 
 With several worker processes (``dinrec serve`` sets ``PROMETHEUS_MULTIPROC_DIR`` to ``metrics/`` in the
 replica's folder before it starts them: serving.replica), every worker writes its counters, histograms and gauges to
@@ -116,6 +117,13 @@ class ServiceMetrics:
         self.local.register(_Observed(  # type: ignore[arg-type]
             "dinrec_outbox_pending_bytes", "events accepted and not yet acknowledged by the stream (this worker)",
             None, lambda: {"": float(pending_bytes())}))
+
+    def watch_guardrail(self, held: Callable[[], Mapping[str, float]]) -> None:
+        """``held``: per running experiment, how many reasons the guardrail's last check found not to trust
+        its counts (a bot-shaped arm, counts that do not add up): while above 0 nothing is stopped or promoted."""
+        self.local.register(_Observed(  # type: ignore[arg-type]
+            "dinrec_experiment_held", "reasons the guardrail holds off deciding on a running experiment (0: it "
+            "decides; this worker's view)", "experiment", held))
 
     def render(self) -> bytes:
         """The exposition: this process's metrics, or in multiprocess mode the replica's, merged."""

@@ -98,6 +98,7 @@ def test_only_a_transient_cloud_error_is_an_outage():
         assert outage(outer) is not None
 
 
+@pytest.mark.kafka
 @pytest.mark.parametrize("fmt", ["json", "text"])
 def test_every_process_logs_in_the_format_asked(kafka_bootstrap, unique, fmt):
     """Not only the API: the ingest consumer (like retrain and train) logs what DINREC_LOG_FORMAT says."""

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Local Redis (a single node, and a Redis Cluster of 3 primaries + 3 replicas) + single-node Apache
-# Kafka (KRaft) on loopback, for tests and demos, and AWS's amazon-ec2-metadata-mock (built once with
-# `go install`; tests start it per case).
+# Kafka (KRaft) on loopback, for tests and demos, AWS's amazon-ec2-metadata-mock (built once with
+# `go install`; tests start it per case) and promtool (unpacked once from Debian's package).
 #
 #   deploy/local/services.sh start|stop|status|env
 #   deploy/local/services.sh kafka-start|kafka-stop   (just the broker; tests run a second one with
@@ -192,16 +192,38 @@ aemm_install() {
     go install "github.com/aws/amazon-ec2-metadata-mock/cmd/ec2-metadata-mock@$AEMM_VERSION" >&2
 }
 
+# ---------------------------------------------------------------- promtool (the alert rules' tests)
+# Debian's prometheus package, unpacked for its promtool alone (nothing installed, no daemon started).
+PROMTOOL_DEB_VERSION=2.42.0+ds-5+deb12u1
+PROMTOOL="$STATE/bin-promtool-$PROMTOOL_DEB_VERSION/promtool"
+
+promtool_install() {
+  if [[ -n "${DINREC_PROMTOOL:-}" ]]; then log "promtool: using DINREC_PROMTOOL=$DINREC_PROMTOOL"; return; fi
+  if [[ -x "$PROMTOOL" ]]; then return; fi
+  log "unpacking promtool from Debian's prometheus $PROMTOOL_DEB_VERSION (once)"
+  local tmp
+  tmp="$(mktemp -d)"
+  # The pinned version, else (once Debian has replaced it with a point release) the one it has now.
+  (cd "$tmp" && { apt-get download -qq "prometheus=$PROMTOOL_DEB_VERSION" 2>/dev/null \
+                  || { apt-get update -qq && { apt-get download -qq "prometheus=$PROMTOOL_DEB_VERSION" \
+                                               || apt-get download -qq prometheus; }; }; } \
+              && dpkg-deb -x prometheus_*.deb x) >/dev/null 2>&1
+  mkdir -p "$(dirname "$PROMTOOL")"
+  mv "$tmp/x/usr/bin/promtool" "$PROMTOOL"
+  rm -rf "$tmp"
+}
+
 # ---------------------------------------------------------------- commands
 print_env() {
   echo "export DINREC_REDIS_URL=${DINREC_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
   echo "export DINREC_REDIS_CLUSTER_URL=${DINREC_REDIS_CLUSTER_URL:-redis://127.0.0.1:$CLUSTER_BASE_PORT}"
   echo "export DINREC_KAFKA_BOOTSTRAP=${DINREC_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
   echo "export DINREC_AEMM=${DINREC_AEMM:-$AEMM}"
+  echo "export DINREC_PROMTOOL=${DINREC_PROMTOOL:-$PROMTOOL}"
 }
 
 case "${1:-}" in
-  start) redis_start; redis_cluster_start; kafka_start; aemm_install; browser_install; print_env ;;
+  start) redis_start; redis_cluster_start; kafka_start; aemm_install; promtool_install; browser_install; print_env ;;
   stop) kafka_stop; redis_cluster_stop; redis_stop ;;
   kafka-start) kafka_start ;;
   kafka-stop) kafka_stop ;;

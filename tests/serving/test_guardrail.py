@@ -18,6 +18,7 @@ from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
+from serving.metrics import ServiceMetrics
 from serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
@@ -216,6 +217,10 @@ def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forger
     (why,) = guard._standing["risky"].held
     assert {"an undeclared variant": "undeclared variant 'intruder'", "a skewed split": "sample ratio mismatch",
             "bots clicking in one arm": "control: 55% of what it shows is clicked"}[forgery] in why
+    # What the DinrecGuardrailHeld alert reads (deploy/monitoring/alerts.yaml).
+    metrics = ServiceMetrics()
+    metrics.watch_guardrail(lambda: {"risky": float(len(guard.held("risky")))})
+    assert 'dinrec_experiment_held{experiment="risky"} 1.0' in metrics.render().decode()
 
 
 def test_clicks_beyond_impressions_or_a_stopped_arm_are_read_right():
