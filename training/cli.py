@@ -56,7 +56,8 @@ def train(
                                               help="with --init-from: warm-start the recall towers too (off: they "
                                                    "train from scratch, which kept more of the long tail in "
                                                    "dinrec bench retrain)")] = False,
-    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress bar")] = False,
+    no_progress: Annotated[bool, typer.Option("--no-progress", help="no progress on stderr (default: shown when "
+                                                                   "stderr is a terminal)")] = False,
     settings_file: Annotated[Path | None, typer.Option("--settings", help=(
         "every training setting as JSON (TrainSettings' fields; what `dinrec retrain --spot` ships with the job); "
         "a relative path is looked for in --data first; the flags above override it"))] = None,
@@ -78,6 +79,7 @@ def train(
     from training.checkpoint import open_checkpoint_store
     from training.loop import TrainingInterrupted
     from training.pipeline import samples_for, train_bundle
+    from training.progress import Stages, showing
     from training.samples import SampleSet, is_sample_dir
     from training.settings import TrainSettings
 
@@ -96,12 +98,15 @@ def train(
             else settings_file
         shipped = json.loads(found.read_text())
     settings = TrainSettings(**{**shipped, **overrides})
+    say = Stages(showing(settings.progress))
     if is_sample_dir(data):
         samples = SampleSet.load(data)
     else:
         samples = samples_for(load_dataset(data), settings)  # every rank builds the same (seeded) samples
         if int(os.environ.get("RANK", "0")) == 0:
             samples.save(out / "samples")
+    say(f"samples: {len(samples.train.label):,} training, {len(samples.val.label):,} validation, "
+        f"{len(samples.test.label):,} test rows")
     store = open_checkpoint_store(checkpoint_dir or out / "checkpoints", keep=settings.keep_checkpoints,
                                   key=os.environ.get("DINREC_CHECKPOINT_KEY") or None)  # a spot job's (spot.agent)
     champion = None
@@ -118,7 +123,7 @@ def train(
     try:  # under torchrun only rank 0 trains recall and exports
         trained = train_bundle(samples, settings, out / "bundle", checkpoints=store, resume=resume, stop=stop,
                                checkpoint_now=checkpoint_now, champion=champion, warm_towers=init_towers,
-                               export=int(os.environ.get("RANK", "0")) == 0)
+                               export=int(os.environ.get("RANK", "0")) == 0, say=say)
     except TrainingInterrupted as exc:
         typer.echo(json.dumps({"interrupted": True, "checkpoint": exc.checkpoint}))
         sys.exit(EXIT_INTERRUPTED)
@@ -131,4 +136,5 @@ def train(
             from training.evaluation import served_comparison
 
             final["served"] = served_comparison(load_bundle(bundle), samples)
+            say(f"the served list measured on the test split: HR@10 {final['served'].get('served_hr')}")
         typer.echo(json.dumps(final))

@@ -16,6 +16,7 @@ import json
 import logging
 import math
 import random
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -40,6 +41,7 @@ from training.data import SplitTensors
 from training.lists import ListData
 from training.metrics import auc, gauc, logloss
 from training.optim import RowWiseAdagrad
+from training.progress import showing
 from training.samples import SampleSet
 from training.settings import TrainSettings
 from training.telemetry import GpuMonitor, ScalarLog, memory_stats
@@ -478,7 +480,7 @@ class Trainer:
         order = torch.randperm(n, generator=self.gen).to(self.device)  # the epoch's global order
         next_epoch_gen = self.gen.get_state()
         bar = tqdm(range(p.step_in_epoch, n_batches), total=n_batches, initial=p.step_in_epoch,
-                   disable=not (s.progress and self.info.is_main), desc=f"epoch {p.epoch + 1}/{s.epochs}",
+                   disable=not (showing(s.progress) and self.info.is_main), desc=f"epoch {p.epoch + 1}/{s.epochs}",
                    unit="batch", leave=False)
         t0 = time.perf_counter()
         for step in bar:
@@ -525,8 +527,9 @@ class Trainer:
             self.on_epoch(self)
         if self.info.is_main:
             log.info("epoch %d: %s", p.epoch, json.dumps(entry))
-            if s.progress:
-                tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in entry.items()}))
+            if showing(s.progress):  # stderr: stdout carries the command's one JSON result
+                tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in entry.items()}),
+                           file=sys.stderr)
         self.save_checkpoint()
         return bool(s.patience) and p.bad_epochs >= s.patience
 

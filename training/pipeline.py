@@ -51,20 +51,23 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
                  run_dir: Path | None = None, checkpoints: CheckpointStore | None = None, resume: str | None = None,
                  stop: threading.Event | None = None, checkpoint_now: threading.Event | None = None,
                  champion: Bundle | None = None, warm_towers: bool = True, lineage: dict | None = None,
-                 after_training: Callable[[TrainResult], bool] | None = None, export: bool = True) -> Trained:
+                 after_training: Callable[[TrainResult], bool] | None = None, export: bool = True,
+                 say: Callable[[str], None] | None = None) -> Trained:
     """Train the recall towers, fit the co-visitation lane, train DIN on ``samples`` against the lanes'
     candidates (checkpoints in ``checkpoints``, else ``run_dir/checkpoints``; warm-started from
     ``champion``, its towers too if ``warm_towers``), then export them and the blend as one bundle at
     ``bundle_dir``. The towers come first: listwise DIN mines its negatives from them and is measured on
     the candidates they and the lane recall. ``after_training`` sees DIN before the export (retrain's drills
     degrade it there) and returns whether to go on; ``export`` False: everything trains (with the other
-    ranks, under torchrun) but nothing is exported (bundle None).
+    ranks, under torchrun) but nothing is exported (bundle None). ``say``: told each stage as it ends
+    (training.progress.Stages: the command's progress lines).
     Raises training.loop.TrainingInterrupted when ``stop`` ends it first."""
     from training.export import export_bundle, fit_covisitation
     from training.loop import train
     from training.towers_train import towers_settings, train_towers
     from training.warm_start import initializers
 
+    say = say or (lambda _: None)
     din_init, towers_init = initializers(champion, samples.vocab, towers=warm_towers)
     if checkpoints is None and run_dir is not None:  # one store: DIN's checkpoints and the towers' beside them
         from training.checkpoint import open_checkpoint_store
@@ -76,9 +79,12 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
         recall = train_towers(samples, towers_settings(settings), init=towers_init, checkpoints=checkpoints,
                               resume=resume, stop=stop, checkpoint_now=checkpoint_now)
         towers, recall_metrics = recall.model, recall.metrics
+        say(f"recall towers trained: best epoch {recall_metrics.get('best_epoch')}, validation HR@200 "
+            f"{recall_metrics.get('val_hr')}")
     lane = None
     if towers is not None and (settings.ranking_blend or settings.objective == "listwise"):
         lane = fit_covisitation(samples)  # deterministic: every rank fits the same
+        say(f"co-visitation fitted (window {lane[0].cfg.window}, decay {lane[0].cfg.decay})")
     lists = None
     if settings.objective == "listwise":
         from training.lists import ListData
@@ -87,6 +93,8 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
                          min(settings.seq_len, samples.seq_len))
     result = train(samples, settings, checkpoints=checkpoints, resume=resume, stop=stop,
                    checkpoint_now=checkpoint_now, init=din_init, lists=lists)
+    say(f"DIN trained: best epoch {result.metrics.get('best_epoch')} of {result.metrics.get('epoch')} "
+        f"(chosen on {result.metrics.get('selection')})")
     if lists is not None and result.model is not None:
         from training.lists import calibrate
 
@@ -103,4 +111,5 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
         return Trained(result, None)
     bundle = export_bundle(bundle_dir, result.model, samples, result.metrics, towers=towers, lineage=lineage,
                            blend=settings.ranking_blend, lane=lane)
+    say(f"exported {bundle}")
     return Trained(result, Path(bundle))

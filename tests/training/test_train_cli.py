@@ -51,3 +51,29 @@ def test_bad_data_folder_is_a_clear_error(tmp_path):
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(tmp_path),
                           "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "layout not recognised" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_progress_goes_to_stderr_when_asked_and_stdout_is_the_result(tmp_path):
+    """A pipe gets no progress by default (stderr is not a terminal here); DINREC_TRAIN_PROGRESS=true gives a
+    line per stage and per epoch on stderr. Either way stdout is one JSON line: the result."""
+    import os
+
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "events.jsonl").write_text(dumps_many(list(generate(SyntheticConfig(n_users=80, n_items=60)).events())))
+    runs = {}
+    for name, env in (("quiet", {}), ("shown", {"DINREC_TRAIN_PROGRESS": "true"})):
+        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out",
+                              str(tmp_path / name), "--epochs", "2", "--seq-len", "10", "--recall-epochs", "2"],
+                             cwd=REPO, capture_output=True, text=True, timeout=600,
+                             env={**os.environ, **env, "DINREC_LOG_FORMAT": "text"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        (line,) = out.stdout.strip().splitlines()
+        runs[name] = (json.loads(line), out.stderr)
+    assert runs["quiet"][0]["weights_sha256"] == runs["shown"][0]["weights_sha256"]
+    assert "] samples:" not in runs["quiet"][1] and '"epoch": 1' not in runs["quiet"][1]
+    shown = runs["shown"][1]
+    for stage in ("] samples:", "] recall towers trained", "] co-visitation fitted", "] DIN trained: best epoch",
+                  "] exported", "] the served list measured"):
+        assert stage in shown, (stage, shown[-2000:])
+    assert '"epoch": 1' in shown and '"epoch": 2' in shown  # a line per epoch
