@@ -4,6 +4,7 @@ is one dinrec exports — checked against a live service's /metrics and the inge
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -146,10 +147,10 @@ def _read_by(expr: str) -> set[str]:
     return {a or b for a, b in words if (a or b).startswith(("dinrec_", "kube_"))}
 
 
-@pytest.mark.slow
-def test_every_metric_an_alert_reads_is_exported(tiny_run, tmp_path):
-    """Against what the code writes, not a list: a live service's /metrics (with a running experiment, so
-    the guardrail's gauge has a row) and the ingest consumer's registry. kube_* come from kube-state-metrics."""
+@pytest.fixture(scope="module")
+def exported(tiny_run, tmp_path_factory) -> set[str]:
+    """What the code declares, not a list: a live service's /metrics (with a running experiment, so the
+    guardrail's gauge has a row) and the ingest consumer's registry."""
     import json
 
     from prometheus_client import generate_latest
@@ -161,7 +162,7 @@ def test_every_metric_an_alert_reads_is_exported(tiny_run, tmp_path):
     from serving.settings import ServingSettings
     from tests.serving.conftest import live_server
 
-    path = tmp_path / "experiments.json"
+    path = tmp_path_factory.mktemp("monitoring") / "experiments.json"
     path.write_text(json.dumps({"experiments": [{"name": "ranker-v2", "status": "running", "seed": "s", "variants": [
         {"name": "din"}, {"name": "popular", "overrides": {"strategy": "popular"}}]}]}))
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path)
@@ -169,8 +170,54 @@ def test_every_metric_an_alert_reads_is_exported(tiny_run, tmp_path):
         assert client.get("/recommend", params={"user_id": "u1", "k": 3}).status_code == 200
         text = client.get("/metrics").text
     assert 'dinrec_experiment_held{experiment="ranker-v2"} 0.0' in text
-    exported = _exported(text) | _exported(generate_latest(IngestStats().registry).decode())
+    return _exported(text) | _exported(generate_latest(IngestStats().registry).decode())
+
+
+@pytest.mark.slow
+def test_every_metric_an_alert_reads_is_exported(exported):
+    """kube_* come from kube-state-metrics."""
     read = {m for rule in _rules().values() for m in _read_by(rule["expr"])}
     assert read, "the rules read no metric?"
     missing = {m for m in read if not m.startswith("kube_")} - exported
     assert not missing, f"alerts read metrics nothing exports: {sorted(missing)}"
+
+
+DASHBOARD = REPO / "deploy" / "monitoring" / "dashboard.json"
+
+
+def _panels() -> list[dict]:
+    return [p for p in json.loads(DASHBOARD.read_text())["panels"] if p["type"] != "row"]
+
+
+@pytest.mark.slow
+def test_the_dashboard_reads_valid_promql_over_metrics_dinrec_exports(exported, tmp_path):
+    """Grafana's layout rules (unique ids, a 24-column grid without overlaps, every query on the dashboard's
+    Prometheus variable), every query valid PromQL (promtool checks it as a recording rule, Grafana's
+    $__rate_interval as 5m) and reading only metrics the service or ingest declare."""
+    board = json.loads(DASHBOARD.read_text())
+    assert isinstance(board["schemaVersion"], int) and board["uid"] and board["title"]
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    cells = set()
+    for p in board["panels"]:
+        g = p["gridPos"]
+        assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]
+        mine = {(x, y) for x in range(g["x"], g["x"] + g["w"]) for y in range(g["y"], g["y"] + g["h"])}
+        assert not mine & cells, f"{p['title']} overlaps another panel"
+        cells |= mine
+    exprs = []
+    for p in _panels():
+        assert p["type"] in {"timeseries", "stat"} and p["targets"], p["title"]
+        for t in p["targets"]:
+            assert t["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, p["title"]
+            exprs.append(t["expr"].replace("$__rate_interval", "5m").replace("$namespace", ".*"))
+    rules = tmp_path / "panels.yaml"
+    rules.write_text(yaml.safe_dump({"groups": [{"name": "panels", "rules": [
+        {"record": f"dinrec:panel:{n}", "expr": e} for n, e in enumerate(exprs)]}]}))
+    out = subprocess.run([_promtool(), "check", "rules", str(rules)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    read = {m for e in exprs for m in _read_by(e)}
+    missing = read - exported
+    assert not missing, f"the dashboard reads metrics nothing exports: {sorted(missing)}"
