@@ -284,17 +284,18 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
     from training.evaluation import served_history, served_lists
 
     index = FaissIndex.load(bundle.item_index_path)
-    settings = RankingSettings()
     rows = np.asarray([c.row for c in test])
+    # One stage for every variant, its blend swapped between them: each history is recalled and scored by DIN
+    # once (Recommender.memo), and a variant costs its blend, rerank and fill.
+    served = Recommender(bundle, index, RankingSettings(), precision="fp32")
+    served.memo = {}
 
     def stage(blend: Blend | None | str = "bundle") -> Recommender:
-        rec = Recommender(bundle, index, settings, precision="fp32")
-        if blend != "bundle":
-            rec.blend = blend
-        return rec
+        served.blend = bundle.blend if blend == "bundle" else blend
+        return served
 
     out: dict[str, list[list[str]]] = {}
-    served = stage()
+    stage()
     out["gate"] = served_lists(bundle, samples, samples.test, rows, K, rec=served)
     out["din_alone"] = served_lists(bundle, samples, samples.test, rows, DEEP, rec=stage(None), tail_share=0.0)
     ablations = ((bundle.metrics.get("ranking") or {}).get("blend") or {}).get("ablations", {})
@@ -302,6 +303,7 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
         if name in ablations and bundle.blend is not None:
             out[name] = served_lists(bundle, samples, samples.test, rows, DEEP,
                                      rec=stage(Blend(tuple(ablations[name]), bundle.blend.temperature)))
+    stage()  # the served blend again, for what follows
     names = bundle.vocab.items
     out["din_catalog"] = [[names[i] for i in lst] for lst in _catalog_lists(served, samples, test)]
     found = 0

@@ -144,6 +144,11 @@ class Recommender:
         # What a DIN with context reads (models.context): co-visitation per (candidate, behaviour), counts.
         self._pairs, self._counts_t = bundle.context_sources()
         self._counts = self._counts_t.numpy()  # (I,) float32, the blend's popularity signal too
+        # Set to {} by a caller that ranks the same histories again under another blend or tail share (bench
+        # e2e's variants, between which only ``blend`` changes): each history's candidates, DIN's logits and
+        # the blend's signals are kept here and reused, so a variant costs its blend and rerank, not recall
+        # and DIN again. None (serving): nothing kept.
+        self.memo: dict | None = None
 
     def set_cold_items(self, items: list[tuple[str, str]]) -> int:
         """Make the cold lane the (item id, category id) pairs of ``items`` this model does not know, whose
@@ -306,18 +311,34 @@ class Recommender:
 
         t0, c0 = time.perf_counter(), time.thread_time()
         cold = self.cold  # read once: a catalog update swaps it whole
-        cand, query = self._candidates(items, cats, candidates or self.recall_candidates, self._excluded(seen, cold),
-                                       cold)  # (N,), (1, D)
+        n, excluded = candidates or self.recall_candidates, self._excluded(seen, cold)
+        key = ((tuple((h.item_id, h.category_id, h.ts) for h in window), frozenset(excluded), n, id(cold))
+               if self.memo is not None and not explain else None)
+        kept = self.memo.get(key) if key is not None else None  # type: ignore[union-attr]
+        cand, query = kept["recall"] if kept else self._candidates(items, cats, n, excluded, cold)  # (N,), (1, D)
         t1, c1 = time.perf_counter(), time.thread_time()
         if len(cand) == 0:
             return self._filled(Ranking([], "din", len(known), {"recall": t1 - t0}, {"recall": c1 - c0}), k, popular,
                                 shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
-        scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                              torch.as_tensor(cand, dtype=torch.long), with_attention=explain,
-                              context=self._context(window, items, cand, scorer))
-        logits = (scored.logits if self.blend is None else torch.from_numpy(
-            self.blend.combine(self._signals(scored.logits, cand, items, cats, query, cold, scorer))))
+        if kept:
+            scored = kept["scored"]
+        else:
+            scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
+                                  torch.as_tensor(cand, dtype=torch.long), with_attention=explain,
+                                  context=self._context(window, items, cand, scorer))
+            if key is not None:
+                kept = self.memo[key] = {"recall": (cand, query), "scored": scored}  # type: ignore[index]
+        if self.blend is None:
+            logits = scored.logits
+        else:
+            # The signals read the blend's temperature (models.blend): kept per temperature.
+            signals = kept.get(("signals", self.blend.temperature)) if kept else None
+            if signals is None:
+                signals = self._signals(scored.logits, cand, items, cats, query, cold, scorer)
+                if kept is not None:
+                    kept[("signals", self.blend.temperature)] = signals
+            logits = torch.from_numpy(self.blend.combine(signals))
         scores = torch.sigmoid(logits).tolist()  # (N,)
         c2 = time.thread_time()
         cand_list = cand.tolist()
