@@ -82,6 +82,11 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
                               "signed with it (a spot job's agent sets it to the job's key)"),
     "DINREC_PROMTOOL": ("tests", "promtool on PATH", "promtool for the alert rules' tests (deploy/local/services.sh "
                         "unpacks one from Debian's prometheus package)"),
+    "DINREC_HELM": ("tests", "helm on PATH", "helm for the chart's tests (deploy/local/services.sh builds one from "
+                    "the Go module proxy)"),
+    "DINREC_PROMETHEUS_CRDS": ("tests", "from deploy/local/services.sh", "prometheus-operator's CRD folder "
+                               "(example/prometheus-operator-crd): the schemas the chart's ServiceMonitor and "
+                               "PrometheusRule are checked against"),
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
     "DINREC_PEERS_PYTHON": ("benchmarks/peers", "<venv>-peers/bin/python (make peers)",
                             "the interpreter of the library peers' environment (RecTools) `dinrec bench e2e` runs"),

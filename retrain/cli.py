@@ -9,7 +9,7 @@ The report is printed as one JSON object and kept in ``{work_dir}/runs/{run}/rep
 ``{work_dir}/latest.json``.
 
 ``--every 1h`` runs it on a fixed period in this process — the embedded scheduler for one machine;
-cron and Kubernetes start one run per period instead (deploy/k8s/retrain.yaml, README).
+cron and Kubernetes start one run per period instead (the Helm chart's CronJob, docs/deploying.md).
 """
 
 from __future__ import annotations

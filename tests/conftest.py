@@ -65,6 +65,39 @@ def kafka_bootstrap() -> str:
     return _need("DINREC_KAFKA_BOOTSTRAP")
 
 
+CHART = REPO / "deploy" / "helm" / "dinrec"
+# The chart with everything optional on (what its tests check): monitoring objects and the admin token.
+CHART_ALL_ON = ("serviceMonitor.enabled=true", "prometheusRule.enabled=true", "grafanaDashboard.enabled=true",
+                "adminToken.existingSecret=dinrec-admin")
+
+
+def helm() -> str:
+    """DINREC_HELM (deploy/local/services.sh builds it), else one on PATH; else skipped, or failed in CI."""
+    import shutil
+
+    return os.environ.get("DINREC_HELM") or shutil.which("helm") or _need("DINREC_HELM")
+
+
+def helm_template(*settings: str, namespace: str = "recs") -> tuple[str, list[dict]]:
+    """``helm template`` of the chart with ``--set`` each of ``settings``: the text and its objects."""
+    import subprocess
+
+    import yaml
+
+    cmd = [helm(), "template", "dinrec", str(CHART), "--namespace", namespace]
+    for s in settings:
+        cmd += ["--set", s]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout, [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+@pytest.fixture(scope="session")
+def chart_objects() -> list[dict]:
+    """Every object the chart renders with everything optional on."""
+    return helm_template(*CHART_ALL_ON)[1]
+
+
 @pytest.fixture
 def unique() -> str:
     """A fresh name for keys, topics and groups, so tests never see each other's data."""

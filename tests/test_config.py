@@ -74,16 +74,12 @@ def test_every_dinrec_variable_the_code_names_is_in_the_reference():
     assert sorted(named - known_variables()) == []
 
 
-def test_what_a_deployment_must_set_names_real_settings_and_the_deployments_set_them():
-    """Each is a setting, and the shipped deployment sets it: in the image, the ConfigMap or Secret, or a
+def test_what_a_deployment_must_set_names_real_settings_and_the_deployments_set_them(chart_objects):
+    """Each is a setting, and the shipped deployment sets it: in the image, the chart's ConfigMap, or a
     container's env (spot state: only where spot jobs run, so not there)."""
-    import yaml
-
     assert set(MUST_SET) <= known_variables()
-    k8s = REPO / "deploy" / "k8s"
-    docs = [d for f in sorted(k8s.glob("*.yaml")) for d in yaml.safe_load_all(f.read_text()) if d]
     set_here = set(re.findall(r"\b(DINREC_[A-Z0-9_]+)=", (REPO / "deploy" / "docker" / "Dockerfile").read_text()))
-    for doc in docs:
+    for doc in chart_objects:
         set_here |= set((doc.get("data") or {}) | (doc.get("stringData") or {}))
 
         def envs(node):
@@ -96,4 +92,4 @@ def test_what_a_deployment_must_set_names_real_settings_and_the_deployments_set_
                     yield from envs(value)
         set_here |= set(envs(doc))
     missing = set(MUST_SET) - set_here - {"DINREC_SPOT_STATE_URI"}
-    assert not missing, f"the deployment (deploy/docker, deploy/k8s) sets none of {sorted(missing)}"
+    assert not missing, f"the deployment (deploy/docker, deploy/helm) sets none of {sorted(missing)}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Local Redis (a single node, and a Redis Cluster of 3 primaries + 3 replicas) + single-node Apache
 # Kafka (KRaft) on loopback, for tests and demos, AWS's amazon-ec2-metadata-mock (built once with
-# `go install`; tests start it per case) and promtool (unpacked once from Debian's package).
+# `go install`; tests start it per case), promtool (unpacked once from Debian's package), and for the Helm
+# chart's tests helm (built once with `go install`) and prometheus-operator's CRDs (its Go module, once).
 #
 #   deploy/local/services.sh start|stop|status|env
 #   deploy/local/services.sh kafka-start|kafka-stop   (just the broker; tests run a second one with
@@ -213,6 +214,27 @@ promtool_install() {
   rm -rf "$tmp"
 }
 
+# ---------------------------------------------------------------- helm + CRDs (the chart's tests)
+# Helm from the Go module proxy (no other host serves it here); the ServiceMonitor/PrometheusRule CRDs, whose
+# schemas the rendered objects are checked against, from prometheus-operator's module (example/…-crd).
+HELM_VERSION=v4.3.2
+HELM="$STATE/bin-helm-$HELM_VERSION/helm"
+PROM_OPERATOR_VERSION=v0.85.0
+PROM_CRDS="$STATE/go-mod/github.com/prometheus-operator/prometheus-operator@$PROM_OPERATOR_VERSION/example/prometheus-operator-crd"
+
+helm_install() {
+  if [[ -z "${DINREC_HELM:-}" && ! -x "$HELM" ]]; then
+    log "building helm $HELM_VERSION with go install (once, a few minutes)"
+    GOBIN="$(dirname "$HELM")" GOFLAGS=-modcacherw GOMODCACHE="$STATE/go-mod" \
+      go install "helm.sh/helm/v4/cmd/helm@$HELM_VERSION" >&2
+  fi
+  if [[ -z "${DINREC_PROMETHEUS_CRDS:-}" && ! -d "$PROM_CRDS" ]]; then
+    log "downloading prometheus-operator $PROM_OPERATOR_VERSION's module for its CRDs (once)"
+    GOFLAGS=-modcacherw GOMODCACHE="$STATE/go-mod" \
+      go mod download "github.com/prometheus-operator/prometheus-operator@$PROM_OPERATOR_VERSION" >&2
+  fi
+}
+
 # ---------------------------------------------------------------- commands
 print_env() {
   echo "export DINREC_REDIS_URL=${DINREC_REDIS_URL:-redis://127.0.0.1:$REDIS_PORT/0}"
@@ -220,10 +242,12 @@ print_env() {
   echo "export DINREC_KAFKA_BOOTSTRAP=${DINREC_KAFKA_BOOTSTRAP:-127.0.0.1:$KAFKA_PORT}"
   echo "export DINREC_AEMM=${DINREC_AEMM:-$AEMM}"
   echo "export DINREC_PROMTOOL=${DINREC_PROMTOOL:-$PROMTOOL}"
+  echo "export DINREC_HELM=${DINREC_HELM:-$HELM}"
+  echo "export DINREC_PROMETHEUS_CRDS=${DINREC_PROMETHEUS_CRDS:-$PROM_CRDS}"
 }
 
 case "${1:-}" in
-  start) redis_start; redis_cluster_start; kafka_start; aemm_install; promtool_install; browser_install; print_env ;;
+  start) redis_start; redis_cluster_start; kafka_start; aemm_install; promtool_install; helm_install; browser_install; print_env ;;
   stop) kafka_stop; redis_cluster_stop; redis_stop ;;
   kafka-start) kafka_start ;;
   kafka-stop) kafka_stop ;;
