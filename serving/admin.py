@@ -39,7 +39,7 @@ class ReloadRequest(BaseModel):
 
 
 class ModelStatus(BaseModel):
-    model_version: str
+    model_version: str | None = Field(description="the model serving (null while waiting for the first)")
     version: str | None = Field(description="registry version (null when serving DINREC_BUNDLE_DIR)")
     alias: str | None
     previous: str | None = Field(description="model version kept for rollback")
@@ -83,7 +83,7 @@ def _status(state: ServiceState, changed: bool = False, scope: str = "instance")
     models = state.models
     assert models is not None
     previous = models.previous[1].model_version if models.previous else None
-    return ModelStatus(model_version=models.current.model_version, version=models.version,
+    return ModelStatus(model_version=models.model_version, version=models.version,
                        alias=state.settings.model_alias if models.registry else None, previous=previous,
                        changed=changed, held=models.held, watch_checks=models.watch_checks, scope=scope)
 
@@ -115,7 +115,7 @@ def reload(state: State, request: Request, body: ReloadRequest | None = None,
     what the alias names, as the others do). Without one: serve where the alias points now, here at once."""
     _authorize(state, authorization)
     models, registry, alias = _fleet(state)
-    before = models.current.model_version
+    before = models.model_version
     version, expected = (body.version, body.expected) if body else (None, None)
     if version is not None:
         try:
@@ -143,7 +143,7 @@ def rollback(state: State, request: Request, authorization: Auth = None) -> Mode
     is none, it cannot serve, or the alias raced; 503 if the alias could not be written."""
     _authorize(state, authorization)
     models, registry, alias = _fleet(state)
-    before = models.current.model_version
+    before = models.model_version
     try:
         current, back = registry.rollback_target(alias)
     except RegistryError as exc:  # nothing to go back to (409), or the registry cannot be read (503)
@@ -186,8 +186,8 @@ def _serve_the_alias(models) -> str:
         models.reload()
     except Exception:  # noqa: BLE001 - the registry unreadable too: say so; the watcher retries
         log.exception("could not go back to the alias' version; serving %s until the watcher can",
-                      models.current.model_version)
-    return models.current.model_version
+                      models.model_version)
+    return models.model_version
 
 
 @router.post("/instance/reload", response_model=ModelStatus)
@@ -196,7 +196,7 @@ def reload_instance(state: State, request: Request, body: ReloadRequest | None =
     """This worker process only: load the alias' (or the given) version, smoke-score it and swap it in
     (a given version stays pinned until the alias moves); 409 (still serving the old one) if it cannot."""
     _authorize(state, authorization)
-    before = state.models.current.model_version  # type: ignore[union-attr]
+    before = state.models.model_version  # type: ignore[union-attr]
     try:
         changed = state.models.reload(body.version if body else None)  # type: ignore[union-attr]
     except ReloadFailed as exc:
@@ -211,7 +211,7 @@ def reload_instance(state: State, request: Request, body: ReloadRequest | None =
 def rollback_instance(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
     """This worker process only: swap back to the model it served before (held until the alias moves)."""
     _authorize(state, authorization)
-    before = state.models.current.model_version  # type: ignore[union-attr]
+    before = state.models.model_version  # type: ignore[union-attr]
     try:
         state.models.rollback()  # type: ignore[union-attr]
     except ReloadFailed as exc:

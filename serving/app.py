@@ -129,7 +129,10 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     metrics.watch_guardrail(lambda: {exp.name: float(len(state.guardrail.held(exp.name)))  # type: ignore[union-attr]
                                      for exp in state.experiments.all if exp.status == "running"})
     _start_loops(parts, state, catalog)
-    rec = state.recommender
+    rec = models.current
+    if rec is None:  # the watcher loads the first model the alias names (serving.models)
+        log.warning("started without a model; events are accepted meanwhile. %s", models.waiting())
+        return state
     metrics.serving_model(rec)
     # The bundle's vocabularies are millions of long-lived objects: out of the collector's sight,
     # a full collection no longer walks them in the middle of a request.

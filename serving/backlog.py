@@ -30,6 +30,11 @@ class ListenBacklog:
             log.info("listening socket for port %d not found: the in-flight cap counts requests in the worker only",
                      port)
 
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
     def depth(self) -> int:
         if self._sock is None:
             return 0

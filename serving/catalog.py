@@ -41,7 +41,7 @@ class Catalog:
 
     def attach(self, models: ModelManager) -> None:
         """Check items against the model serving now, and give the list to every model serving."""
-        self.known = lambda item: models.current.knows(item)
+        self.known = lambda item: models.current is not None and models.current.knows(item)
         self.apply = lambda items: [rec.set_cold_items(items) for rec in models.serving()]
 
     def poll(self, store: OnlineStore) -> int:

@@ -55,8 +55,9 @@ class ServiceState:
 
     @property
     def recommender(self) -> Recommender:
-        """The model serving now (a request reads it once, when it starts: a swap mid-request is unseen)."""
-        return self.models.current  # type: ignore[union-attr]
+        """The model serving now (a request reads it once, when it starts: a swap mid-request is unseen).
+        NoModelYet (503 no_model) while a new deployment waits for its first model."""
+        return self.models.serving_or_raise()  # type: ignore[union-attr]
 
     def __post_init__(self) -> None:
         s = self.settings

@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
 from feature_store.outbox import OutboxFull
 from feature_store.schema import error_message
+from serving.models import NoModelYet
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,9 @@ _UNAVAILABLE: dict[type[Exception], tuple[str, str, str | None, str]] = {
                  "events refused"),
     StreamUnavailable: ("stream_unavailable", "the event stream is unavailable; retry later", None,
                         "event stream unavailable"),
+    # A new deployment before its first model: events are accepted meanwhile (the first retrain needs them).
+    NoModelYet: ("no_model", "no model serves yet (a new deployment waits for its first); retry later", "30",
+                 "no model yet"),
 }
 
 

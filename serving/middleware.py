@@ -53,6 +53,9 @@ class RequestContext:
         self._backlog: ListenBacklog | None = None  # connections the kernel holds for us (found lazily)
 
     async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "lifespan":
+            await self.app(scope, receive, self._closing_backlog(send))
+            return
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -127,6 +130,18 @@ class RequestContext:
             if held:
                 self._held -= 1
             logs.request_id.reset(token)
+
+    def _closing_backlog(self, send):
+        """``send`` for the lifespan: when the app has shut down, our duplicate of the listening socket is
+        closed too (else it keeps the port listening, with nobody to accept, after the server has gone)."""
+        async def send_closing(message) -> None:
+            if message["type"] in ("lifespan.shutdown.complete", "lifespan.shutdown.failed") \
+                    and self._backlog is not None:
+                self._backlog.close()
+                self._backlog = None
+            await send(message)
+
+        return send_closing
 
     def _waiting(self, scope) -> int:
         """Connections queued in the kernel for this service (serving/backlog.py)."""

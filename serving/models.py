@@ -8,6 +8,10 @@ A request reads the model once when it starts, so requests in flight finish on t
 started with; the previous model is kept for ``rollback``. A bundle that fails to load or to score
 is refused and the current model keeps serving. Without a registry, ``DINREC_BUNDLE_DIR`` is served
 as before.
+
+A registry whose alias names no version yet (a new deployment, before the first retrain publishes) does not
+stop the service: it starts without a model and waits for the alias. Meanwhile events are accepted (they
+are what the first retrain trains on), ``/recommend`` answers 503 ``no_model`` and ``/readyz`` says why.
 """
 
 from __future__ import annotations
@@ -32,6 +36,10 @@ log = logging.getLogger(__name__)
 
 class ReloadFailed(RuntimeError):
     """A new model could not be loaded or did not score; the current one keeps serving."""
+
+
+class NoModelYet(RuntimeError):
+    """The registry's alias names no version yet: nothing serves until the first one is published."""
 
 
 def load_recommender(settings: ServingSettings, bundle_dir: Path) -> Recommender:
@@ -72,7 +80,14 @@ class ModelManager:
         # An alias target the watcher must not load: it failed, or the operator chose another version
         # (a pinned reload, a rollback). Cleared in effect when the alias moves on.
         self._hold: str | None = None
-        self.current = self._load(self._target_version())
+        self.current: Recommender | None = None  # None only while the alias names no version yet
+        try:
+            target = self._target_version()
+        except UnknownAlias as exc:
+            log.warning("waiting for a model: %s; the first `dinrec retrain` (or `dinrec models publish … "
+                        "--alias %s`) publishes one, and the watcher loads it", exc, settings.model_alias)
+        else:
+            self.current = self._load(target)
         # Models experiment variants name (a registry alias or version) -> (version, model), beside
         # the one that serves everyone else; an alias is followed by the watcher like the main one.
         self.variants: dict[str, tuple[str, Recommender]] = {}
@@ -113,8 +128,28 @@ class ModelManager:
         return self._hold if self._hold is not None and self._hold != self.version else None
 
     def serving(self) -> list[Recommender]:
-        """Every model serving now: the main one and the experiment variants'."""
-        return [self.current, *(rec for _, rec in self.variants.values())]
+        """Every model serving now: the main one (once there is one) and the experiment variants'."""
+        return [*([self.current] if self.current is not None else []), *(rec for _, rec in self.variants.values())]
+
+    @property
+    def model_version(self) -> str | None:
+        """The serving model's version string; None while waiting for the first."""
+        return self.current.model_version if self.current is not None else None
+
+    def waiting(self) -> str | None:
+        """Why no model serves (a new deployment waiting for its first), or None when one does."""
+        if self.current is not None:
+            return None
+        alias = self.settings.model_alias
+        return (f"no model serves yet: the registry's alias {alias!r} names no version; the first retrain (or "
+                f"`dinrec models publish … --alias {alias}`) publishes one, and the watcher loads it")
+
+    def serving_or_raise(self) -> Recommender:
+        """The model serving now; NoModelYet (the service answers 503 no_model) while there is none."""
+        rec = self.current
+        if rec is None:
+            raise NoModelYet(self.waiting())
+        return rec
 
     def variant_model(self, name: str) -> Recommender:
         return self.variants[name][1]
@@ -155,7 +190,8 @@ class ModelManager:
                 self._hold = self._target_version()
             else:  # following the alias again: nothing is held back
                 self._hold = None
-            self.previous = (old_version, old)
+            if old is not None:  # the first model has nothing to roll back to
+                self.previous = (old_version, old)
             self._swap(new)
             log.info("now serving model %s (version %s, was %s)", new.model_version, target, old_version)
             return True
@@ -185,8 +221,11 @@ class ModelManager:
             try:
                 if self._target_version() not in (self.version, self._hold):
                     self.reload()
+            except UnknownAlias as exc:
+                if self.current is not None:  # the alias was deleted under a serving fleet: say so, keep serving
+                    log.error("model alias unreadable; still serving %s: %s", self.current.model_version, exc)
             except Exception as exc:  # noqa: BLE001 - a bad alias or bundle: the current model keeps serving
-                log.error("model reload failed; still serving %s: %s", self.current.model_version, exc)
+                log.error("model reload failed; still serving %s: %s", self.model_version or "no model", exc)
             for name, (version, _) in list(self.variants.items()):
                 try:
                     if self._variant_version(name) != version:

@@ -295,6 +295,9 @@ def readyz(state: State, request: Request):
     if down:
         return error_response(503, "not_ready", f"background threads not running: {', '.join(down)}", request,
                               threads_down=down, store=store)
+    waiting = state.models.waiting() if state.models is not None else None
+    if waiting is not None:  # a new deployment before its first model: not ready, and why
+        return error_response(503, "not_ready", waiting, request, store=store)
     journal = state.outbox.journal_problem() if state.outbox is not None else None
     if journal is not None:  # POST /events would answer 503: send its clients to a replica that accepts them
         return error_response(503, "not_ready", f"the event journal is failing: {journal}", request, store=store)

@@ -185,3 +185,16 @@ def test_events_are_refused_with_retry_after_when_the_outbox_is_full(tiny_run, t
         assert r.status_code == 503 and r.headers["retry-after"] == "5"
         assert r.json()["error"] == "events_backlog_full"
     down.close()
+
+
+def test_a_stopped_service_leaves_its_port_closed(tiny_run):
+    """The in-flight cap reads the accept queue through a duplicate of the listening socket; shutting down
+    closes it too, or the port would stay listening, accepting connections nobody serves."""
+    import socket
+
+    settings = ServingSettings(bundle_dir=tiny_run[2], events_sink="store", max_in_flight=8)
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        port = int(str(c.base_url).rsplit(":", 1)[1].rstrip("/"))
+        assert c.get("/recommend", params={"user_id": "u1"}).status_code == 200  # the cap found the socket
+    with pytest.raises(ConnectionRefusedError), socket.create_connection(("127.0.0.1", port), timeout=5):
+        pass

@@ -247,3 +247,38 @@ def test_a_fleet_rollback_to_a_version_that_cannot_serve_moves_nothing(registry)
         r = c.post("/admin/rollback")
         assert r.status_code == 409 and "cannot serve v1" in r.json()["message"], r.text
         assert registry.resolve("champion") == "v2" and c.get("/admin/model").json()["version"] == "v2"
+
+
+def test_a_new_deployment_waits_for_its_first_model_and_accepts_events_meanwhile(tiny_run, tmp_path):
+    """An empty registry (no alias yet) does not stop the service: events are accepted (the first retrain
+    trains on them), /recommend answers 503 no_model, /readyz says why; once the alias names a version,
+    the watcher loads it and the same process serves."""
+    from registry.store import Registry
+
+    registry = Registry(tmp_path / "registry")
+    store = MemoryStore()
+    user = str(tiny_run[0].user_id[0])
+    settings = ServingSettings(registry=str(registry.root), reload_poll_s=0.1, admin_token=ADMIN_TOKEN,
+                               events_sink="store", score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
+        ready = c.get("/readyz")
+        assert ready.status_code == 503 and ready.json()["error"] == "not_ready"
+        assert "'champion' names no version" in ready.json()["message"]
+        r = c.get("/recommend", params={"user_id": user})
+        assert r.status_code == 503 and r.json()["error"] == "no_model" and r.headers["retry-after"] == "30"
+        status = c.get("/admin/model", headers=ADMIN).json()
+        assert status["model_version"] is None and status["version"] is None
+        event = {"event_id": "first-1", "user_id": user, "item_id": str(tiny_run[0].item_id[0]),
+                 "category_id": str(tiny_run[0].category_id[0]), "event_type": "click", "ts": 1.0}
+        assert c.post("/events", json={"events": [event]}).status_code == 202
+        assert [h.item_id for h in store.history(user, 10)] == [event["item_id"]]
+        assert c.post("/admin/instance/rollback", headers=ADMIN).status_code == 409  # nothing to go back to
+
+        registry.publish(tiny_run[2], "v1")
+        registry.set_alias("champion", "v1")
+        wait_until(lambda: c.get("/readyz").status_code == 200, timeout_s=60, what="the first model to load")
+        answer = c.get("/recommend", params={"user_id": user, "k": 5}).json()
+        assert len(answer["items"]) == 5 and answer["model_version"]
+        model = c.get("/admin/model", headers=ADMIN).json()
+        assert model["version"] == "v1" and model["previous"] is None
+        assert 'dinrec_model_info{' in c.get("/metrics").text
