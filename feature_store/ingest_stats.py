@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, PlatformCollector, ProcessCollector
 
 # Seconds: 0.5 ms .. 60 s, roughly x2.5 apart.
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
@@ -47,6 +47,8 @@ class IngestStats:
         self.age_s = Histogram("dinrec_ingest_event_age_seconds", "time from produce to applied, per record",
                                buckets=BUCKETS, registry=self.registry)
         self.registry.register(_Counters(self))
+        ProcessCollector(registry=self.registry)  # process_* : memory, CPU, open files
+        PlatformCollector(registry=self.registry)
 
     def snapshot(self) -> dict:
         with self.lock:

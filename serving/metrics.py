@@ -32,7 +32,15 @@ import glob
 import os
 from collections.abc import Callable, Iterator, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 MULTIPROCESS_ENV = "PROMETHEUS_MULTIPROC_DIR"  # prometheus_client reads it when it is imported
@@ -72,6 +80,9 @@ class ServiceMetrics:
             self._forget_dead_workers()
         self.registry = CollectorRegistry()  # this process's; in multiprocess mode also written to its files
         self.local = CollectorRegistry()  # read from this process at scrape time, whatever the mode
+        # process_* (memory, CPU, open files: of the worker that answers the scrape) and python_info
+        ProcessCollector(registry=self.local)
+        PlatformCollector(registry=self.local)
         r = self.registry
         self.requests = Histogram("dinrec_http_request_seconds", "HTTP requests by route template and status",
                                   ["route", "status"], buckets=_BUCKETS, registry=r)

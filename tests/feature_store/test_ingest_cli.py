@@ -146,6 +146,7 @@ def test_metrics_and_status_endpoints_report_what_the_ingestor_did():
         assert "dinrec_ingest_dead_lettered_total 1.0" in metrics
         assert 'dinrec_ingest_lag_records{partition="0"} 0.0' in metrics
         assert "dinrec_ingest_apply_seconds_count 1.0" in metrics
+        assert "process_resident_memory_bytes " in metrics and "process_open_fds " in metrics
         status = httpx.get(base + "/status").json()
         assert (status["consumed"], status["applied"], status["dead_lettered"]) == (31, 30, 1)
         assert status["apply_p50_ms"] > 0
