@@ -238,6 +238,8 @@ def bench_e2e_cmd(
     stage: Annotated[bool, typer.Option("--stage/--no-stage", help=(
         "also the ranking stage taken apart: DIN alone, without each signal, DIN over the catalog, the "
         "ceiling, and the gate's list"))] = True,
+    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=(
+        "a line per stage on stderr (default: when stderr is a terminal)"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The served list (dinrec train's defaults, GET /recommend on the embedded store after the
@@ -252,7 +254,8 @@ def bench_e2e_cmd(
     unknown = sorted(set(chosen) - set(LIBRARY_PEERS))
     if unknown:
         raise typer.BadParameter(f"unknown peers {unknown}; choose from {sorted(LIBRARY_PEERS)}", param_hint="--peers")
-    result = bench_e2e(data, seeds=_tuple(seeds), max_users=users, peers=chosen, own_sasrec=own_sasrec, stage=stage)
+    result = bench_e2e(data, seeds=_tuple(seeds), max_users=users, peers=chosen, own_sasrec=own_sasrec, stage=stage,
+                       progress=progress)
     _print(result, as_json)
 
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import math
 import secrets
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -316,28 +315,29 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
     return out, ceiling
 
 
-def _progress(t0: float, what: str) -> None:
-    """A line on stderr per stage (stdout is the JSON): a long run shows where it is."""
-    print(f"[bench e2e {time.perf_counter() - t0:7.0f} s] {what}", file=sys.stderr, flush=True)
 
 
 def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None = None,
               peers: Sequence[str] = PEERS, own_sasrec: bool = False, stage: bool = True,
-              train_overrides: dict | None = None, peer_params: dict[str, dict] | None = None) -> dict:
+              train_overrides: dict | None = None, peer_params: dict[str, dict] | None = None,
+              progress: bool | None = None) -> dict:
     """``max_users``: serve only the first N test users (every user trains); ``peers``: the library peers
     to run (benchmarks.peers; missing ones are reported as skipped); ``own_sasrec``: also dinrec's own
     SASRec-style model (benchmarks.sasrec); ``stage``: the stage's variants (DIN alone, the ablations,
     DIN over the catalog, the ceiling); ``train_overrides``: TrainSettings fields to change (default: none
-    — the defaults are what is measured)."""
+    — the defaults are what is measured); ``progress``: a line per stage on stderr (stdout is the JSON;
+    default: when stderr is a terminal)."""
     from benchmarks.peers import PeerUnavailable, run_library_peer
     from models.bundle import load_bundle
     from training.pipeline import samples_for, train_bundle
+    from training.progress import Stages, showing
     from training.settings import TrainSettings
 
     seeds = list(seeds)
     if not seeds:
         raise ValueError("give at least one seed")
     t0 = time.perf_counter()
+    _progress = Stages(showing(progress))
     interactions = load_dataset(data)
     base = TrainSettings(progress=False, **(train_overrides or {}))
     samples = samples_for(interactions, base.model_copy(update={"seed": seeds[0]}))
@@ -363,7 +363,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
     runs.add("item_cf", [cf.recall(c.history.tolist(), DEEP).tolist() for c in test])
     runs.info["item_cf"] = {"window": cf.cfg.window, "decay": cf.cfg.decay, "val_hr@10": tried}
     seconds: dict[str, float] = {"baselines": round(time.perf_counter() - t0, 1)}
-    _progress(t0, f"{len(test)} test users; popularity and item-CF done")
+    _progress(f"{len(test)} test users; popularity and item-CF done")
     dinrec_info: dict = {"serving": [], "gate": [], "model_version": [], "ranking_blend": [], "train_seconds": []}
     ceilings = []
     for n, seed in enumerate(seeds):
@@ -373,12 +373,12 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
             ts = time.perf_counter()
             bundle_path = train_bundle(seed_samples, settings, Path(tmp) / "bundle", run_dir=Path(tmp)).bundle
             dinrec_info["train_seconds"].append(round(time.perf_counter() - ts, 1))
-            _progress(t0, f"seed {seed}: dinrec trained")
+            _progress(f"seed {seed}: dinrec trained")
             bundle = load_bundle(bundle_path)
             served, serving_info = _served_lists(bundle_path, _ingested(interactions, test), test, DEEP)
             index_of = bundle.vocab.item_index()
             runs.add("dinrec", _indices(served, index_of))
-            _progress(t0, f"seed {seed}: dinrec served through HTTP")
+            _progress(f"seed {seed}: dinrec served through HTTP")
             dinrec_info["serving"].append(serving_info)
             dinrec_info["model_version"].append(bundle.model_version)
             # What the ranking stage learned: each signal's validation HR@10 alone, the blend's, its weights.
@@ -397,7 +397,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
                 for name, lists in variants.items():
                     runs.add(name, _indices(lists, index_of))
                 ceilings.append(ceiling)
-                _progress(t0, f"seed {seed}: the stage's variants done")
+                _progress(f"seed {seed}: the stage's variants done")
         for name in peers:
             if (name in DETERMINISTIC and n > 0) or (name in ONE_SEED_PEERS and n > 0):
                 continue
@@ -408,7 +408,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
                 runs.info[name] = {"skipped": str(exc)}
                 continue
             runs.add(name, [[i for i in lst.tolist() if i > 0] for lst in peer.lists])
-            _progress(t0, f"seed {seed}: {name} done")
+            _progress(f"seed {seed}: {name} done")
             runs.info.setdefault(name, {"runs": []})["runs"].append(peer.info)
             if name in ONE_SEED_PEERS:
                 runs.info[name]["note"] = "run on the first seed only (the slowest peer)"
