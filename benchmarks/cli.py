@@ -240,6 +240,8 @@ def bench_e2e_cmd(
         "ceiling, and the gate's list"))] = True,
     progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=(
         "a line per stage on stderr (default: when stderr is a terminal)"))] = None,
+    partial: Annotated[Path | None, typer.Option(help=(
+        "after each seed, write the result so far here (a run stopped midway keeps what it measured)"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The served list (dinrec train's defaults, GET /recommend on the embedded store after the
@@ -255,7 +257,7 @@ def bench_e2e_cmd(
     if unknown:
         raise typer.BadParameter(f"unknown peers {unknown}; choose from {sorted(LIBRARY_PEERS)}", param_hint="--peers")
     result = bench_e2e(data, seeds=_tuple(seeds), max_users=users, peers=chosen, own_sasrec=own_sasrec, stage=stage,
-                       progress=progress)
+                       progress=progress, partial=partial)
     _print(result, as_json)
 
 

@@ -37,6 +37,7 @@ holdout (training.evaluation, in-process) beside what HTTP served: the two must 
 
 from __future__ import annotations
 
+import json
 import math
 import secrets
 import tempfile
@@ -320,13 +321,14 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
 def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None = None,
               peers: Sequence[str] = PEERS, own_sasrec: bool = False, stage: bool = True,
               train_overrides: dict | None = None, peer_params: dict[str, dict] | None = None,
-              progress: bool | None = None) -> dict:
+              progress: bool | None = None, partial: Path | None = None) -> dict:
     """``max_users``: serve only the first N test users (every user trains); ``peers``: the library peers
     to run (benchmarks.peers; missing ones are reported as skipped); ``own_sasrec``: also dinrec's own
     SASRec-style model (benchmarks.sasrec); ``stage``: the stage's variants (DIN alone, the ablations,
     DIN over the catalog, the ceiling); ``train_overrides``: TrainSettings fields to change (default: none
     — the defaults are what is measured); ``progress``: a line per stage on stderr (stdout is the JSON;
-    default: when stderr is a terminal)."""
+    default: when stderr is a terminal); ``partial``: after each seed but the last, the result so far is
+    written there (``seeds_done`` says which), so a run stopped midway keeps what it measured."""
     from benchmarks.peers import PeerUnavailable, run_library_peer
     from models.bundle import load_bundle
     from training.pipeline import samples_for, train_bundle
@@ -419,6 +421,17 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
             runs.add("sasrec_own", [sas.recommend(c.history, DEEP).tolist() for c in test])
             runs.info.setdefault("sasrec_own", {"runs": []})["runs"].append(sas_info)
         seconds[f"seed_{seed}"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
+        if partial is not None and n + 1 < len(seeds):  # what is measured so far survives a stopped run
+            so_far = _finished({**result, "seeds_done": seeds[:n + 1]}, runs, dinrec_info, ceilings, dict(seconds), t0)
+            tmp = partial.with_name(partial.name + ".tmp")
+            tmp.write_text(json.dumps(so_far) + "\n")
+            tmp.replace(partial)
+    return _finished(result, runs, dinrec_info, ceilings, seconds, t0)
+
+
+def _finished(result: dict, runs: Runs, dinrec_info: dict, ceilings: list[dict], seconds: dict,
+              t0: float) -> dict:
+    """The JSON: every method pooled over the seeds it ran, the ceiling, the ratios, the time, the machine."""
     summary = runs.summary()
     for name, info in runs.info.items():
         if name not in summary:

@@ -241,13 +241,18 @@ def test_bench_e2e_serves_through_http_and_measures_every_method(tmp_path):
     data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=120, n_categories=6,
                                  mean_events_per_user=20, seed=3)
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "e2e", "--data", str(data),
-                          "--seeds", "0,1", "--peers", "sasrec_rectools,ease_rectools", "--progress", "--json"],
+                          "--seeds", "0,1", "--peers", "sasrec_rectools,ease_rectools", "--progress",
+                          "--partial", str(tmp_path / "so-far.json"), "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stderr[-3000:]
     for stage in ("] seed 0: dinrec trained", "] seed 1: the stage's variants done", "] seed 0: ease_rectools done",
                   "] seed 1: sasrec_rectools done"):
         assert stage in out.stderr, stage  # --progress: a line per stage on stderr; stdout stays the JSON
     result = json.loads(out.stdout)
+    # --partial: written after seed 0, the figures of that seed alone (a stopped run keeps them).
+    so_far = json.loads((tmp_path / "so-far.json").read_text())
+    assert so_far["seeds_done"] == [0]
+    assert so_far["dinrec"]["per_seed"]["hr@10"] == result["dinrec"]["per_seed"]["hr@10"][:1]
     assert result["users"] > 50 and result["seeds"] == [0, 1]
     keys = {"hr@10", "ndcg@10", "hr@50", "coverage", "long_tail_share", "seen_in_list", "per_seed", "vs_item_cf"}
     methods = ("dinrec", "popularity", "item_cf", "towers", "din_alone", "din_catalog", "without_din",
