@@ -88,6 +88,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
                                "(example/prometheus-operator-crd): the schemas the chart's ServiceMonitor and "
                                "PrometheusRule are checked against"),
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
+    "DINREC_WRITE_API_EXAMPLES": ("tests/serving/test_api_examples.py", "unset", "1: rewrite docs/api.md's answers "
+                                  "from a run instead of checking them"),
     "DINREC_PEERS_PYTHON": ("benchmarks/peers", "<venv>-peers/bin/python (make peers)",
                             "the interpreter of the library peers' environment (RecTools) `dinrec bench e2e` runs"),
     "DINREC_REQUIRE_SERVICES": ("tests", "unset", "1: a test whose service (Redis, Kafka, AEMM) is missing fails "

@@ -78,7 +78,7 @@ class RetrainJob:
             same_rank_count(settings.spot_instance_types, "gpus")
         if settings.registry is None:
             raise ValueError("retrain publishes its candidates to a registry: set DINREC_REGISTRY (or --registry)")
-        self.s, self.train_settings = settings, train  # its progress: DINREC_TRAIN_PROGRESS, else a terminal's
+        self.s, self.train_settings = settings, train.model_copy(update={"progress": False})
         self.drill, self.spot = drill, spot
         self.stop = stop or threading.Event()
         self.end = until if until is not None else (time.time() // settings.align_s) * settings.align_s
