@@ -331,6 +331,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
     written there (``seeds_done`` says which), so a run stopped midway keeps what it measured."""
     from benchmarks.peers import PeerUnavailable, run_library_peer
     from models.bundle import load_bundle
+    from storage.files import write_atomically
     from training.pipeline import samples_for, train_bundle
     from training.progress import Stages, showing
     from training.settings import TrainSettings
@@ -423,9 +424,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
         seconds[f"seed_{seed}"] = round(time.perf_counter() - t0 - sum(seconds.values()), 1)
         if partial is not None and n + 1 < len(seeds):  # what is measured so far survives a stopped run
             so_far = _finished({**result, "seeds_done": seeds[:n + 1]}, runs, dinrec_info, ceilings, dict(seconds), t0)
-            tmp = partial.with_name(partial.name + ".tmp")
-            tmp.write_text(json.dumps(so_far) + "\n")
-            tmp.replace(partial)
+            write_atomically(partial, (json.dumps(so_far) + "\n").encode())
     return _finished(result, runs, dinrec_info, ceilings, seconds, t0)
 
 

@@ -83,9 +83,8 @@ class ModelManager:
         self.current: Recommender | None = None  # None only while the alias names no version yet
         try:
             target = self._target_version()
-        except UnknownAlias as exc:
-            log.warning("waiting for a model: %s; the first `dinrec retrain` (or `dinrec models publish … "
-                        "--alias %s`) publishes one, and the watcher loads it", exc, settings.model_alias)
+        except UnknownAlias:
+            pass  # a new deployment: the service starts without a model and says why (waiting())
         else:
             self.current = self._load(target)
         # Models experiment variants name (a registry alias or version) -> (version, model), beside
