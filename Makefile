@@ -1,7 +1,7 @@
 # Two set-up commands on a fresh machine:
 #   make demo   — venv, install, then the whole loop on embedded defaults (no servers)
 #   make test   — venv, install (and the bench's library peers: make peers), start Redis + Kafka on
-#                 loopback, run the test suite
+#                 loopback, build the compose stack's images (podman), run the test suite
 # (make test-fast: the tier without services, datasets or slow tests, for the edit-test loop)
 #
 # VENV can live outside the clone (CI keys it on the dependency files, see .ci/run).
@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dinrec-installed
 
-.PHONY: install peers demo test test-fast lint services-start services-stop bench clean
+.PHONY: install peers demo test test-fast test-deploy images lint services-start services-stop bench clean
 
 # TorchRec for the sharded trainer, without its fbgemm-gpu requirement (pyproject.toml: sharded-cpu).
 TORCHREC := torchrec==1.9.2
@@ -46,14 +46,22 @@ lint: $(STAMP)
 
 test: $(STAMP) $(PEERS_STAMP)
 	$(VENV)/bin/ruff check .
-	eval "$$(deploy/local/services.sh start)" && \
+	eval "$$(deploy/local/services.sh start)" && eval "$$(deploy/local/images.sh build)" && \
 	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)
+
+# The compose stack alone: build its images here (podman, a local Debian base, no registry), run it.
+test-deploy: $(STAMP)
+	eval "$$(deploy/local/images.sh build)" && \
+	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q -m stack $(PYTEST_ARGS)
+
+images:
+	deploy/local/images.sh build
 
 # The fast tier: no services, no datasets, nothing marked slow (CONTRIBUTING.md: test tiers).
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
-	$(PY) -m pytest -q -m "not redis and not kafka and not data and not slow" $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not redis and not kafka and not data and not slow and not stack" $(PYTEST_ARGS)
 
 services-start:
 	deploy/local/services.sh start

@@ -1,15 +1,24 @@
-"""The fused CPU scoring unit (``csrc/din_score.cpp``) the serving scorer uses where the CPU has
-AVX-512 BF16, and the one way dinrec builds a C++ extension (training.kernels builds its unit with it).
+"""dinrec's C++ units (``csrc/``) and the one way they are built: the fused serving scorer
+(``din_score.cpp``, CPUs with AVX-512 BF16), the listwise activation unit (``din_lists.cpp``) and the
+training-mode Dice unit (``din_unit.cpp``, wrapped by training.kernels).
 
-Builds are cached per machine in ``~/.cache/dinrec/kernels`` (``DINREC_KERNEL_CACHE`` moves it); where a
-build fails the caller keeps its PyTorch ops."""
+Each is compiled on first use, with the C++ compiler PyTorch's extensions use, into
+``~/.cache/dinrec/kernels`` (``DINREC_KERNEL_CACHE`` moves it), in a folder keyed on torch's version, the
+CPU's vector unit and the source with its flags. A library already in that folder is loaded as it is,
+with no compiler: an image compiles its units at build time (``python models/kernels.py``, below) and
+ships them. Where a unit can neither be loaded nor built the caller keeps its PyTorch ops.
+
+This module imports nothing of dinrec's, so an image's build stage can run it from the two paths
+``models/kernels.py`` and ``models/csrc`` before the rest of the source is copied."""
 
 from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,16 +26,17 @@ import torch
 
 log = logging.getLogger(__name__)
 
-_SCORE_SOURCE = Path(__file__).with_name("csrc") / "din_score.cpp"
+_CSRC = Path(__file__).with_name("csrc")
 _SCORE_FLAGS = ["-O3", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mavx512bf16", "-mfma"]
 
 
-def _build_dir(source: Path) -> Path:
+def _build_dir(source: Path, cflags: list[str], ldflags: list[str]) -> Path:
     root = Path(os.environ.get("DINREC_KERNEL_CACHE", Path.home() / ".cache" / "dinrec" / "kernels"))
-    # The build depends on the source, torch and the CPU's vector unit (an AVX2 build must not be
-    # reused on a machine without AVX2).
-    key = hashlib.sha256(source.read_bytes()).hexdigest()[:12]
-    return root / f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{key}"
+    # A build depends on the source and its flags, torch, and the CPU's vector unit (an AVX-512 build
+    # must not be loaded on a machine with AVX2 only).
+    digest = hashlib.sha256(source.read_bytes())
+    digest.update("\0".join(cflags + ["--"] + ldflags).encode())
+    return root / f"{torch.__version__}-{torch.backends.cpu.get_cpu_capability()}-{digest.hexdigest()[:12]}"
 
 
 # Set to "avx2", dinrec behaves as on a CPU without AVX-512 or AMX (benchmarks' --isa avx2, with
@@ -68,25 +78,21 @@ def cpu_has(flag: str) -> bool:
     return cpu_flag_present(flag)
 
 
-@functools.cache
-def load_score() -> bool:
-    """Build (or reuse) the fused serving unit (``csrc/din_score.cpp``) and register
-    ``torch.ops.dinrec_score``; False where the CPU lacks AVX-512 BF16 or the build fails (the scorer
-    then keeps its PyTorch ops)."""
-    if sys.platform != "linux" or not cpu_has("avx512_bf16"):
-        return False
-    return build_extension("dinrec_din_score", _SCORE_SOURCE, _SCORE_FLAGS, [],
-                            "fused scoring unit unavailable (%s: %s); scoring uses PyTorch ops")
-
-
 def build_extension(name: str, source: Path, cflags: list[str], ldflags: list[str], failure: str) -> bool:
-    """Compile (or reuse the cached build of) ``source`` and register its ops; False, logging
-    ``failure`` % (error type, last line), where that fails — compiler or headers missing, …:
-    the caller keeps its PyTorch ops."""
+    """Load the library built from ``source`` with these flags for this CPU, compiling it first where
+    it is not there yet, and register its ops; False, logging ``failure`` % (error type, last line),
+    where that fails — compiler or headers missing, …: the caller keeps its PyTorch ops."""
     try:
+        build_dir = _build_dir(source, cflags, ldflags)
+        built = build_dir / f"{name}.so"
+        if built.is_file():
+            try:  # shipped or built before: no compiler, no write access needed
+                torch.ops.load_library(str(built))
+                return True
+            except (OSError, RuntimeError) as e:  # a half-written library: build it again below
+                log.info("kernel %s: %s; building it again", built, e)
         from torch.utils.cpp_extension import load as load_extension
 
-        build_dir = _build_dir(source)
         build_dir.mkdir(parents=True, exist_ok=True)
         load_extension(name=name, sources=[str(source)], extra_cflags=cflags, extra_ldflags=ldflags,
                        build_directory=str(build_dir), is_python_module=False, verbose=False)
@@ -96,7 +102,14 @@ def build_extension(name: str, source: Path, cflags: list[str], ldflags: list[st
     return True
 
 
-_LISTS_SOURCE = Path(__file__).with_name("csrc") / "din_lists.cpp"
+@functools.cache
+def load_score() -> bool:
+    """The fused serving unit (``csrc/din_score.cpp``): ``torch.ops.dinrec_score`` registered; False
+    where the CPU lacks AVX-512 BF16 or the unit cannot be loaded (the scorer then keeps its PyTorch ops)."""
+    if sys.platform != "linux" or not cpu_has("avx512_bf16"):
+        return False
+    return build_extension("dinrec_din_score", _CSRC / "din_score.cpp", _SCORE_FLAGS, [],
+                           "fused scoring unit unavailable (%s: %s); scoring uses PyTorch ops")
 
 
 def _lists_flags() -> list[str]:
@@ -110,12 +123,52 @@ def _lists_flags() -> list[str]:
 
 @functools.cache
 def load_lists() -> bool:
-    """Build (or reuse) the fused listwise unit (``csrc/din_lists.cpp``) and register
-    ``torch.ops.dinrec_lists``; False, with a warning, where that fails (the model keeps its PyTorch ops)."""
+    """The fused listwise unit (``csrc/din_lists.cpp``): ``torch.ops.dinrec_lists`` registered; False,
+    with a warning, where it cannot be loaded (the model keeps its PyTorch ops)."""
     if sys.platform != "linux":
         return False
-    return build_extension(f"dinrec_din_lists_{isa_limit()}", _LISTS_SOURCE, _lists_flags(), [],
+    return build_extension("dinrec_din_lists", _CSRC / "din_lists.cpp", _lists_flags(), [],
                            "fused listwise unit unavailable (%s: %s); lists are scored with PyTorch ops")
+
+
+def _dice_flags() -> list[str]:
+    flags = ["-O3", "-fopenmp", "-ffast-math"]  # fast-math: lets GCC vectorise expf with glibc's libmvec
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        flags += ["-mavx2", "-mfma"]
+    return flags
+
+
+def build_dice() -> bool:
+    """The fused training-mode Dice unit (``csrc/din_unit.cpp``, wrapped by training.kernels):
+    ``torch.ops.dinrec`` registered; False, with a warning, where it cannot be loaded."""
+    if sys.platform != "linux":
+        log.info("fused Dice kernel: only built on Linux; using PyTorch ops")
+        return False
+    return build_extension("dinrec_din_unit", _CSRC / "din_unit.cpp", _dice_flags(), ["-fopenmp"],
+                           "fused Dice kernel unavailable (%s: %s); training uses PyTorch ops")
+
+
+def build_all() -> dict[str, bool]:
+    """Every unit this CPU (under ``DINREC_CPU_ISA``) can use, built or loaded: {unit: available}."""
+    return {"score": load_score(), "lists": load_lists(), "dice": build_dice()}
+
+
+def main(argv: list[str]) -> int:
+    """``python models/kernels.py [ISA …]``: build every unit for each ISA (default: this CPU's and
+    AVX2, which covers the machines an image is likely to meet), each in a fresh process, since torch
+    reads its vector unit once. Prints {isa: {unit: built}}; exit 1 where nothing built for this CPU."""
+    if argv[:1] == ["--here"]:
+        print(json.dumps(build_all()))
+        return 0
+    built = {}
+    for isa in argv or ["native", "avx2"]:
+        env = {**os.environ, **isa_environment(isa)}
+        out = subprocess.run([sys.executable, __file__, "--here"], env=env, stdout=subprocess.PIPE, text=True)
+        if out.returncode != 0:
+            return out.returncode
+        built[isa] = json.loads(out.stdout.strip().splitlines()[-1])
+    print(json.dumps(built))
+    return 0 if any(built.get("native", {"any": True}).values()) else 1
 
 
 class _ListUnit(torch.autograd.Function):
@@ -141,3 +194,8 @@ def list_unit(q: torch.Tensor, h: torch.Tensor, a: torch.Tensor, pb: torch.Tenso
     the pair features, filled (B, L) bool, WpT (D, H), Wpair (P, H), alpha, wout (H,), bout (1,) →
     w (B, N, L), 0 where a slot holds no behaviour. Differentiable in everything but pf and filled."""
     return _ListUnit.apply(q, h, a, pb, pf, filled, wpt, wpair, alpha, wout, bout)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    raise SystemExit(main(sys.argv[1:]))

@@ -45,6 +45,14 @@ from training.settings import TrainSettings
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT = 0, 1, 2, 3, 4, 5
+
+
+class EmptyWindow(Exception):
+    """The window holds no behaviour at all: nothing to retrain on (skipped, exit 0), not bad input."""
+
+    def __init__(self, message: str, stats: dict) -> None:
+        super().__init__(message)
+        self.stats = stats
 LEASE_KEY = "leases/retrain.json"  # in the registry: every run that could move its aliases takes turns
 
 # What changes the model a window yields: a run under other values is another run.
@@ -117,7 +125,11 @@ class RetrainJob:
         if champion is not None and since is None:
             report["warning"] = ("the champion records no data window: the holdout may include behaviours it was "
                                  "trained on, which favours keeping it")
-        samples, data_stats = self._samples()
+        try:
+            samples, data_stats = self._samples()
+        except EmptyWindow as exc:  # a new deployment's first runs: nothing archived yet
+            report.update({"data": exc.stats, "reason": f"nothing to retrain on: {exc}"})
+            return self._finish(report, "skipped", EXIT_OK, t0)
         report["data"] = data_stats
         new = int((samples.seq_ts >= since).sum()) if since is not None else len(samples.seq_ts)
         rows = holdout_rows(samples, since, self._attributed() if self.s.holdout == "organic" else ())
@@ -202,6 +214,9 @@ class RetrainJob:
             return SampleSet.load(folder), stats
         # The attributed clicks first: data.json, written last, is what marks the samples complete.
         window = read_window(self.s.archive_dir, self.s.topic, self.start, self.end, late_s=self.s.late_s)
+        if window.stats["behaviours"] == 0:
+            raise EmptyWindow(f"the archive holds no behaviours in the window ({window.stats['events']} events)",
+                              window.stats)
         samples = samples_for(window.data, self.train_settings)
         stats = {**window.stats, "fingerprint": samples.fingerprint, "users": len(samples.users),
                  "items": samples.vocab.n_items - 1, "categories": samples.vocab.n_categories - 1}

@@ -98,6 +98,33 @@ def chart_objects() -> list[dict]:
     return helm_template(*CHART_ALL_ON)[1]
 
 
+def variables_the_deployments_set(chart_objects: list[dict]) -> set[str]:
+    """Every DINREC_ variable the shipped deployments set: the image (deploy/docker/Dockerfile), the compose
+    file's services, and the chart's ConfigMaps, Secrets and containers' env (``chart_objects``)."""
+    import re
+
+    import yaml
+
+    names = set(re.findall(r"\b(DINREC_[A-Z0-9_]+)=", (REPO / "deploy" / "docker" / "Dockerfile").read_text()))
+    compose = yaml.safe_load((REPO / "deploy" / "docker" / "docker-compose.yml").read_text())
+    for service in compose["services"].values():
+        names |= set(service.get("environment") or {})
+    names |= set(compose["x-dinrec-env"])
+
+    def envs(node):
+        if isinstance(node, dict):
+            yield from (e["name"] for e in node.get("env", []) if isinstance(e, dict) and "name" in e)
+            for value in node.values():
+                yield from envs(value)
+        elif isinstance(node, list):
+            for value in node:
+                yield from envs(value)
+
+    for doc in chart_objects:
+        names |= set((doc.get("data") or {}) | (doc.get("stringData") or {})) | set(envs(doc))
+    return {n for n in names if n.startswith("DINREC_")}
+
+
 @pytest.fixture
 def unique() -> str:
     """A fresh name for keys, topics and groups, so tests never see each other's data."""

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from dinrec_cli.config import COMPONENTS, MUST_SET, RENAMED, known_variables, unknown_variables
 from serving.settings import ServingSettings
-from tests.conftest import REPO
+from tests.conftest import REPO, variables_the_deployments_set
 
 
 def test_a_mistyped_keyword_raises_in_every_settings_class():
@@ -78,18 +78,6 @@ def test_what_a_deployment_must_set_names_real_settings_and_the_deployments_set_
     """Each is a setting, and the shipped deployment sets it: in the image, the chart's ConfigMap, or a
     container's env (spot state: only where spot jobs run, so not there)."""
     assert set(MUST_SET) <= known_variables()
-    set_here = set(re.findall(r"\b(DINREC_[A-Z0-9_]+)=", (REPO / "deploy" / "docker" / "Dockerfile").read_text()))
-    for doc in chart_objects:
-        set_here |= set((doc.get("data") or {}) | (doc.get("stringData") or {}))
-
-        def envs(node):
-            if isinstance(node, dict):
-                yield from (e["name"] for e in node.get("env", []) if isinstance(e, dict) and "name" in e)
-                for value in node.values():
-                    yield from envs(value)
-            elif isinstance(node, list):
-                for value in node:
-                    yield from envs(value)
-        set_here |= set(envs(doc))
+    set_here = variables_the_deployments_set(chart_objects)
     missing = set(MUST_SET) - set_here - {"DINREC_SPOT_STATE_URI"}
     assert not missing, f"the deployment (deploy/docker, deploy/helm) sets none of {sorted(missing)}"

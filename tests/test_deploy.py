@@ -15,11 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from feature_store.settings import FeatureStoreSettings
-from retrain.settings import RetrainSettings
-from serving.settings import ServingSettings
-from tests.conftest import CHART, CHART_ALL_ON, REPO, _need, helm, helm_template
-from training.settings import TrainSettings
+from dinrec_cli.config import known_variables
+from tests.conftest import CHART, CHART_ALL_ON, REPO, _need, helm, helm_template, variables_the_deployments_set
 
 COMPOSE = REPO / "deploy" / "docker" / "docker-compose.yml"
 DOCKERFILE = REPO / "deploy" / "docker" / "Dockerfile"
@@ -255,12 +252,40 @@ def test_a_config_change_rolls_the_pods():
     assert all(before[n] != after[n] for n in before)
 
 
-def test_the_dockerfile_passes_hadolint_and_runs_as_non_root():
-    out = subprocess.run([_tool("hadolint"), "--failure-threshold", "warning", str(DOCKERFILE)],
+@pytest.mark.parametrize("dockerfile", ["Dockerfile", "redis.Dockerfile", "kafka.Dockerfile"])
+def test_the_dockerfiles_pass_hadolint_and_run_as_non_root(dockerfile):
+    out = subprocess.run([_tool("hadolint"), "--failure-threshold", "warning", str(DOCKERFILE.with_name(dockerfile))],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
+    text = DOCKERFILE.with_name(dockerfile).read_text()
+    assert re.search(r"^USER \S+$", text, re.M) and not re.search(r"^USER (root|0)\b", text, re.M)
+    assert re.search(r"^ARG BASE=", text, re.M)  # FROM a base made here, or the official image elsewhere
+
+
+def test_the_image_installs_a_lock_that_agrees_with_pyproject():
+    """One torch pin: the lock's torch (and every run-time dependency) inside pyproject's ranges."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    locked = {}
+    for line in (REPO / "deploy" / "docker" / "requirements.lock").read_text().splitlines():
+        if line and not line.startswith("#"):
+            req = Requirement(line)
+            pins = [s.version for s in req.specifier if s.operator == "=="]
+            assert pins or req.marker, f"{line}: pinned, or needed only by another Python (its marker says which)"
+            locked[canonicalize_name(req.name)] = pins[0] if pins else None
+    for text in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]:
+        req = Requirement(text)
+        name = canonicalize_name(req.name)
+        assert name in locked, f"{name} is not in requirements.lock: run deploy/docker/lock.py"
+        assert req.specifier.contains(locked[name]), f"requirements.lock has {name}=={locked[name]}, pyproject {req}"
+        assert set(req.extras) == set() or name in {"uvicorn", "redis"}  # their extras' packages are locked too
+    assert {"httptools", "uvloop", "hiredis"} <= set(locked)
+    assert not [n for n in locked if n.startswith(("nvidia-", "cuda-")) or n == "triton"]  # the CPU wheel's closure
     text = DOCKERFILE.read_text()
-    assert re.search(r"^USER 10001", text, re.M) and "download.pytorch.org/whl/cpu" in text
+    assert "-r deploy/docker/requirements.lock" in text and "--no-deps" in text and "pip check" in text
 
 
 def test_the_image_copies_every_package_the_wheel_ships():
@@ -289,24 +314,6 @@ def test_compose_runs_every_part_with_healthchecks_and_volumes():
     assert set(compose["volumes"]) >= {"redis-data", "kafka-data", "registry"}
 
 
-def _dinrec_variables(objects: list[dict]) -> set[str]:
-    names: set[str] = set()
-    for doc in objects:
-        names |= {k for k in {**doc.get("data", {}), **doc.get("stringData", {})} if k.startswith("DINREC_")}
-    for _, pod in _pods(objects):
-        for c in pod["containers"]:
-            names |= {e["name"] for e in c.get("env", []) if e["name"].startswith("DINREC_")}
-    compose = yaml.safe_load(COMPOSE.read_text())
-    for s in compose["services"].values():
-        names |= {k for k in s.get("environment", {}) if k.startswith("DINREC_")}
-    names |= {k for k in compose["x-dinrec-env"] if k.startswith("DINREC_")}
-    names |= set(re.findall(r"\b(DINREC_[A-Z0-9_]+)=", DOCKERFILE.read_text()))
-    return names
-
-
 def test_every_variable_the_deployment_sets_is_a_setting(chart_objects):
-    known = {f"DINREC_{f.upper()}" for cls in (ServingSettings, FeatureStoreSettings) for f in cls.model_fields}
-    known |= {f"DINREC_TRAIN_{f.upper()}" for f in TrainSettings.model_fields}
-    known |= {f"DINREC_RETRAIN_{f.upper()}" for f in RetrainSettings.model_fields}
-    used = _dinrec_variables(chart_objects)
-    assert len(used) >= 10 and not used - known, sorted(used - known)
+    used = variables_the_deployments_set(chart_objects)
+    assert len(used) >= 10 and not used - known_variables(), sorted(used - known_variables())

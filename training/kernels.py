@@ -1,34 +1,19 @@
-"""The fused CPU kernel for DIN's Dice activation unit (``csrc/din_unit.cpp``), built on first use.
+"""The fused CPU kernel for DIN's Dice activation unit (``models/csrc/din_unit.cpp``), built on first use.
 
 ``din_unit(…, model)`` equals ``model.interest_jagged`` with a Dice activation unit in training mode
 (batch statistics; running statistics updated the way ``nn.BatchNorm1d`` does) up to float rounding,
-forward and backward; see the C++ file for why it is faster. It is built once per machine, with the
-C++ compiler PyTorch's extensions use, into ``~/.cache/dinrec/kernels`` (``DINREC_KERNEL_CACHE``
-moves it); where it cannot be built, ``load()`` says why once and returns False, and the model keeps
-its PyTorch ops."""
+forward and backward; see the C++ file for why it is faster. models.kernels builds it, as every C++
+unit, once per machine (or ships it in an image); where it cannot be loaded, ``load()`` says why once
+and returns False, and the model keeps its PyTorch ops."""
 
 from __future__ import annotations
 
 import functools
-import logging
-import sys
-from pathlib import Path
 
 import torch
 
 from models.din import DIN
-from models.kernels import build_extension
-
-log = logging.getLogger(__name__)
-
-_SOURCE = Path(__file__).with_name("csrc") / "din_unit.cpp"
-
-
-def _flags() -> list[str]:
-    flags = ["-O3", "-fopenmp", "-ffast-math"]  # fast-math: lets GCC vectorise expf with glibc's libmvec
-    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
-        flags += ["-mavx2", "-mfma"]
-    return flags
+from models.kernels import build_dice
 
 
 @functools.cache
@@ -38,13 +23,9 @@ def load() -> bool:
 
 
 def build() -> bool:
-    """Build (or reuse the cached build) and register ``torch.ops.dinrec``; False, with a warning, where
+    """Build (or load the built) unit and register ``torch.ops.dinrec``; False, with a warning, where
     that fails."""
-    if sys.platform != "linux":
-        log.info("fused Dice kernel: only built on Linux; using PyTorch ops")
-        return False
-    return build_extension("dinrec_din_unit", _SOURCE, _flags(), ["-fopenmp"],
-                            "fused Dice kernel unavailable (%s: %s); training uses PyTorch ops")
+    return build_dice()
 
 
 class _DinUnit(torch.autograd.Function):

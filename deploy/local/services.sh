@@ -137,14 +137,7 @@ share.coordinator.state.topic.replication.factor=1
 share.coordinator.state.topic.min.isr=1
 group.initial.rebalance.delay.ms=0
 EOF
-  cat >"$RUN/log4j2.properties" <<EOF
-rootLogger.level=WARN
-rootLogger.appenderRef.out.ref=OUT
-appender.out.type=Console
-appender.out.name=OUT
-appender.out.layout.type=PatternLayout
-appender.out.layout.pattern=[%d] %p %m (%c)%n
-EOF
+  cp "$HERE/../docker/kafka-log4j2.properties" "$RUN/log4j2.properties"
 }
 
 kafka_java() {
@@ -250,11 +243,12 @@ case "${1:-}" in
   start) redis_start; redis_cluster_start; kafka_start; aemm_install; promtool_install; helm_install; browser_install; print_env ;;
   stop) kafka_stop; redis_cluster_stop; redis_stop ;;
   kafka-start) kafka_start ;;
+  kafka-jars) kafka_jars; echo "$JARS" ;;
   kafka-stop) kafka_stop ;;
   status)
     if redis_ping; then echo "redis: up (127.0.0.1:$REDIS_PORT)"; else echo "redis: down"; fi
     if cluster_ok; then echo "redis cluster: up (127.0.0.1:$CLUSTER_BASE_PORT-$((CLUSTER_BASE_PORT + 5)))"; else echo "redis cluster: down"; fi
     if port_open "$KAFKA_PORT"; then echo "kafka: up (127.0.0.1:$KAFKA_PORT)"; else echo "kafka: down"; fi ;;
   env) print_env ;;
-  *) echo "usage: $0 start|stop|status|env|kafka-start|kafka-stop" >&2; exit 2 ;;
+  *) echo "usage: $0 start|stop|status|env|kafka-start|kafka-stop|kafka-jars" >&2; exit 2 ;;
 esac

@@ -97,6 +97,15 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
     assert (code, idle["status"]) == (0, "skipped") and "0 new behaviours" in idle["reason"]
 
 
+def test_an_empty_archive_is_nothing_to_do_not_an_error(tmp_path):
+    """A new deployment's hourly retrain runs before anything is archived: skipped (exit 0), so the
+    compose service and the CronJob do not crash-loop or alert; the same run with events trains."""
+    (tmp_path / "archive").mkdir()
+    code, report = retrain(tmp_path, "--until", str(END))
+    assert (code, report["status"]) == (0, "skipped"), report
+    assert "no behaviours" in report["reason"] and report["data"]["behaviours"] == 0
+
+
 @pytest.mark.slow
 def test_a_first_model_that_serves_worse_than_item_cf_is_refused_and_the_default_is_not(tmp_path):
     """Chains of items: the next behaviour is the newest one's successor. The DIN paper's DIN alone (the
