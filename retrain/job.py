@@ -86,7 +86,7 @@ class RetrainJob:
             same_rank_count(settings.spot_instance_types, "gpus")
         if settings.registry is None:
             raise ValueError("retrain publishes its candidates to a registry: set DINREC_REGISTRY (or --registry)")
-        self.s, self.train_settings = settings, train.model_copy(update={"progress": False})
+        self.s, self.train_settings = settings, train
         self.drill, self.spot = drill, spot
         self.stop = stop or threading.Event()
         self.end = until if until is not None else (time.time() // settings.align_s) * settings.align_s
@@ -237,6 +237,7 @@ class RetrainJob:
         from training.checkpoint import open_checkpoint_store
         from training.loop import TrainingInterrupted
         from training.pipeline import train_bundle
+        from training.progress import Stages, showing
 
         out = self.run_dir / "candidate"
         if (out / "manifest.json").is_file():
@@ -261,10 +262,12 @@ class RetrainJob:
             result.metrics["resumed_from"] = resumed_from
             return not self.stop.is_set()
 
+        say = Stages(showing(self.train_settings.progress))  # as `dinrec train`: on a terminal, on stderr
+        say(f"retrain {self.run_id}: {len(samples.train.label):,} training samples, the candidate next")
         try:
             trained = train_bundle(samples, self.train_settings, out, checkpoints=store, resume="auto",
                                    stop=self.stop, champion=use, warm_towers=self.s.warm_start_towers,
-                                   lineage=lineage, after_training=drilled)
+                                   lineage=lineage, after_training=drilled, say=say)
         except TrainingInterrupted:
             return None
         return None if trained.bundle is None else load_bundle(trained.bundle)

@@ -218,3 +218,29 @@ def test_the_dashboard_reads_valid_promql_over_metrics_dinrec_exports(exported, 
     read = {m for e in exprs for m in _read_by(e)}
     missing = read - exported
     assert not missing, f"the dashboard reads metrics nothing exports: {sorted(missing)}"
+
+
+def test_the_dashboard_is_what_grafanas_schema_describes():
+    """The dashboard loads into Grafana's dashboard model as its schema describes it (the Foundation SDK's
+    classes, generated from Grafana's own schema) and comes back unchanged in every field it sets: a
+    misspelt or unknown field would be dropped, and fail here."""
+    from grafana_foundation_sdk.cog.encoder import JSONEncoder
+    from grafana_foundation_sdk.models.dashboard import Dashboard
+
+    board = json.loads(DASHBOARD.read_text())
+    back = json.loads(json.dumps(Dashboard.from_json(board), cls=JSONEncoder))
+
+    def lost(ours, theirs, path: str = "") -> list[str]:
+        if isinstance(ours, dict):
+            if not isinstance(theirs, dict):
+                return [path]
+            return [p for k, v in ours.items() for p in ([f"{path}/{k}"] if k not in theirs else
+                                                         lost(v, theirs[k], f"{path}/{k}"))]
+        if isinstance(ours, list):
+            if not isinstance(theirs, list) or len(ours) != len(theirs):
+                return [path]
+            return [p for i, (a, b) in enumerate(zip(ours, theirs, strict=True)) for p in lost(a, b, f"{path}[{i}]")]
+        return [] if ours == theirs else [path]
+
+    assert lost(board, back) == []
+    assert len(back["panels"]) == len(board["panels"]) > 10

@@ -93,7 +93,9 @@ class TrainSettings(BaseSettings):
     tensorboard_dir: str | None = Field(None, description="write TensorBoard scalars here (needs tensorboard)")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores")
     eval_batch_size: int = Field(8192, ge=1, description="validation/test samples per forward")
-    progress: bool | None = Field(None, description=(
+    # Not serialised (exclude): how a run reports is not part of what it trains, so a checkpoint, a bundle's
+    # record and the settings a spot job is shipped are the same whether or not a terminal watched.
+    progress: bool | None = Field(None, exclude=True, description=(
         "progress on stderr (a line per stage, a bar per epoch); default: when stderr is a terminal"))
     recall_epochs: int = Field(20, ge=0, le=1000, description=(
         "epochs of the recall towers trained beside DIN (early-stopped on validation HR@200); 0 = none: "

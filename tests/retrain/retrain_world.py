@@ -74,9 +74,9 @@ def archive(events: list[BehaviourEvent], root, topic: str = "dinrec.events") ->
     assert stats.records == len(events)
 
 
-def retrain(root, *args: str, env: dict | None = None, wait: bool = True):
+def retrain(root, *args: str, env: dict | None = None, wait: bool = True, stderr: list[str] | None = None):
     """``dinrec retrain`` on ``root``'s archive, registry and work folder: (exit code, report), or the
-    running process when ``wait`` is False."""
+    running process when ``wait`` is False; its stderr appended to ``stderr`` when given."""
     from tests.conftest import REPO
 
     full = {**os.environ, **FAST, "DINREC_RETRAIN_ARCHIVE_DIR": str(root / "archive"),
@@ -86,6 +86,8 @@ def retrain(root, *args: str, env: dict | None = None, wait: bool = True):
     if not wait:
         return subprocess.Popen(cmd, cwd=REPO, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True, timeout=600)
+    if stderr is not None:
+        stderr.append(out.stderr)
     report = json.loads(out.stdout.strip().splitlines()[-1]) if out.stdout.strip() else None
     assert report is not None, out.stderr[-3000:]
     return out.returncode, report

@@ -34,9 +34,12 @@ def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("retrain")
     phase1, phase2 = drifting_world(END)
     archive(phase1 + phase2, root / "archive")
-    code, report = retrain(root, "--until", str(END - 5 * DAY))
+    log: list[str] = []
+    code, report = retrain(root, "--until", str(END - 5 * DAY), env={"DINREC_TRAIN_PROGRESS": "true"}, stderr=log)
     assert (code, report["status"]) == (0, "promoted"), report
     assert "first model" in report["reason"] and report["candidate"]["holdout"]["gauc"] >= 0.55
+    # Progress, asked for: the candidate's stages on stderr (stdout stays the one JSON report).
+    assert f"retrain {report['run']}" in log[0] and "towers" in log[0] and "exported" in log[0], log[0][-2000:]
     return root
 
 
