@@ -45,6 +45,11 @@ from training.settings import TrainSettings
 log = logging.getLogger(__name__)
 
 EXIT_OK, EXIT_FAILED, EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_LOCKED, EXIT_DRILL_UNCAUGHT = 0, 1, 2, 3, 4, 5
+LEASE_KEY = "leases/retrain.json"  # in the registry: every run that could move its aliases takes turns
+
+# What changes the model a window yields: a run under other values is another run.
+_RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negatives", "negative_power", "item_dim",
+             "cat_dim", "mlp_hidden", "attention_hidden", "seed", "recall_epochs", "recall_dim")
 
 
 class EmptyWindow(Exception):
@@ -53,11 +58,6 @@ class EmptyWindow(Exception):
     def __init__(self, message: str, stats: dict) -> None:
         super().__init__(message)
         self.stats = stats
-LEASE_KEY = "leases/retrain.json"  # in the registry: every run that could move its aliases takes turns
-
-# What changes the model a window yields: a run under other values is another run.
-_RUN_KEYS = ("epochs", "batch_size", "lr", "seq_len", "negatives", "eval_negatives", "negative_power", "item_dim",
-             "cat_dim", "mlp_hidden", "attention_hidden", "seed", "recall_epochs", "recall_dim")
 
 
 @dataclass
@@ -86,7 +86,7 @@ class RetrainJob:
             same_rank_count(settings.spot_instance_types, "gpus")
         if settings.registry is None:
             raise ValueError("retrain publishes its candidates to a registry: set DINREC_REGISTRY (or --registry)")
-        self.s, self.train_settings = settings, train
+        self.s, self.train_settings = settings, train  # its progress: DINREC_TRAIN_PROGRESS, else a terminal's
         self.drill, self.spot = drill, spot
         self.stop = stop or threading.Event()
         self.end = until if until is not None else (time.time() // settings.align_s) * settings.align_s

@@ -40,8 +40,6 @@ BASE="localhost/dinrec-base:$SUITE-$BASE_KEY"
 LOCK="$ROOT/deploy/docker/requirements.lock"
 WHEELS="$STATE/wheelhouse-$(key "$LOCK")"
 KAFKA_VERSION="$(sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' "$HERE/pom.xml")"
-JARS_NAME="kafka-jars-$KAFKA_VERSION-$(sha1sum "$HERE/pom.xml" | cut -c1-10)"
-JARS="${DINREC_SERVICES_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/dinrec/services}/$JARS_NAME"
 IMAGE="localhost/dinrec:dev"
 REDIS_IMAGE="localhost/dinrec-redis:7.0-$BASE_KEY"
 KAFKA_IMAGE="localhost/dinrec-kafka:$KAFKA_VERSION-$BASE_KEY"
@@ -96,7 +94,8 @@ build() {
   prune_if_full
   base
   wheelhouse
-  [[ -f "$JARS/.complete" ]] || "$HERE/services.sh" kafka-jars
+  local jars  # services.sh resolves them (once) and names their folder: Kafka's version and the pom's hash
+  jars="$("$HERE/services.sh" kafka-jars)"
   log "building $IMAGE"
   podman build -q --format docker -f "$ROOT/deploy/docker/Dockerfile" --build-arg BASE="$BASE" -v "$WHEELS:/wheels:ro" \
     -t "$IMAGE" "$ROOT" >/dev/null
@@ -105,7 +104,7 @@ build() {
     "$ROOT/deploy/docker" >/dev/null
   log "building $KAFKA_IMAGE"
   podman build -q --format docker -f "$ROOT/deploy/docker/kafka.Dockerfile" --build-arg BASE="$BASE" \
-    --build-arg KAFKA_JARS="$JARS_NAME" -v "$JARS:/jars:ro" -t "$KAFKA_IMAGE" "$ROOT/deploy/docker" >/dev/null
+    --build-arg KAFKA_JARS="$(basename "$jars")" -v "$jars:/jars:ro" -t "$KAFKA_IMAGE" "$ROOT/deploy/docker" >/dev/null
 }
 
 print_env() {
