@@ -12,25 +12,46 @@ from __future__ import annotations
 
 import json
 import secrets
+import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import numpy as np
 import typer
+
+if TYPE_CHECKING:
+    from feature_store.datasets.base import Interactions
+    from feature_store.datasets.synthetic import World
 
 
 def demo(
     smoke: Annotated[bool, typer.Option("--smoke", help="small data, exit after the sample requests")] = False,
     out: Annotated[Path | None, typer.Option(help="keep the run here (default: a temp dir)")] = None,
     port: Annotated[int, typer.Option(help="port to serve on (0 = a free one)")] = 0,
+    seed_registry: Annotated[str | None, typer.Option("--seed-registry", help=(
+        "instead: train the demo's model, publish it to this registry (a folder or s3://bucket/prefix) under "
+        "--alias unless that alias already names a model, print what was done as JSON and exit — a trial "
+        "deployment then serves before its first retrain, which replaces the model through the gate"))] = None,
+    alias: Annotated[str, typer.Option(help="with --seed-registry: the alias serving follows",
+                                       envvar="DINREC_MODEL_ALIAS")] = "champion",
 ) -> None:
     """Run the whole loop on a laptop: data → DIN → bundle + FAISS → HTTP, and show requests."""
+    say = lambda msg: typer.secho(msg, fg="cyan", err=True)  # noqa: E731
+    out = out or Path(tempfile.mkdtemp(prefix="dinrec-demo-"))
+    if seed_registry is not None:
+        typer.echo(json.dumps(seed(seed_registry, alias, smoke=smoke, out=out, say=say)))
+        return
+    _demo(smoke, out, port, say)
+
+
+def _demo(smoke: bool, out: Path, port: int, say: Callable[[str], None]) -> None:
     import httpx
 
     from experiments import open_state
-    from feature_store.datasets.synthetic import SyntheticConfig, generate_world
     from feature_store.online.memory import MemoryStore
     from feature_store.settings import FeatureStoreSettings
     from feature_store.streams.inprocess import InProcessStream
@@ -39,33 +60,10 @@ def demo(
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
     from serving.simulate import simulate, wait_until_logged
-    from training.pipeline import train_bundle
-    from training.samples import build_samples
-    from training.settings import TrainSettings
 
-    say = lambda msg: typer.secho(msg, fg="cyan", err=True)  # noqa: E731
-    out = out or Path(tempfile.mkdtemp(prefix="dinrec-demo-"))
-    cfg = SyntheticConfig(n_users=600, n_items=800, n_categories=20, mean_events_per_user=30) if smoke \
-        else SyntheticConfig()
     t0 = time.perf_counter()
-    data, world = generate_world(cfg)
-    # The last 15 % of the log (by time) arrives later, before the retrain at the end (step 7).
-    cut = float(np.quantile(data.ts, 0.85))
-    data, later = data.take(np.flatnonzero(data.ts < cut)), data.take(np.flatnonzero(data.ts >= cut))
-    say(f"1/7 synthesized {len(data) + len(later)} behaviours of {cfg.n_users} users over {cfg.n_items} items "
-        f"({len(later)} held back for later)")
-    # Negatives as popular as they are: the simulated users click by interest, not by popularity.
-    samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20, negative_power=1.0)
-    say(f"2/7 built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
-    settings = TrainSettings(epochs=3, progress=not smoke)
-    # The data window goes into the bundle's lineage: what a retrain compares against (its holdout is
-    # the behaviours after it).
-    window = {"start": float(data.ts.min()), "end": cut, "source": data.source}
-    trained = train_bundle(samples, settings, out / "bundle", run_dir=out,
-                           lineage={"trained_by": "dinrec demo", "data_window": window})
-    bundle, m = trained.bundle, trained.result.metrics
-    say(f"3/7 trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
-        f"{m['samples_per_s']:.0f} samples/s")
+    first = _first_model(smoke, out, say, progress=not smoke, steps=7, trained_by="dinrec demo")
+    data, later, world, bundle = first.data, first.later, first.world, first.bundle
     registry = Registry(out / "registry")
     registry.set_alias("champion", registry.publish(bundle), reason="demo: first model")
     say(f"4/7 exported bundle + FAISS index to {bundle}, published as champion in {registry.root}")
@@ -162,6 +160,74 @@ def demo(
                     time.sleep(0.5)
             except KeyboardInterrupt:
                 pass
+
+
+@dataclass(frozen=True)
+class _FirstModel:
+    data: Interactions  # the log the model was trained on
+    later: Interactions  # the behaviours held back: they arrive after the model (step 7's retrain)
+    world: World  # the simulated users behind the log
+    bundle: Path
+
+
+def _first_model(smoke: bool, out: Path, say: Callable[[str], None], *, progress: bool, steps: int,
+                 trained_by: str) -> _FirstModel:
+    """Steps 1–3 (of ``steps``): a synthetic world's log (its last 15 % held back), samples, DIN trained and
+    exported."""
+    from feature_store.datasets.synthetic import SyntheticConfig, generate_world
+    from training.pipeline import train_bundle
+    from training.samples import build_samples
+    from training.settings import TrainSettings
+
+    cfg = SyntheticConfig(n_users=600, n_items=800, n_categories=20, mean_events_per_user=30) if smoke \
+        else SyntheticConfig()
+    data, world = generate_world(cfg)
+    # The last 15 % of the log (by time) arrives later, before the retrain at the end (step 7).
+    cut = float(np.quantile(data.ts, 0.85))
+    data, later = data.take(np.flatnonzero(data.ts < cut)), data.take(np.flatnonzero(data.ts >= cut))
+    say(f"1/{steps} synthesized {len(data) + len(later)} behaviours of {cfg.n_users} users over {cfg.n_items} items "
+        f"({len(later)} held back for later)")
+    # Negatives as popular as they are: the simulated users click by interest, not by popularity.
+    samples = build_samples(data, seq_len=50, negatives=1, eval_negatives=20, negative_power=1.0)
+    say(f"2/{steps} built {len(samples.train)} train / {len(samples.val)} val / {len(samples.test)} test samples")
+    settings = TrainSettings(epochs=3, progress=progress)
+    # The data window goes into the bundle's lineage: what a retrain compares against (its holdout is
+    # the behaviours after it).
+    window = {"start": float(data.ts.min()), "end": cut, "source": data.source}
+    trained = train_bundle(samples, settings, out / "bundle", run_dir=out,
+                           lineage={"trained_by": trained_by, "data_window": window})
+    m = trained.result.metrics
+    say(f"3/{steps} trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
+        f"{m['samples_per_s']:.0f} samples/s")
+    return _FirstModel(data, later, world, Path(trained.bundle))
+
+
+def seed(location: str, alias: str, *, smoke: bool, out: Path, say: Callable[[str], None]) -> dict:
+    """A first model for a deployment with none: the demo's, published under ``alias`` only while that
+    alias names nothing — a champion already there (a retrain's, an operator's, an earlier seed's) stays,
+    and nothing is trained. Its data window (the synthetic log's, in 2023) ends before any real
+    behaviour, so the first retrain measures its candidate against it on every behaviour it has."""
+    from registry.store import AliasConflict, UnknownAlias, open_registry
+
+    registry = open_registry(location, out / "registry-cache")
+
+    def kept(version: str) -> dict:
+        say(f"{alias} already names {version} in {registry.uri}: nothing seeded")
+        return {"status": "kept", "alias": alias, "version": version, "registry": registry.uri}
+
+    try:
+        return kept(registry.resolve(alias))
+    except UnknownAlias:
+        pass
+    first = _first_model(smoke, out, say, progress=sys.stderr.isatty(), steps=4,
+                         trained_by="dinrec demo --seed-registry")
+    version = registry.publish(first.bundle)
+    try:  # only if the alias is still unset: a retrain (or a second seeder) that got there first wins
+        registry.set_alias(alias, version, reason="seed: dinrec demo --seed-registry", expected=None)
+    except AliasConflict:
+        return kept(registry.resolve(alias))
+    say(f"4/4 published the demo's model as {version} and pointed {alias} at it in {registry.uri}")
+    return {"status": "seeded", "alias": alias, "version": version, "registry": registry.uri}
 
 
 def _retrain(out: Path, stream, registry, say, smoke: bool) -> dict:

@@ -44,3 +44,28 @@ def test_demo_smoke_runs_the_whole_loop(tmp_path):
         assert f"serving {report['champion']['version']} " in serving, serving
     else:  # promoted: the service followed the alias to the candidate
         assert f"serving {report['candidate']['version']}" in serving
+
+
+@pytest.mark.slow
+def test_seed_registry_publishes_a_first_model_once_and_never_replaces_one(tmp_path):
+    """`dinrec demo --seed-registry`: the trial stack's seed service. It publishes the demo's model under the
+    alias while that names nothing; once it names a model (a seed's, a retrain's), it trains nothing."""
+    from registry.store import open_registry
+
+    def seed(run: str) -> tuple[dict, str]:
+        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "demo", "--seed-registry",
+                              str(tmp_path / "registry"), "--smoke", "--out", str(tmp_path / run)],
+                             cwd=REPO, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-3000:]
+        return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
+
+    first, said = seed("first")
+    registry = open_registry(tmp_path / "registry")
+    assert first["status"] == "seeded" and registry.resolve("champion") == first["version"]
+    assert "3/4 trained DIN" in said
+    manifest = registry.manifest(first["version"])
+    assert manifest["lineage"]["trained_by"] == "dinrec demo --seed-registry"
+    assert manifest["lineage"]["data_window"]["end"] < 1.8e9  # the synthetic log's: before any real behaviour
+    again, said = seed("again")
+    assert again == {**first, "status": "kept"} and "trained DIN" not in said
+    assert registry.versions() == [first["version"]]

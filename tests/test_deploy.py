@@ -299,11 +299,17 @@ def test_the_image_copies_every_package_the_wheel_ships():
 
 def test_compose_runs_every_part_with_healthchecks_and_volumes():
     compose = yaml.safe_load(COMPOSE.read_text())
-    services = compose["services"]
+    everything = compose["services"]
+    # `up` starts the services with no profile; the trial's one-shot seed runs only when asked for.
+    services = {name: s for name, s in everything.items() if not s.get("profiles")}
     assert set(services) == {"redis", "kafka", "api", "ingest", "archive", "retrain"}
     probed = {name for name, s in services.items() if not s["healthcheck"].get("disable")}
     assert probed == {"redis", "kafka", "api", "ingest", "retrain"}  # the archive has no endpoint: restarted
     assert {name for name, s in services.items() if s.get("restart") == "unless-stopped"} == set(services)
+    seed = everything["seed"]
+    assert seed["profiles"] == ["trial"] and seed["restart"] == "no"
+    assert seed["command"][:2] == ["demo", "--seed-registry"]
+    assert seed["command"][2] == services["api"]["environment"]["DINREC_REGISTRY"]  # the API's registry volume
     # The same Redis major and Kafka version as the tests' servers.
     assert services["redis"]["image"].startswith("redis:7.0-")
     kafka_version = re.search(r"<kafka.version>(.+)</kafka.version>", (REPO / "deploy/local/pom.xml").read_text())

@@ -1,9 +1,9 @@
 """The compose stack run as an operator runs it: deploy/docker/docker-compose.yml on the images
 deploy/local/images.sh builds here (compose.local.yml names them), brought up on empty volumes with
-podman-compose. The API comes up waiting for a model; events posted to it reach Kafka, the store (ingest)
-and the archive; one retrain publishes the first champion from them; the API loads it and serves a
-personalised list; /metrics is scraped from the API and from ingest. Then the stack is torn down with
-its volumes.
+podman-compose. The API comes up waiting for a model; the trial's one-shot seed service publishes the
+demo's model and the API serves it; events posted to it reach Kafka, the store (ingest) and the archive;
+one retrain on them replaces the seed through the gate; the API loads it and serves a personalised list;
+/metrics is scraped from the API and from ingest. Then the stack is torn down with its volumes.
 
 podman < 4.6 (Debian bookworm's 4.3) cannot wait on a health condition and, with no systemd, runs no
 health check by itself: the fixture starts Redis and Kafka first and runs their health checks
@@ -120,15 +120,42 @@ def _metric(text: str, name: str) -> float:
                if line.startswith(name) and line[len(name)] in " {")
 
 
-def test_an_empty_stack_trains_its_first_model_from_its_own_events_and_serves_it(stack: Stack):
+def test_an_empty_stack_serves_a_seed_then_a_model_of_its_own_events(stack: Stack):
     with httpx.Client(base_url=stack.url, timeout=30) as client:
-        _first_model_and_its_lists(stack, client)
+        seed = _seeded(stack, client)
+        _first_model_and_its_lists(stack, client, seed)
 
 
-def _first_model_and_its_lists(stack: Stack, client: httpx.Client) -> None:
+def _serving(client: httpx.Client, admin: dict[str, str], version: str) -> bool:
+    try:
+        return client.get("/admin/model", headers=admin).json().get("version") == version
+    except (httpx.TransportError, ValueError):
+        return False
+
+
+def _seeded(stack: Stack, client: httpx.Client) -> str:
+    """Up with no model, it says so; the trial's seed service (run once, as its comment says) publishes
+    the demo's model, which the API then serves; run again, it keeps the champion and trains nothing."""
     wait_until(lambda: _ok(client, "/healthz"), timeout_s=180, interval_s=1, what="the API answers /healthz")
     waiting = client.get("/readyz")
     assert waiting.status_code == 503 and "model" in waiting.text  # up, no model yet, and says so
+
+    def seed() -> dict:
+        run = stack.compose("--profile", "trial", "run", "--rm", "seed", timeout=600)
+        assert run.returncode == 0, f"seed exit {run.returncode}: {run.stderr[-3000:]}"
+        return json.loads(run.stdout.strip().splitlines()[-1])
+
+    first = seed()
+    assert first["status"] == "seeded" and first["alias"] == "champion", first
+    wait_until(lambda: _ok(client, "/readyz"), timeout_s=120, interval_s=1, what="the API loads the seed")
+    answer = client.get("/recommend", params={"user_id": "someone", "k": 10}, headers=stack.admin).json()
+    assert answer["model_version"] == first["version"] and len(answer["items"]) == 10, answer
+    again = seed()
+    assert again == {**first, "status": "kept"}, again
+    return first["version"]
+
+
+def _first_model_and_its_lists(stack: Stack, client: httpx.Client, seed: str) -> None:
 
     events = _history()
     for start in range(0, len(events), 1000):  # the operator's backfill: the admin token is not rate-limited
@@ -147,10 +174,11 @@ def _first_model_and_its_lists(stack: Stack, client: httpx.Client) -> None:
         assert run.returncode in (0, 3), f"retrain exit {run.returncode}: {run.stderr[-3000:]}"
         return report if report.get("status") == "promoted" else None
 
-    report = wait_until(retrained, timeout_s=900, interval_s=5, what="a first champion published")
-    assert report["exit_code"] == 0
+    report = wait_until(retrained, timeout_s=900, interval_s=5, what="a champion of the stack's own events")
+    assert report["exit_code"] == 0 and report["champion"]["version"] == seed  # it beat the seed at the gate
 
-    wait_until(lambda: _ok(client, "/readyz"), timeout_s=120, interval_s=1, what="the API loads the champion")
+    wait_until(lambda: _serving(client, stack.admin, report["candidate"]["version"]), timeout_s=120, interval_s=1,
+               what="the API loads the new champion")
     heavy = max({e["user_id"] for e in events}, key=lambda u: sum(e["user_id"] == u for e in events))
     seen = {e["item_id"] for e in events if e["user_id"] == heavy}
     answer = client.get("/recommend", params={"user_id": heavy, "k": 10}, headers=stack.admin).json()
