@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from experiments.stats import VariantSums, compare
+from training.progress import Stages, showing
 
 
 def _arm(rng: np.random.Generator, users: int, looks: int, impressions: float, ctr: float, concentration: float,
@@ -48,13 +49,17 @@ def _run(rng: np.random.Generator, lift: float, *, users: int, looks: int, impre
 
 def bench_ab(*, runs: int = 2000, users: int = 20_000, looks: int = 20, impressions: float = 10.0,
              ctr: float = 0.05, concentration: float = 20.0, lift: float = 0.05, alpha: float = 0.05,
-             seed: int = 0) -> dict:
+             seed: int = 0, progress: bool | None = None) -> dict:
+    """``progress``: a line per scenario on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     rng = np.random.default_rng(seed)
     kw = dict(users=users, looks=looks, impressions=impressions, ctr=ctr, concentration=concentration, alpha=alpha,
               tuning_users=2 * users)  # tightest near the planned sample: both arms, full length
     t0 = time.perf_counter()
     aa = np.array([_run(rng, 0.0, **kw) for _ in range(runs)])
+    say(f"a/a: {runs} experiments simulated (fixed-test fpr {aa[:, 0].mean():.3f})")
     ab = np.array([_run(rng, lift, **kw) for _ in range(runs)])
+    say(f"a/b: {runs} experiments simulated (fixed-test power {ab[:, 0].mean():.3f})")
 
     def rate(x: np.ndarray) -> dict:
         share = float(x.mean())

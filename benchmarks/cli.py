@@ -10,6 +10,10 @@ import typer
 
 bench_app = typer.Typer(help="Benchmarks that print JSON, the peer measured in the same run.", no_args_is_help=True)
 
+# Every bench's: stdout stays the one JSON object, the stages go to stderr (training.progress).
+Progress = Annotated[bool | None, typer.Option("--progress/--no-progress", help=(
+    "a line per stage on stderr (default: when stderr is a terminal)"))]
+
 
 @bench_app.callback()
 def bench_options(
@@ -61,6 +65,7 @@ def bench_train_cmd(
         "listwise"),
     also_pointwise: Annotated[bool, typer.Option("--also-pointwise/--no-also-pointwise", help=(
         "with listwise: also dinrec's pointwise objective in the same run (the throughput before it)"))] = False,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Train DIN on a dataset and report samples/s (a sample: a positive with its negatives), candidates/s,
@@ -73,7 +78,7 @@ def bench_train_cmd(
                          cat_dim=cat_dim, attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation, seeds=_tuple(seeds),
                          device=device, eval_negatives=eval_negatives, objective=objective,
-                         also_pointwise=also_pointwise)
+                         also_pointwise=also_pointwise, progress=progress)
     _print(result, as_json)
 
 
@@ -83,6 +88,7 @@ def bench_ingest_cmd(
     users: int = 20_000, items: int = 50_000, partitions: int = 4,
     rate: Annotated[int, typer.Option(help="events/s produced during the latency phase")] = 20_000,
     seconds: Annotated[float, typer.Option(help="length of the latency phase")] = 10.0,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Kafka → Redis: dinrec's exactly-once ingestor vs. the plain redis-py pipelined consumer
@@ -92,7 +98,8 @@ def bench_ingest_cmd(
 
     fs = FeatureStoreSettings()
     result = bench_ingest(fs.kafka_bootstrap, fs.redis_url, events=events, users=users, items=items,
-                          partitions=partitions, cap=fs.history_len, rate=rate, seconds=seconds)
+                          partitions=partitions, cap=fs.history_len, rate=rate, seconds=seconds,
+                          progress=progress)
     _print(result, as_json)
 
 
@@ -102,6 +109,7 @@ def bench_score_cmd(
     item_dim: int = 32, cat_dim: int = 32, attention_hidden: str = "80,40", mlp_hidden: str = "200,80",
     attention_activation: str = "prelu", mlp_activation: str = "relu", requests: int = 500,
     vs: Annotated[str | None, typer.Option(help="peer: deepctr (default), none")] = "deepctr",
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Latency of scoring one request (one history vs N candidates) on one thread: dinrec's scorer,
@@ -111,7 +119,7 @@ def bench_score_cmd(
     result = bench_score(candidates=candidates, seq_len=seq_len, items=items, item_dim=item_dim, cat_dim=cat_dim,
                          attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation,
-                         requests=requests, vs_deepctr=vs == "deepctr")
+                         requests=requests, vs_deepctr=vs == "deepctr", progress=progress)
     _print(result, as_json)
 
 
@@ -127,6 +135,7 @@ def bench_serve_cmd(
     cluster_url: Annotated[str | None, typer.Option(
         envvar="DINREC_REDIS_CLUSTER_URL", help="a node of the Redis Cluster (for --store redis-cluster)")] = None,
     partitions: Annotated[int, typer.Option(help="shards of the store on the cluster (DINREC_STORE_PARTITIONS)")] = 8,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL)."""
@@ -139,7 +148,8 @@ def bench_serve_cmd(
         raise typer.BadParameter("--store redis-cluster needs --cluster-url (or DINREC_REDIS_CLUSTER_URL)")
     result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
                          seq_len=seq_len, workers=workers, index=index,
-                         cluster_url=cluster_url if store == "redis-cluster" else None, partitions=partitions)
+                         cluster_url=cluster_url if store == "redis-cluster" else None, partitions=partitions,
+                         progress=progress)
     _print(result, as_json)
 
 
@@ -151,6 +161,7 @@ def bench_store_size_cmd(
     impressions: Annotated[int, typer.Option(help="impressions per user in an experiment (A/B keys)")] = 10,
     node_gb: Annotated[float, typer.Option(help="memory of one Redis node, for the projection")] = 26.0,
     fill: Annotated[float, typer.Option(help="the share of a node's memory the data may take")] = 0.6,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Redis memory per user and per item (MEMORY USAGE of real keys, DINREC_REDIS_URL), and the cluster
@@ -159,7 +170,7 @@ def bench_store_size_cmd(
     from feature_store.settings import FeatureStoreSettings
 
     measured = measure(FeatureStoreSettings().redis_url, users=users, behaviours=behaviours, items=items,
-                       impressions=impressions)
+                       impressions=impressions, progress=progress)
     measured["projection"] = project(measured, users=[1_000_000, 10_000_000, 100_000_000], items=1_000_000,
                                      node_gb=node_gb, fill=fill)
     _print(measured, as_json)
@@ -176,6 +187,7 @@ def bench_overload_cmd(
     slow_clients: Annotated[int | None, typer.Option(
         help="connections that send a POST's headers and then nothing, beside a second overload run "
              "(default 8 per worker)", min=0)] = None,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """The service past its capacity: good answers/s, accepted and shed p99, /healthz, recovery, and what
@@ -185,7 +197,7 @@ def bench_overload_cmd(
 
     result = bench_overload(FeatureStoreSettings().redis_url, seconds=seconds, overload=overload, cap=cap,
                             items=items, users=users, workers=workers, peer_seconds=peer_seconds,
-                            slow_clients=slow_clients)
+                            slow_clients=slow_clients, progress=progress)
     _print(result, as_json)
 
 
@@ -195,6 +207,7 @@ def bench_soak_cmd(
     window_s: Annotated[float, typer.Option(help="seconds between memory and p99 readings")] = 30,
     store: Annotated[list[str] | None, typer.Option(help="memory and/or redis (repeatable; default both)")] = None,
     rps: Annotated[float | None, typer.Option(help="offered load (default: 0.8 of the capacity measured)")] = None,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Random new user and item ids at a steady rate: memory (service RSS, Redis used_memory) and p99 over
@@ -205,7 +218,8 @@ def bench_soak_cmd(
     stores = tuple(store or ("memory", "redis"))
     if set(stores) - {"memory", "redis"}:
         raise typer.BadParameter(f"--store: memory or redis, not {sorted(set(stores) - {'memory', 'redis'})}")
-    result = bench_soak(FeatureStoreSettings().redis_url, minutes=minutes, window_s=window_s, stores=stores, rate=rps)
+    result = bench_soak(FeatureStoreSettings().redis_url, minutes=minutes, window_s=window_s, stores=stores, rate=rps,
+                        progress=progress)
     _print(result, as_json)
 
 
@@ -215,13 +229,13 @@ def bench_ab_cmd(
     users: Annotated[int, typer.Option(help="users per arm")] = 20_000,
     looks: Annotated[int, typer.Option(help="times each experiment is analysed (after every batch)")] = 20,
     lift: Annotated[float, typer.Option(help="the A/B scenario's true relative CTR lift")] = 0.05,
-    alpha: float = 0.05, seed: int = 0,
+    alpha: float = 0.05, seed: int = 0, progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """False-positive rates of the A/B tests (fixed, fixed with peeking, sequential) and their power."""
     from benchmarks.ab_bench import bench_ab
 
-    result = bench_ab(runs=runs, users=users, looks=looks, lift=lift, alpha=alpha, seed=seed)
+    result = bench_ab(runs=runs, users=users, looks=looks, lift=lift, alpha=alpha, seed=seed, progress=progress)
     _print(result, as_json)
 
 
@@ -238,8 +252,7 @@ def bench_e2e_cmd(
     stage: Annotated[bool, typer.Option("--stage/--no-stage", help=(
         "also the ranking stage taken apart: DIN alone, without each signal, DIN over the catalog, the "
         "ceiling, and the gate's list"))] = True,
-    progress: Annotated[bool | None, typer.Option("--progress/--no-progress", help=(
-        "a line per stage on stderr (default: when stderr is a terminal)"))] = None,
+    progress: Progress = None,
     partial: Annotated[Path | None, typer.Option(help=(
         "after each seed, write the result so far here (a run stopped midway keeps what it measured)"))] = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
@@ -269,6 +282,7 @@ def bench_recall_cmd(
     epochs: Annotated[int, typer.Option(help="DIN epochs (it ranks the final recommendations)")] = 3,
     recall_epochs: Annotated[int, typer.Option(help="recall towers' epochs (early-stopped on validation)")] = 20,
     seq_len: Annotated[int, typer.Option("--seq-len")] = 50, k: int = 10, seed: int = 0,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """HR@50/200/1000 of the FAISS recall stage beside item-to-item CF and popularity on the dataset's
@@ -276,11 +290,12 @@ def bench_recall_cmd(
     from benchmarks.recall_bench import bench_recall, bench_recall_scale
 
     if synthetic_items:
-        result = bench_recall_scale(synthetic_items, seed=seed)
+        result = bench_recall_scale(synthetic_items, seed=seed, progress=progress)
     elif data is None:
         raise typer.BadParameter("give --data DIR (or --synthetic-items N)", param_hint="--data")
     else:
-        result = bench_recall(data, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, k=k, seed=seed)
+        result = bench_recall(data, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, k=k, seed=seed,
+                              progress=progress)
     _print(result, as_json)
 
 
@@ -294,6 +309,7 @@ def bench_retrain_cmd(
     archive_span: Annotated[int | None, typer.Option(help=(
         "instead: the data phase (the window read from the archive, samples built) on an archive this many "
         "times the window's length against the window's alone: wall time and peak memory"))] = None,
+    progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """Scheduled retraining on a replayed log: the retrained candidate vs the stale champion on the
@@ -301,9 +317,10 @@ def bench_retrain_cmd(
     if archive_span is not None:
         from benchmarks.window_bench import bench_window
 
-        _print(bench_window(data, span=archive_span), as_json)
+        _print(bench_window(data, span=archive_span, progress=progress), as_json)
         return
     from benchmarks.retrain_bench import bench_retrain
 
-    result = bench_retrain(data, cut=cut, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed)
+    result = bench_retrain(data, cut=cut, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed,
+                           progress=progress)
     _print(result, as_json)

@@ -30,6 +30,7 @@ from feature_store.online.redis_store import SEP, RedisStore
 from feature_store.schema import BehaviourEvent
 from feature_store.streams.base import OutgoingRecord, Record, event_record
 from feature_store.streams.kafka_stream import KafkaStream
+from training.progress import Stages, showing
 
 
 def synthetic_records(n: int, users: int, items: int, seed: int = 0, start_ts: float = 1.7e9) -> list[OutgoingRecord]:
@@ -138,7 +139,9 @@ def _latency(stream: KafkaStream, store: RedisStore, group: str, rate: int, seco
 
 def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users: int = 20_000, items: int = 50_000,
                  partitions: int = 4, cap: int = 50, rate: int = 20_000, seconds: float = 10.0,
-                 settle_s: float = 2.0) -> dict:
+                 settle_s: float = 2.0, progress: bool | None = None) -> dict:
+    """``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     run = f"bench{os.getpid()}-{int(time.time())}"
     topic = f"{run}.events"
     stream = KafkaStream(bootstrap, topic)
@@ -147,6 +150,7 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     t0 = time.perf_counter()
     _produce(stream, records)
     produce_s = time.perf_counter() - t0
+    say(f"backlog of {events} events produced")
     # Not kept: 200k live objects in this process would make every garbage collection during the
     # drains walk them, a cost no real consumer process has.
     del records
@@ -158,9 +162,12 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     try:
         time.sleep(settle_s)  # the broker flushes what was just produced; not the consumers' cost
         dinrec = _drain_dinrec(stream, store, f"{run}-dinrec", events)
+        say(f"dinrec drained the backlog ({dinrec['events_per_s']} events/s)")
         time.sleep(settle_s)
         reference = _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap)
+        say(f"redis-py drained the backlog ({reference['events_per_s']} events/s)")
         latency = _latency(stream, store, f"{run}-latency", rate, seconds, users, items)
+        say(f"latency phase done (p99 {latency['latency_p99_ms']} ms)")
         # Correctness of what was measured: both sides saw every event once; dinrec counted each once.
         applied = store.applied_behaviours()
     finally:

@@ -34,6 +34,7 @@ from retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long
 from retrieval.index import FaissIndex
 from training.export import build_item_index, item_counts
 from training.loop import train
+from training.progress import Stages, showing
 from training.samples import SampleSet, Split, build_samples, training_sequences
 from training.settings import TrainSettings
 from training.towers_train import towers_settings, train_towers
@@ -65,9 +66,12 @@ def _hr(recalled: list[np.ndarray], cases, ns=NS) -> dict[str, float]:
 
 
 def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_len: int = 50, k: int = 10,
-                 seed: int = 0) -> dict:
+                 seed: int = 0, progress: bool | None = None) -> dict:
+    """``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     t0 = time.perf_counter()
     samples = build_samples(load_dataset(data), seq_len=seq_len, eval_negatives=20, seed=seed)
+    say(f"{len(samples.train)} training samples built")
     # DIN here only lends its item embeddings to a recall space (din_mean): the pointwise objective, which
     # needs no lanes (the listwise one trains on what the towers and co-visitation recall: dinrec train).
     settings = TrainSettings(epochs=epochs, seq_len=seq_len, seed=seed, progress=False, recall_epochs=recall_epochs,
@@ -75,8 +79,10 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
     with tempfile.TemporaryDirectory(prefix="dinrec-bench-recall-") as tmp:
         din = train(samples, settings, Path(tmp)).model.eval()
     t_din = time.perf_counter()
+    say("din trained")
     towers = train_towers(samples, towers_settings(settings))
     t_towers = time.perf_counter()
+    say(f"recall towers trained (val hr@{towers.metrics['eval_n']} {towers.metrics['val_hr']})")
     test, val = _cases(samples, samples.test), _cases(samples, samples.val)
     counts = item_counts(samples)  # what the bundle keeps: the long tail as serving defines it
     result: dict = {"dataset": str(data), "test_users": len(test), "items": samples.vocab.n_items - 1,
@@ -89,6 +95,7 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
         index, info = build_item_index(space)
         recalled[name] = _faiss_recall(space, index, test, max(NS))
         result[name] = {**_hr(recalled[name], test), "index": info["kind"], "dim": space.dim}
+        say(f"{name}: {len(test)} test users recalled (hr@200 {result[name]['hr@200']})")
 
     seqs = training_sequences(samples)
     tuned = {w: ItemCF.fit(seqs, samples.vocab.n_items, ItemCFConfig(window=w)) for w in (5, 10, 20)}
@@ -103,6 +110,7 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
                          "long_tail_share": long_tail_share([x[:k] for x in cf_lists], counts)}
     result["popularity"] = {**_hr(pop_lists, test), "long_tail_share": long_tail_share([x[:k] for x in pop_lists],
                                                                                        counts)}
+    say(f"item-cf (window {best}) and popularity recalled")
 
     # The final lists as the service ranks them: DIN's scores over the 200 candidates, then the
     # reranker with and without the long-tail lane (its default share).
@@ -117,6 +125,7 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
         flags = [bool(tail[c]) for c in cand.tolist()]
         finals["lane"].append([int(cand[j]) for j, _ in lane.select(scored, k, (), flags)])
         finals["no_lane"].append([int(cand[j]) for j, _ in Reranker().select(scored, k)])
+    say("final lists ranked, with and without the long-tail lane")
     result["long_tail_share"] = long_tail_share(finals["lane"], counts)
     result["final"] = {name: {f"hr@{k}": round(float(np.mean([c[2] in f for c, f in zip(test, lists, strict=True)])),
                                                  4),
@@ -134,15 +143,16 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
 
 
 def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 1000, queries: int = 300,
-                       k: int = 200, seed: int = 0) -> dict:
+                       k: int = 200, seed: int = 0, progress: bool | None = None) -> dict:
     """The recall stage on a synthetic catalog of ``items`` unit vectors (clustered by category, as the
     item tower's are): the index ``IndexSpec`` picks for that size, its build time and size, query
     p50/p99 (one thread, top ``k`` with 50 seen items excluded) and recall@``k`` against exact search.
-    The build uses every core."""
+    The build uses every core. ``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
     import faiss
 
     from retrieval.index import IndexSpec, recall_at_k, tune_ef_search
 
+    say = Stages(showing(progress))
     rng = np.random.default_rng(seed)
     centroids = rng.normal(size=(categories, dim)).astype(np.float32)  # (C, D)
     cat = rng.integers(0, categories, items)
@@ -158,18 +168,22 @@ def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 
         members = np.concatenate([by_cat[starts[c]:starts[c + 1]] for c in cs])
         q[r] = vectors[rng.choice(members, 10)].mean(axis=0)
     q /= np.linalg.norm(q, axis=1, keepdims=True)
+    say(f"{items} item vectors and {queries} queries made")
     spec = IndexSpec()
     t0 = time.perf_counter()
     index = FaissIndex.build(vectors, ids, spec)  # every core: it is an offline step
     build_s = time.perf_counter() - t0
+    say(f"{index.kind} index built ({build_s:.1f} s)")
     with tempfile.TemporaryDirectory() as tmp:
         index.save(Path(tmp) / "index.faiss")
         size = (Path(tmp) / "index.faiss").stat().st_size
     exact = FaissIndex.build(vectors, ids, IndexSpec(kind="flat"))
+    say("exact index built")
     tuning: dict = {}
     if index.kind == "hnsw":  # as export does: efSearch measured on half the queries, timed on the other half
         ef, recall, tried = tune_ef_search(index, exact, q[:queries // 2], k)
         tuning = {"ef_search": ef, "ef_search_tried": tried}
+        say(f"ef_search tuned: {ef}")
     faiss.omp_set_num_threads(1)  # queries as a serving worker runs them
     held_out = q[queries // 2:]
     exclude = [set(rng.integers(1, items + 1, 50).tolist()) for _ in range(len(held_out))]
@@ -178,6 +192,7 @@ def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 
         t = time.perf_counter()
         index.search(held_out[r:r + 1], k, exclude=[exclude[r]])
         times.append(time.perf_counter() - t)
+    say(f"{len(held_out)} queries timed (p99 {1000 * float(np.percentile(times, 99)):.3f} ms)")
     return {"items": items, "dim": dim, "index": index.kind, "spec": spec.to_json(),
             "build_s": round(build_s, 1), "index_mb": round(size / 2**20, 1),
             "vectors_mb": round(vectors.nbytes / 2**20, 1),

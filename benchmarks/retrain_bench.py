@@ -28,6 +28,7 @@ from feature_store.datasets import load_dataset
 from registry.store import Registry
 from retrain.job import RetrainJob
 from retrain.settings import RetrainSettings
+from training.progress import Stages, showing
 from training.settings import TrainSettings
 
 KEEP = ("auc", "gauc", "logloss", "calibration_error", "recall_hr", "recall_tail_share", "recall_tail_hr",
@@ -60,26 +61,34 @@ def _holdout(report: dict, who: str) -> dict:
 
 
 def bench_retrain(data_dir: Path, cut: float = 0.8, epochs: int = 2, recall_epochs: int = 10,
-                  seq_len: int = 50, seed: int = 0) -> dict:
+                  seq_len: int = 50, seed: int = 0, progress: bool | None = None) -> dict:
+    """``progress``: a line per retrain on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     train = TrainSettings(epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed,
                           negative_power=1.0, progress=False)
     with tempfile.TemporaryDirectory(prefix="dinrec-bench-retrain-") as tmp:
         root = Path(tmp)
         n_events, ts = _archive(data_dir, root / "archive")
+        say(f"{n_events} events archived")
         cut_ts = float(np.quantile(ts, cut)) // 3600 * 3600
         end = (float(ts.max()) // 3600 + 1) * 3600
         first, first_s = _run(root, "first", cut_ts, train)
+        say(f"first model: {first['status']} ({first_s:.1f} s)")
         if first["status"] != "promoted":
             return {"dataset": str(data_dir), "error": f"no first model: {first.get('reason')}"}
         warm, warm_s = _run(root, "warm", end, train)
+        say(f"warm retrain: {warm['status']} ({warm_s:.1f} s, holdout gauc {_holdout(warm, 'candidate')['gauc']})")
         cold, cold_s = _run(root, "cold", end, train, warm_start=False)
+        say(f"cold peer: {cold['status']} ({cold_s:.1f} s, holdout gauc {_holdout(cold, 'candidate')['gauc']})")
         towers, towers_s = _run(root, "warm-towers", end, train, warm_start_towers=True)
+        say(f"warm-towers peer: {towers['status']} ({towers_s:.1f} s)")
         drills = {}
         for drill in ("shuffled-labels", "miscalibrated"):
             report, _ = _run(root, drill, end, train, drill=drill)
             drills[drill] = {"status": report["status"], "exit_code": report["exit_code"],
                              "failed": [c["metric"] for c in report.get("checks", []) if not c["passed"]],
                              "candidate": _holdout(report, "candidate")}
+            say(f"{drill} drill: {report['status']}")
         promoted_to = Registry(root / "registry-warm").resolve("champion")
     return {
         "dataset": str(data_dir), "events": n_events, "cut_quantile": cut, "window_end": end, "cut": cut_ts,

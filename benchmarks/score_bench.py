@@ -27,6 +27,7 @@ import torch
 from benchmarks.machine import machine_with_ceiling
 from models.din import DIN, DINConfig
 from models.scorer import candidate_scorers, choose_scorer
+from training.progress import Stages, showing
 
 
 def _timed(fn, requests: list, warmup: int = 20) -> dict:
@@ -45,7 +46,10 @@ def _timed(fn, requests: list, warmup: int = 20) -> dict:
 def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_000, categories: int = 1_000,
                 item_dim: int = 32, cat_dim: int = 32, attention_hidden: tuple[int, ...] = (80, 40),
                 mlp_hidden: tuple[int, ...] = (200, 80), attention_activation: str = "prelu",
-                mlp_activation: str = "relu", requests: int = 500, vs_deepctr: bool = True, seed: int = 0) -> dict:
+                mlp_activation: str = "relu", requests: int = 500, vs_deepctr: bool = True, seed: int = 0,
+                progress: bool | None = None) -> dict:
+    """``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     torch.set_num_threads(1)
     torch.manual_seed(seed)
     cfg = DINConfig(n_items=items, n_categories=categories, item_dim=item_dim, cat_dim=cat_dim,
@@ -60,12 +64,14 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
         hist = torch.as_tensor(rng.integers(1, items, seq_len))
         cand = torch.as_tensor(rng.choice(np.arange(1, items), candidates, replace=False))
         reqs.append((hist, item_cat[hist], cand))
+    say(f"{requests} requests built")
 
     out: dict = {"candidates": candidates, "seq_len": seq_len, "items": items, "threads": 1,
                  "config": {"item_dim": item_dim, "cat_dim": cat_dim, "attention_hidden": list(attention_hidden),
                             "mlp_hidden": list(mlp_hidden), "attention_activation": attention_activation,
                             "mlp_activation": mlp_activation},
                  "machine": machine_with_ceiling()}
+    say("the machine's gemm ceiling measured")
     macs = score_macs(candidates, seq_len, item_dim + cat_dim, attention_hidden, mlp_hidden)
     out["multiply_adds_per_request"] = macs
     peak = {"fp32": out["machine"]["fp32_gemm_gflops"], "bf16": out["machine"]["bf16_gemm_gflops"]}
@@ -77,10 +83,12 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
 
     chosen, choice = choose_scorer(model, item_cat, "auto", reqs[:8])
     out["choice"] = choice.as_dict()
+    say(f"scorer chosen: {chosen.impl}")
     out["implementations"] = {}
     for name, scorer in candidate_scorers(model, item_cat, "auto").items():
         timed = _timed(lambda h, c, n, s=scorer: s.score(h, c, n), reqs)
         out["implementations"][name] = {"impl": name, **with_peak(timed, scorer.precision)}
+        say(f"{name} timed (p50 {timed['p50_ms']} ms)")
     out["dinrec"] = out["implementations"][chosen.impl]
     out["dinrec"]["max_prob_diff_vs_fp32"] = choice.max_prob_diff.get(chosen.impl, 0.0)
 
@@ -88,10 +96,12 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
         def torch_forward(h, c, n):
             return model(h.unsqueeze(0).expand(len(n), -1), c.unsqueeze(0).expand(len(n), -1), n, item_cat[n])
         out["torch"] = _timed(torch_forward, reqs)
+    say(f"torch forward timed (p50 {out['torch']['p50_ms']} ms)")
 
     if vs_deepctr:
         out["deepctr"] = _deepctr(reqs, item_cat, items, categories, seq_len, item_dim, cat_dim, attention_hidden,
                                   mlp_hidden, attention_activation, mlp_activation, seed)
+        say(f"deepctr timed (p50 {out['deepctr']['p50_ms']} ms)")
         out["speedup_vs_deepctr"] = round(out["deepctr"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
     out["speedup_vs_torch"] = round(out["torch"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
     return out

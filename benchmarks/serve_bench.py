@@ -22,7 +22,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,7 @@ from models.vocab import Vocab
 from retrieval.index import IndexSpec
 from serving.server import free_port
 from training.export import build_item_index
+from training.progress import Stages, showing
 
 
 def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0,
@@ -92,14 +93,18 @@ class StoreSpec:
 
 @contextlib.contextmanager
 def _service(spec: StoreSpec, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
-             index: str, env: dict[str, str] | None) -> Iterator[tuple[int, dict]]:
-    """`dinrec serve` on a synthetic bundle and ``users`` histories in Redis; yields (port, index card)."""
+             index: str, env: dict[str, str] | None,
+             say: Callable[[str], None] | None = None) -> Iterator[tuple[int, dict]]:
+    """`dinrec serve` on a synthetic bundle and ``users`` histories in Redis; yields (port, index card).
+    ``say``: told each stage (progress)."""
+    say = say or Stages(False)
     run = f"bench-serve-{os.getpid()}-{time.monotonic_ns()}"
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-serve-"))
     bundle = synthetic_bundle(folder / "bundle", items, categories, seq_len, index=IndexSpec(kind=index))
     index_info = json.loads((bundle / ITEM_INDEX_INFO_FILE).read_text())
     store = RedisStore(spec.url, prefix=run, history_cap=seq_len, partitions=spec.partitions, cluster=spec.cluster)
     load_histories(store, users, items, seq_len)
+    say(f"bundle of {items} items exported, {users} histories loaded")
     port = free_port()
     env = {**os.environ, "DINREC_STORE": spec.kind, "DINREC_REDIS_URL": spec.url, "DINREC_REDIS_PREFIX": run,
            "DINREC_STORE_PARTITIONS": str(spec.partitions),
@@ -114,6 +119,7 @@ def _service(spec: StoreSpec, *, items: int, categories: int, users: int, seq_le
                              "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
+        say("service ready")
         yield port, {**index_info, **_served_paths(f"http://127.0.0.1:{port}"), "pid": proc.pid}
     finally:
         proc.terminate()
@@ -130,17 +136,20 @@ def _p(values: list[float], q: float) -> float | None:
 def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
                 categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
                 timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto", cluster_url: str | None = None,
-                partitions: int = 8) -> dict:
+                partitions: int = 8, progress: bool | None = None) -> dict:
     """The service on one Redis server; with ``cluster_url``, then on the cluster under the same load:
-    its result under ``redis_cluster`` and cluster/single ratios under ``cluster_vs_single``."""
+    its result under ``redis_cluster`` and cluster/single ratios under ``cluster_vs_single``. ``progress``:
+    a line per stage on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     shape = {"rps": rps, "seconds": seconds, "items": items, "categories": categories, "users": users,
              "seq_len": seq_len, "workers": workers, "timeout_s": timeout_s, "warmup_s": warmup_s, "index": index}
     single_spec = StoreSpec(redis_url)
-    single = {"store": single_spec.kind, **_serve_once(single_spec, **shape)}
+    single = {"store": single_spec.kind, **_serve_once(single_spec, say=say, **shape)}
     if cluster_url is None:
         return single
     cluster_spec = StoreSpec(cluster_url, cluster=True, partitions=partitions)
-    cluster = {"store": cluster_spec.kind, "partitions": partitions, **_serve_once(cluster_spec, **shape)}
+    cluster = {"store": cluster_spec.kind, "partitions": partitions,
+               **_serve_once(cluster_spec, say=say, **shape)}
 
     def ratio(field: str) -> float | None:
         a, b = cluster.get(field), single.get(field)
@@ -151,11 +160,16 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
 
 
 def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, categories: int, users: int,
-                seq_len: int, workers: int | None, timeout_s: float, warmup_s: float, index: str) -> dict:
+                seq_len: int, workers: int | None, timeout_s: float, warmup_s: float, index: str,
+                say: Callable[[str], None]) -> dict:
+    def stage(what: str) -> None:
+        say(f"{spec.kind}: {what}")
+
     with _service(spec, items=items, categories=categories, users=users, seq_len=seq_len, workers=workers,
-                  index=index, env=None) as (port, index_info):
+                  index=index, env=None, say=stage) as (port, index_info):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, min(rps, 100), warmup_s, timeout_s)  # warm-up, not measured
+        stage("warm-up done")
         cpu0 = _tree_cpu_s(index_info["pid"])
         t0 = time.perf_counter()
         results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
@@ -167,6 +181,7 @@ def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, cate
     per_request = cpu * 1000 / answered
     by_stage = {**stages, "other": round(per_request - sum(stages.values()), 3)} if stages else {}
     ms = [r.latency_s * 1000 for r in results]
+    stage(f"load done ({len(ok) / wall:.1f} rps, p99 {_p(ms, 99)} ms, {len(results) - len(ok)} errors)")
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
             "p50_ms": _p(ms, 50), "p95_ms": _p(ms, 95), "p99_ms": _p(ms, 99), "errors": len(results) - len(ok),
             "degraded": sum(r.degraded for r in results),
@@ -202,18 +217,21 @@ def _overloaded(port: int, health_port: int, requests: list[bytes], rps: float, 
 
 def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0, cap: int = 8, items: int = 20_000,
                    users: int = 2000, workers: int | None = None, peer_seconds: float = 10,
-                   timeout_s: float = 2.0, deadline_ms: int = 200, slow_clients: int | None = None) -> dict:
+                   timeout_s: float = 2.0, deadline_ms: int = 200, slow_clients: int | None = None,
+                   progress: bool | None = None) -> dict:
     """The service's capacity (closed loop), then ``overload`` × that offered open-loop for ``seconds`` with
     the in-flight cap — once alone and once beside ``slow_clients`` connections (default 8 per worker) that
     send a POST's headers and then nothing, from other loopback addresses than the load — then half the
     capacity to see it recover; the peer is the same overload without the cap (DINREC_MAX_IN_FLIGHT=0), in
-    the same run."""
+    the same run. ``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
     from benchmarks.machine import machine
 
+    say = Stages(showing(progress))
     shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}
     health = free_port()
     settings = {"DINREC_REQUEST_DEADLINE_MS": str(deadline_ms), "DINREC_HEALTH_PORT": str(health)}
-    with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)}, **shape) as (port, served):
+    with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)},
+                  say=lambda what: say(f"capped: {what}"), **shape) as (port, served):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)  # warm-up
         n_workers = workers or os.cpu_count() or 1
@@ -221,17 +239,23 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
         # the figure is half the service's; 4 per worker keep every worker busy.
         closed = loadgen.closed_loop("127.0.0.1", port, requests, concurrency=4 * n_workers, seconds=5)
         capacity = round(sum(r.status == 200 for r in closed) / 5, 1)
+        say(f"capped: capacity {capacity} rps")
         capped = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s)
+        say(f"capped: overload done ({capped['ok_rps']} ok rps, accepted p99 {capped['accepted_p99_ms']} ms)")
         slow_n = 8 * n_workers if slow_clients is None else slow_clients
         with _SlowClients(port, slow_n) as slow:
             beside_slow = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s)
+        say(f"capped: overload beside {slow_n} slow clients done ({beside_slow['ok_rps']} ok rps)")
         after = loadgen.run("127.0.0.1", port, requests, capacity / 2, 5, timeout_s)
         after_ms = [r.latency_s * 1000 for r in after]
         recovered = all(r.status == 200 for r in after) and (_p(after_ms, 99) or 0) <= 2 * deadline_ms
-    with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": "0"}, **shape) as (port, _):
+        say(f"capped: recovery {'seen' if recovered else 'not seen'} (p99 {_p(after_ms, 99)} ms)")
+    with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": "0"},
+                  say=lambda what: say(f"uncapped peer: {what}"), **shape) as (port, _):
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, 3, timeout_s)
         uncapped = _overloaded(port, health, requests, overload * capacity, peer_seconds, timeout_s)
+        say(f"uncapped peer: overload done ({uncapped['ok_rps']} ok rps)")
     return {"capacity_rps": capacity, "offered_rps": capped["offered_rps"], "slow_clients": slow_n,
             # what the load got beside the slow connections, and alone (the same offered rate)
             "ok_rps": beside_slow["ok_rps"], "ok_rps_without_slow_clients": capped["ok_rps"],

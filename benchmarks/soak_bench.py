@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +28,7 @@ from benchmarks.loadgen import request_bytes
 from benchmarks.serve_bench import _p, _wait_ready, process_tree_stats, synthetic_bundle
 from retrieval.index import IndexSpec
 from serving.server import free_port
+from training.progress import Stages, showing
 
 # Short windows, so that what invented ids make the store hold expires within the run.
 SHORT_WINDOWS = {"DINREC_DEDUP_WINDOW_S": "60", "DINREC_ATTRIBUTION_WINDOW_S": "60",
@@ -62,7 +64,7 @@ def _rss_mb(root: int) -> float:
 
 
 def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: float | None, items: int,
-          categories: int, seed: int) -> dict:
+          categories: int, seed: int, say: Callable[[str], None]) -> dict:
     import redis
 
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-soak-"))
@@ -82,18 +84,22 @@ def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: f
     windows = []
     try:
         _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
+        say(f"{kind}: service ready")
         probe = _fresh_requests(port, 4000, "probe", categories, rng)
         closed = loadgen.closed_loop("127.0.0.1", port, probe, concurrency=8, seconds=5)
         capacity = round(sum(o.status in (200, 202) for o in closed) / 5, 1)
         offered = rate or round(0.8 * capacity, 1)
         start_rss, start_used = _rss_mb(proc.pid), used()
-        for w in range(max(1, round(minutes * 60 / window_s))):
+        say(f"{kind}: capacity {capacity} rps, offering {offered}")
+        n_windows = max(1, round(minutes * 60 / window_s))
+        for w in range(n_windows):
             requests = _fresh_requests(port, int(offered * window_s) + 1, f"w{w}", categories, rng)
             outcomes = loadgen.run("127.0.0.1", port, requests, offered, window_s, timeout_s=2.0)
             ok = [o.latency_s * 1000 for o in outcomes if o.status in (200, 202)]
             windows.append({"t_s": round((w + 1) * window_s), "rss_mb": _rss_mb(proc.pid), "redis_used_mb": used(),
                             "p99_ms": _p(ok, 99), "ok_share": round(len(ok) / max(len(outcomes), 1), 3),
                             "errors": dict(_kinds(outcomes))})
+            say(f"{kind}: window {w + 1}/{n_windows} (rss {windows[-1]['rss_mb']} MB, p99 {windows[-1]['p99_ms']} ms)")
     finally:
         proc.terminate()
         proc.wait(timeout=60)
@@ -128,9 +134,11 @@ def _kinds(outcomes) -> dict[str, int]:
 
 def bench_soak(redis_url: str, *, minutes: float = 10, window_s: float = 30,
                stores: tuple[str, ...] = ("memory", "redis"), rate: float | None = None, items: int = 20_000,
-               categories: int = 200, seed: int = 0) -> dict:
+               categories: int = 200, seed: int = 0, progress: bool | None = None) -> dict:
+    """``progress``: a line per stage and per window on stderr (default: when stderr is a terminal)."""
     from benchmarks.machine import machine
 
+    say = Stages(showing(progress))
     runs = {kind: _soak(kind, redis_url, minutes=minutes, window_s=window_s, rate=rate, items=items,
-                        categories=categories, seed=seed) for kind in stores}
+                        categories=categories, seed=seed, say=say) for kind in stores}
     return {"minutes": minutes, "short_windows": SHORT_WINDOWS, "runs": runs, "machine": machine()}

@@ -28,6 +28,7 @@ import numpy as np
 
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
+from training.progress import Stages, showing
 
 USER_FAMILIES = ("hist", "seen", "items")
 ITEM_FAMILIES = ("pop", "catalog", "catalog:order")
@@ -44,7 +45,9 @@ def _family(key: str, prefix: str) -> str:
 
 
 def measure(redis_url: str, *, users: int = 5000, behaviours: int = 50, items: int = 20_000, batch: int = 500,
-            impressions: int = 10, partitions: int = 1, seed: int = 0) -> dict:
+            impressions: int = 10, partitions: int = 1, seed: int = 0, progress: bool | None = None) -> dict:
+    """``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     rng = np.random.default_rng(seed)
     prefix = f"bench-size-{os.getpid()}-{time.monotonic_ns()}"
     store = RedisStore(redis_url, prefix=prefix, history_cap=behaviours, partitions=partitions)
@@ -67,6 +70,7 @@ def measure(redis_url: str, *, users: int = 5000, behaviours: int = 50, items: i
                 store.write(events)
                 events = []
         store.write(events)
+        say(f"{users} users written ({users * behaviours} behaviours)")
         keys = list(client.scan_iter(f"{prefix}:*", count=5000))
         pipe = client.pipeline(transaction=False)
         for key in keys:
@@ -74,6 +78,7 @@ def measure(redis_url: str, *, users: int = 5000, behaviours: int = 50, items: i
         sizes = pipe.execute()
         after = int(client.info("memory")["used_memory"])
         version = client.info("server")["redis_version"]
+        say(f"memory usage of {len(keys)} keys read")
     finally:
         store.flush_prefix()
         store.close()

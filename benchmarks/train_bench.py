@@ -28,6 +28,7 @@ import torch
 from feature_store.datasets import load_dataset
 from training.loop import train
 from training.metrics import auc, gauc, logloss
+from training.progress import Stages, showing
 from training.samples import SampleSet, build_samples
 from training.settings import TrainSettings
 from training.telemetry import peak_rss_mb
@@ -108,16 +109,19 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
                 cat_dim: int, attention_hidden: tuple[int, ...], mlp_hidden: tuple[int, ...],
                 attention_activation: str, mlp_activation: str, seeds: tuple[int, ...] = (0,),
                 device: str = "auto", eval_negatives: int = 20, objective: str = "listwise",
-                also_pointwise: bool = False) -> dict:
+                also_pointwise: bool = False, progress: bool | None = None) -> dict:
+    """``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
     if vs not in (None, "deepctr"):
         raise ValueError(f"unknown peer {vs!r}; the only one is 'deepctr'")
     if not seeds:
         raise ValueError("give at least one seed")
+    say = Stages(showing(progress))
     t0 = time.perf_counter()
     # The samples (split, negatives) are fixed by the first seed; the others vary only training.
     samples = build_samples(load_dataset(data), seq_len=seq_len, negatives=1, eval_negatives=eval_negatives,
                             seed=seeds[0])
     prep_s = time.perf_counter() - t0
+    say(f"{len(samples.train)} training samples built")
     mine: list[dict] = []
     peer: list[dict] = []
     pointwise: list[dict] = []
@@ -130,6 +134,7 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
         peer_settings = TrainSettings(objective="pointwise", attention_activation=attention_activation, **common)
         if vs == "deepctr":
             peer.append(_deepctr_once(samples, peer_settings))
+            say(f"seed {seed}: deepctr trained (test gauc {peer[-1]['test_gauc']:.4f})")
         if objective == "pointwise":
             settings = peer_settings
         else:  # dinrec as it ships: its listwise unit (one narrow PReLU layer, run per candidate) and batch
@@ -137,8 +142,10 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
             settings = TrainSettings(objective="listwise", **{**common, "attention_hidden": shipped.attention_hidden,
                                                               "batch_size": shipped.batch_size})
         mine.append(_dinrec_once(samples, settings, peer[-1]["test_gauc"] if peer else None))
+        say(f"seed {seed}: dinrec {objective} trained (test gauc {mine[-1]['test_gauc']:.4f})")
         if also_pointwise and objective != "pointwise":
             pointwise.append(_dinrec_once(samples, peer_settings))
+            say(f"seed {seed}: dinrec pointwise trained (test gauc {pointwise[-1]['test_gauc']:.4f})")
     out = {
         "dataset": str(data), "train_samples": len(samples.train), "test_samples": len(samples.test),
         "n_items": samples.vocab.n_items, "n_categories": samples.vocab.n_categories,

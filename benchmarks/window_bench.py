@@ -27,6 +27,7 @@ import numpy as np
 from benchmarks.machine import machine
 from feature_store.archive import archive_events
 from feature_store.datasets import load_dataset
+from training.progress import Stages, showing
 
 TOPIC = "dinrec.events"
 
@@ -60,7 +61,9 @@ def _measure(archive: Path, start: float, end: float, scan: bool = False) -> dic
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def bench_window(data_dir: Path, span: int = 10, rounds: int = 3) -> dict:
+def bench_window(data_dir: Path, span: int = 10, rounds: int = 3, progress: bool | None = None) -> dict:
+    """``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
+    say = Stages(showing(progress))
     data = load_dataset(data_dir)
     events = sorted(data.events(), key=lambda e: e.ts)
     ts = np.array([e.ts for e in events])
@@ -72,11 +75,14 @@ def bench_window(data_dir: Path, span: int = 10, rounds: int = 3) -> dict:
         full = archive_events(events, root / "long")
         archive_s = time.perf_counter() - t0
         alone = archive_events([e for e in events if e.ts >= start], root / "window")
+        say(f"archived: {full.records} records in all, {alone.records} in the window")
         runs: dict[str, list[dict]] = {"window": [], "long": [], "long_scanned": []}
-        for _ in range(rounds):  # alternately, so drift in the machine hits each
+        for n in range(rounds):  # alternately, so drift in the machine hits each
             runs["window"].append(_measure(root / "window", start, end))
             runs["long"].append(_measure(root / "long", start, end))
             runs["long_scanned"].append(_measure(root / "long", start, end, scan=True))
+            say(f"round {n + 1}/{rounds}: window {runs['window'][-1]['seconds']:.1f} s, "
+                f"long {runs['long'][-1]['seconds']:.1f} s, scanned {runs['long_scanned'][-1]['seconds']:.1f} s")
     summary = {k: {"seconds": statistics.median(r["seconds"] for r in v),
                    "peak_rss_mb": statistics.median(r["peak_rss_mb"] for r in v),
                    "phase_peak_mb": statistics.median(r["phase_peak_mb"] for r in v),
