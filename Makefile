@@ -19,6 +19,12 @@ PEERS := $(VENV)-peers
 PEERS_STAMP := $(PEERS)/.dinrec-peers-installed
 RECTOOLS := rectools[torch]==0.19.0
 
+# gbstats, GrowthBook's statistics engine, is the A/B statistics' reference (tests/reference/gbstats, copied
+# unchanged; tests/experiments/test_gbstats_parity.py): its pins (numpy below 2) get an environment of their own.
+GBSTATS := $(VENV)-gbstats
+GBSTATS_STAMP := $(GBSTATS)/.dinrec-gbstats-installed
+GBSTATS_PINS := tests/reference/gbstats/requirements.txt
+
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
@@ -37,6 +43,11 @@ $(PEERS_STAMP): $(STAMP)
 
 peers: $(PEERS_STAMP)
 
+$(GBSTATS_STAMP): $(GBSTATS_PINS)
+	test -x $(GBSTATS)/bin/python || python3 -m venv $(GBSTATS)
+	$(GBSTATS)/bin/python -m pip install -q -r $(GBSTATS_PINS)
+	touch $(GBSTATS_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/dinrec demo --smoke
 
@@ -44,7 +55,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) $(PEERS_STAMP)
+test: $(STAMP) $(PEERS_STAMP) $(GBSTATS_STAMP)
 	$(VENV)/bin/ruff check .
 	eval "$$(deploy/local/services.sh start)" && eval "$$(deploy/local/images.sh build)" && \
 	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)

@@ -90,6 +90,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
     "DINREC_SHARED_DATA": ("tests, benches", "../shared/data", "the shared datasets"),
     "DINREC_WRITE_API_EXAMPLES": ("tests/serving/test_api_examples.py", "unset", "1: rewrite docs/api.md's answers "
                                   "from a run instead of checking them"),
+    "DINREC_GBSTATS_PYTHON": ("tests/experiments/test_gbstats_parity.py", "<venv>-gbstats/bin/python (make test)",
+                              "the interpreter of the A/B statistics' reference environment (gbstats)"),
     "DINREC_PEERS_PYTHON": ("benchmarks/peers", "<venv>-peers/bin/python (make peers)",
                             "the interpreter of the library peers' environment (RecTools) `dinrec bench e2e` runs"),
     "DINREC_REQUIRE_SERVICES": ("tests", "unset", "1: a test whose service (Redis, Kafka, AEMM) is missing fails "

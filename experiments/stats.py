@@ -1,17 +1,22 @@
-"""A/B statistics on CTR, from per-variant sums of per-user counts.
+"""A/B statistics, from per-variant sums of per-user quantities, as GrowthBook's gbstats computes them.
 
 Users are randomised, impressions are not: one user's impressions share that user's taste, so CTR
 (clicks / impressions) is a ratio metric whose variance comes from the delta method over users,
 not from a binomial over impressions (which would understate it and make every test too eager).
-Everything here needs only these sums per variant — what the ingest keeps in Redis:
+Everything here needs only sums per variant — for CTR what the ingest keeps in Redis:
 
     users, Σn, Σc, Σn², Σc², Σn·c      (n, c: one user's impressions and clicks)
 
-* :func:`analyse` — per variant CTR and its variance; per treatment the relative lift against the
-  control with a fixed-horizon confidence interval and p-value, and an always-valid confidence
-  sequence (Waudby-Smith et al., "Time-uniform central limit theory and asymptotic confidence
-  sequences", 2023: the conjugate-mixture margin, tuned to be tightest near ``tuning_users``) that
-  stays valid however often it is looked at — that is the one the guardrail acts on;
+* the statistics: :class:`MeanStat` (a per-user mean), :class:`RatioStat` (Σm / Σd), and both adjusted by
+  the user's pre-exposure value (CUPED: :class:`CupedMeanStat`, :class:`CupedRatioStat`; θ by
+  :func:`with_theta`);
+* :func:`relative_effect` — a treatment's relative lift over the control with a fixed-horizon Welch t
+  interval and p-value, and an always-valid confidence sequence (Waudby-Smith et al., "Time-uniform
+  central limit theory and asymptotic confidence sequences", 2023: the conjugate-mixture margin, tuned
+  to be tightest near ``tuning_users``) with its p-value, that stays valid however often it is looked
+  at — that is the one the guardrail acts on. Equal to gbstats' figures from the same sums
+  (tests/experiments/test_gbstats_parity.py), but for two cases noted on :class:`Comparison`;
+* :func:`compare` and :func:`analyse` — CTR from :class:`VariantSums`;
 * :func:`srm_p_value` — sample-ratio mismatch: a χ² test of users per variant against the weights.
 """
 
@@ -19,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,11 @@ class VariantSums:
     def ctr(self) -> float:
         return self.clicks / self.impressions if self.impressions else 0.0
 
+    def ratio(self) -> RatioStat:
+        """CTR as a ratio statistic: clicks over impressions, per user."""
+        return RatioStat(Moments(self.users, self.clicks, self.clicks_sq),
+                         Moments(self.users, self.impressions, self.impressions_sq), self.cross)
+
     def ctr_variance(self) -> float:
         """Var(CTR) by the delta method over users: CTR = mean(c) / mean(n)."""
         u = self.users
@@ -58,8 +68,249 @@ class VariantSums:
 
 
 @dataclass(frozen=True)
+class Moments:
+    """Sums over users of one per-user quantity x: users, Σx, Σx² (gbstats' SampleMeanStatistic)."""
+
+    n: int
+    sum: float
+    sum_sq: float
+
+    @property
+    def mean(self) -> float:
+        return self.sum / self.n if self.n else 0.0
+
+    @property
+    def variance(self) -> float:
+        """The sample variance of x over users (n − 1)."""
+        return (self.sum_sq - self.sum**2 / self.n) / (self.n - 1) if self.n > 1 else 0.0
+
+
+def _covariance(a: Moments, b: Moments, sum_of_products: float) -> float:
+    """The sample covariance over users of two per-user quantities, from Σa, Σb and Σab."""
+    n = a.n
+    return (sum_of_products - a.sum * b.sum / n) / (n - 1) if n > 1 else 0.0
+
+
+def _ratio_variance(mean_m: float, var_m: float, mean_d: float, var_d: float, cov_md: float) -> float:
+    """Var(m̄ / d̄) by the delta method (per unit: divide by n for the estimate's)."""
+    if mean_d == 0:
+        return 0.0
+    return var_m / mean_d**2 + var_d * mean_m**2 / mean_d**4 - 2 * cov_md * mean_m / mean_d**3
+
+
+@dataclass(frozen=True)
+class MeanStat:
+    """A per-user mean (conversions per user, value per user)."""
+
+    x: Moments
+
+    @property
+    def n(self) -> int:
+        return self.x.n
+
+    @property
+    def mean(self) -> float:
+        return self.x.mean
+
+    unadjusted_mean = mean
+
+    @property
+    def variance(self) -> float:
+        return self.x.variance
+
+
+@dataclass(frozen=True)
+class RatioStat:
+    """A ratio of per-user sums, Σm / Σd (CTR: clicks over impressions); its variance by the delta method
+    over users, the unit of randomisation."""
+
+    m: Moments
+    d: Moments
+    m_d: float  # Σ m·d
+
+    @property
+    def n(self) -> int:
+        return self.m.n
+
+    @property
+    def mean(self) -> float:
+        return self.m.sum / self.d.sum if self.d.sum else 0.0
+
+    unadjusted_mean = mean
+
+    @property
+    def variance(self) -> float:
+        if self.d.mean == 0 or self.n <= 1:
+            return 0.0
+        return _ratio_variance(self.m.mean, self.m.variance, self.d.mean, self.d.variance,
+                               _covariance(self.m, self.d, self.m_d))
+
+
+@dataclass(frozen=True)
+class CupedMeanStat:
+    """A per-user mean adjusted by a pre-exposure covariate (CUPED): x − θ·x_pre, with θ pooled over both
+    arms (:func:`with_theta`), so the adjustment moves neither arm's expected mean apart from the other's."""
+
+    post: Moments
+    pre: Moments
+    post_pre: float  # Σ x·x_pre
+    theta: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return self.post.n
+
+    @property
+    def mean(self) -> float:
+        return self.post.mean - self.theta * self.pre.mean
+
+    @property
+    def unadjusted_mean(self) -> float:
+        return self.post.mean
+
+    @property
+    def covariance(self) -> float:
+        return _covariance(self.post, self.pre, self.post_pre)
+
+    @property
+    def variance(self) -> float:
+        if self.n <= 1:
+            return 0.0
+        return self.post.variance + self.theta**2 * self.pre.variance - 2 * self.theta * self.covariance
+
+
+@dataclass(frozen=True)
+class CupedRatioStat:
+    """A ratio adjusted by the same ratio before exposure: m/d − θ·m_pre/d_pre, its variance by the delta
+    method over the four per-user quantities (m, d, m_pre, d_pre: their 4×4 covariance)."""
+
+    m: Moments
+    d: Moments
+    m_pre: Moments
+    d_pre: Moments
+    products: tuple[float, float, float, float, float, float]  # Σ m·d, m·m_pre, m·d_pre, d·m_pre, d·d_pre,
+    # m_pre·d_pre
+    theta: float = 0.0
+
+    @property
+    def n(self) -> int:
+        return self.m.n
+
+    @property
+    def mean_post(self) -> float:
+        return self.m.sum / self.d.sum if self.d.sum else 0.0
+
+    @property
+    def mean_pre(self) -> float:
+        return self.m_pre.sum / self.d_pre.sum if self.d_pre.sum else 0.0
+
+    @property
+    def mean(self) -> float:
+        if self.d.sum == 0 or self.d_pre.sum == 0:
+            return 0.0
+        return self.mean_post - self.theta * self.mean_pre
+
+    @property
+    def unadjusted_mean(self) -> float:
+        return self.mean_post
+
+    def covariance_matrix(self) -> list[list[float]]:
+        """Over users, of (m, d, m_pre, d_pre)."""
+        parts = (self.m, self.d, self.m_pre, self.d_pre)
+        pairs = {(0, 1): 0, (0, 2): 1, (0, 3): 2, (1, 2): 3, (1, 3): 4, (2, 3): 5}  # into ``products``
+        cov = [[0.0] * 4 for _ in range(4)]
+        for i in range(4):
+            cov[i][i] = parts[i].variance
+            for j in range(i + 1, 4):
+                cov[i][j] = cov[j][i] = _covariance(parts[i], parts[j], self.products[pairs[i, j]])
+        return cov
+
+    def gradient(self) -> list[float]:
+        """∂(m̄/d̄ − θ·m̄_pre/d̄_pre) / ∂(m̄, d̄, m̄_pre, d̄_pre)."""
+        mm, md, pm, pd = self.m.mean, self.d.mean, self.m_pre.mean, self.d_pre.mean
+        if md == 0 or pd == 0:
+            return [0.0] * 4
+        return [1 / md, -mm / md**2, -self.theta / pd, self.theta * pm / pd**2]
+
+    @property
+    def variance(self) -> float:
+        return _quadratic(self.gradient(), self.covariance_matrix())
+
+    def pre_parts(self) -> tuple[float, float]:
+        """At θ = 1: the variance of the pre-period ratio's term and its covariance with the post-period's
+        (what θ is regressed from)."""
+        g, cov = replace(self, theta=1.0).gradient(), self.covariance_matrix()
+        pre = sum(g[i] * cov[i][j] * g[j] for i in (2, 3) for j in (2, 3))
+        cross = sum(g[i] * cov[i][j] * g[j] for i in (2, 3) for j in (0, 1))
+        return pre, cross
+
+
+def _quadratic(g: Sequence[float], cov: Sequence[Sequence[float]]) -> float:
+    """gᵀ·Σ·g."""
+    return sum(g[i] * cov[i][j] * g[j] for i in range(len(g)) for j in range(len(g)))
+
+
+Stat = MeanStat | RatioStat | CupedMeanStat | CupedRatioStat
+
+
+def with_theta(a: Stat, b: Stat) -> tuple[Stat, Stat]:
+    """CUPED's θ, pooled over both arms (GrowthBook's choice): the regression of the metric on its
+    pre-exposure value over all users. An adjustment with nothing to explain (θ ≈ 0: no pre-period, or
+    no variance in it) falls back to the plain statistic."""
+    if isinstance(a, CupedMeanStat) and isinstance(b, CupedMeanStat):
+        n = a.n + b.n
+        post = Moments(n, a.post.sum + b.post.sum, a.post.sum_sq + b.post.sum_sq)
+        pre = Moments(n, a.pre.sum + b.pre.sum, a.pre.sum_sq + b.pre.sum_sq)
+        theta = 0.0
+        if pre.variance != 0 and post.variance != 0:
+            theta = _covariance(post, pre, a.post_pre + b.post_pre) / pre.variance
+        if theta == 0:
+            return MeanStat(a.post), MeanStat(b.post)
+        return replace(a, theta=theta), replace(b, theta=theta)
+    if isinstance(a, CupedRatioStat) and isinstance(b, CupedRatioStat):
+        (pre_a, cross_a), (pre_b, cross_b) = a.pre_parts(), b.pre_parts()
+        theta = -(cross_a + cross_b) / (pre_a + pre_b) if pre_a + pre_b else 0.0
+        if abs(theta) < 1e-8:
+            return (RatioStat(a.m, a.d, a.products[0]), RatioStat(b.m, b.d, b.products[0]))
+        return replace(a, theta=theta), replace(b, theta=theta)
+    return a, b
+
+
+def _relative_variance(a: Stat, b: Stat) -> float:
+    """Var of (b − a) / a's unadjusted mean: the delta method, with CUPED's adjustment where it applies."""
+    mean_a = a.unadjusted_mean
+    if isinstance(a, CupedMeanStat) and isinstance(b, CupedMeanStat):
+        if b.n * mean_a**2 == 0 or a.n * mean_a**2 == 0:
+            return 0.0
+        treatment = b.variance / (b.n * mean_a**2)
+        const = -b.post.mean
+        control = (a.post.variance * const**2 / a.post.mean**2 + 2 * a.theta * a.covariance * const / a.post.mean
+                   + a.theta**2 * a.pre.variance) / (a.n * mean_a**2)
+        return treatment + control
+    if isinstance(a, CupedRatioStat) and isinstance(b, CupedRatioStat):
+        if mean_a == 0 or a.d.mean == 0:
+            return 0.0
+        g_abs = (b.mean - a.mean) * math.copysign(1.0, mean_a)
+        den = abs(mean_a)
+        ga, gb = a.gradient(), b.gradient()
+        control = [-(den + g_abs) / a.d.mean / den**2, a.m.mean * (den + g_abs) / a.d.mean**2 / den**2,
+                   -ga[2] / den, -ga[3] / den]
+        treatment = [x / den for x in gb]
+        return (_quadratic(control, a.covariance_matrix()) / a.n
+                + _quadratic(treatment, b.covariance_matrix()) / b.n)
+    if mean_a == 0:
+        return 0.0
+    return _ratio_variance(b.unadjusted_mean, b.variance / b.n, mean_a, a.variance / a.n, 0.0)
+
+
+@dataclass(frozen=True)
 class Comparison:
-    """A treatment against the control: relative lift of CTR (0.05 = +5 %)."""
+    """A treatment against the control: the relative lift of the metric (0.05 = +5 %), as GrowthBook's
+    frequentist engine (gbstats) computes it from the same sums — the delta-method standard error, a
+    Welch t interval and p-value for one look at a planned end, and the always-valid confidence sequence
+    with its p-value for every look. Two differences, where gbstats gives up or cannot be right: bounds
+    below −100 % (a lift cannot be) are cut there, and an arm with no variance (not one click) is compared
+    as if its users varied as control's do (:func:`relative_effect`)."""
 
     variant: str
     lift: float
@@ -71,11 +322,12 @@ class Comparison:
     cs_high: float
     significant: bool        # the fixed-horizon test: p < alpha
     sequential: str          # "better", "worse" (the CS excludes 0 on that side) or "inconclusive"
+    p_sequential: float = math.nan  # the always-valid p-value (1 / the mixture e-value)
 
 
 def conjmix_margin(t: float, rho2: float, alpha: float) -> float:
     """Half-width, in standard deviations of one unit, of the asymptotic confidence sequence at
-    sample size ``t``: sqrt(2(tρ²+1)/(t²ρ²) · log(sqrt(tρ²+1)/α))."""
+    sample size ``t``: sqrt(2(tρ²+1)/(t²ρ²) · log(sqrt(tρ²+1)/α)) (Waudby-Smith et al., eq. 9)."""
     return math.sqrt(2 * (t * rho2 + 1) / (t * t * rho2) * math.log(math.sqrt(t * rho2 + 1) / alpha))
 
 
@@ -85,34 +337,43 @@ def best_rho2(t_opt: float, alpha: float) -> float:
     return (-2 * math.log(alpha) + math.log(-2 * math.log(alpha) + 1)) / t_opt
 
 
-def compare(control: VariantSums, treatment: VariantSums, name: str, *, alpha: float = 0.05,
-            tuning_users: float = 5000) -> Comparison:
-    """The relative CTR lift of ``treatment`` over ``control``. Intervals are taken on the log of the
-    CTR ratio and mapped back, so they never reach below −100 % (a ratio of CTRs cannot); with no
-    treatment clicks yet (log undefined) the delta-method interval on the lift, cut at −100 %."""
-    mc, mt = control.ctr, treatment.ctr
-    vc, vt = control.ctr_variance(), treatment.ctr_variance()
-    if mc <= 0 or not math.isfinite(vc) or not math.isfinite(vt):
+def relative_effect(control: Stat, treatment: Stat, name: str, *, alpha: float = 0.05,
+                    tuning_users: float = 5000) -> Comparison:
+    """``treatment``'s relative lift over ``control`` (CUPED statistics get their pooled θ here).
+    Nothing to compare yet (no users, or a control mean of 0): NaN figures, "inconclusive"."""
+    a, b = with_theta(control, treatment)
+    var = _relative_variance(a, b)
+    if var <= 0 < a.variance and b.n >= 2 and a.unadjusted_mean:
+        # gbstats answers nothing when an arm has no variance, but a dead arm (not one click) is exactly
+        # what the guardrail must stop: its users are taken to vary as control's do.
+        var = _ratio_variance(b.unadjusted_mean, a.variance / b.n, a.unadjusted_mean, a.variance / a.n, 0.0)
+    if a.n < 2 or b.n < 2 or a.mean == 0 or a.unadjusted_mean == 0 or var <= 0 or not math.isfinite(var):
         nan = math.nan
-        return Comparison(name, nan, nan, nan, nan, nan, nan, nan, False, "inconclusive")
+        return Comparison(name, nan, nan, nan, nan, nan, nan, nan, False, "inconclusive", nan)
     from scipy import stats  # lazily: the stores import this module for VariantSums alone
 
-    lift = mt / mc - 1
-    var = vt / mc**2 + mt**2 * vc / mc**4  # delta method for a ratio of independent estimates
+    lift = (b.mean - a.mean) / abs(a.unadjusted_mean)
     se = math.sqrt(var)
-    z = stats.norm.ppf(1 - alpha / 2)
-    n = control.users + treatment.users
-    margin = math.sqrt(n) * conjmix_margin(n, best_rho2(tuning_users, alpha), alpha)
-    if mt > 0:  # log(mt / mc) ± ...: var of a log ratio by the delta method
-        log_lift, log_se = math.log(mt / mc), math.sqrt(vt / mt**2 + vc / mc**2)
-        p = float(2 * stats.norm.sf(abs(log_lift) / log_se)) if log_se > 0 else (0.0 if log_lift else 1.0)
-        ci = (math.expm1(log_lift - z * log_se), math.expm1(log_lift + z * log_se))
-        cs = (math.expm1(log_lift - log_se * margin), math.expm1(log_lift + log_se * margin))
-    else:
-        p = float(2 * stats.norm.sf(abs(lift) / se)) if se > 0 else (0.0 if lift else 1.0)
-        ci = (max(-1.0, lift - z * se), lift + z * se)
-        cs = (max(-1.0, lift - se * margin), lift + se * margin)
-    return Comparison(name, lift, se, ci[0], ci[1], p, cs[0], cs[1], p < alpha, verdict(*cs))
+    va, vb = a.variance / a.n, b.variance / b.n
+    dof = (va + vb) ** 2 / (vb**2 / (b.n - 1) + va**2 / (a.n - 1)) if va + vb > 0 else math.inf  # Welch
+    p = 2 * (1 - float(stats.t.cdf(abs(lift) / se, dof)))
+    half = float(stats.t.ppf(1 - alpha / 2, dof)) * se
+    n = a.n + b.n
+    rho2 = best_rho2(tuning_users, alpha)
+    seq_half = se * math.sqrt(n) * conjmix_margin(n, rho2, alpha)
+    # The mixture martingale's e-value at the estimate (Waudby-Smith et al., eq. 155), in logs: it overflows
+    # a float long before the p-value (its inverse) stops being worth printing.
+    st2 = lift**2 * n / var
+    log_evalue = rho2 * st2 / (2 * (n * rho2 + 1)) - 0.5 * math.log(n * rho2 + 1)
+    cs = (max(-1.0, lift - seq_half), lift + seq_half)
+    return Comparison(name, lift, se, max(-1.0, lift - half), lift + half, p, cs[0], cs[1], p < alpha, verdict(*cs),
+                      min(1.0, math.exp(-log_evalue)))
+
+
+def compare(control: VariantSums, treatment: VariantSums, name: str, *, alpha: float = 0.05,
+            tuning_users: float = 5000) -> Comparison:
+    """The relative CTR lift of ``treatment`` over ``control``."""
+    return relative_effect(control.ratio(), treatment.ratio(), name, alpha=alpha, tuning_users=tuning_users)
 
 
 def intersect(previous: tuple[float, float] | None, low: float, high: float) -> tuple[float, float]:

@@ -72,14 +72,17 @@ def test_peeking_inflates_the_fixed_test_but_not_the_sequential_one():
     assert r["power_fixed"]["rate"] > 0.8 and r["power_sequential"]["rate"] > 0.5
 
 
-def test_a_lift_interval_never_reaches_below_minus_100_percent():
+def test_a_lift_interval_is_cut_at_minus_100_percent():
+    """gbstats' intervals are symmetric about the lift, so a nearly dead arm's reach below −100 %, which no
+    ratio of CTRs can: the bound is cut there (the feasible part of the interval, the same coverage)."""
     control = VariantSums.of([(10, 3)] * 200 + [(10, 1)] * 200)
     nearly_dead = VariantSums.of([(10, 0)] * 395 + [(10, 1)] * 5)  # CTR 0.1 % against 20 %
     r = compare(control, nearly_dead, "t")
-    assert r.lift < -0.9 and -1 < r.ci_low < r.lift < r.ci_high < 0 and -1 < r.cs_low < r.cs_high < 0
-    dead = VariantSums.of([(10, 0)] * 400)  # no click at all: log undefined, the lift's interval is cut at -100 %
+    assert r.lift < -0.9 and -1 < r.ci_low < r.lift < r.ci_high < 0 and r.cs_low == -1 < r.lift < r.cs_high < 0
+    assert r.lift - r.lift_se * 3 < -1  # uncut, the sequence would reach below −100 %
+    dead = VariantSums.of([(10, 0)] * 400)  # no click at all
     r = compare(control, dead, "t")
-    assert r.lift == -1 and r.ci_low == -1 and r.cs_low == -1
+    assert r.lift == -1 and r.ci_low == -1 and r.cs_low == -1 and r.sequential == "worse"
 
 
 def test_the_running_intersection_only_narrows_so_a_verdict_stands():

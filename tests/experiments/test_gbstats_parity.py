@@ -1,0 +1,139 @@
+"""dinrec's A/B statistics equal GrowthBook's (gbstats, tests/reference/gbstats, run in its own environment)
+from the same per-variant sums: the relative lift, its standard error, the fixed-horizon interval and
+p-value, the always-valid interval and p-value — for a per-user mean, a ratio (CTR), and both with CUPED.
+
+Where gbstats answers nothing (a control mean of 0, an arm with no variance) dinrec answers otherwise on
+purpose (tests/experiments/test_stats.py); the cases here are the ones both answer."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from experiments.stats import (
+    CupedMeanStat,
+    CupedRatioStat,
+    MeanStat,
+    Moments,
+    RatioStat,
+    relative_effect,
+    with_theta,
+)
+from tests.conftest import REPO
+
+REFERENCE = REPO / "tests" / "reference" / "gbstats"
+GBSTATS_PYTHON_ENV = "DINREC_GBSTATS_PYTHON"
+
+
+def _python() -> Path:
+    """The reference environment's interpreter: DINREC_GBSTATS_PYTHON, else the one `make test` builds
+    beside dinrec's (<venv>-gbstats)."""
+    explicit = os.environ.get(GBSTATS_PYTHON_ENV)
+    python = Path(explicit) if explicit else Path(f"{sys.prefix}-gbstats") / "bin" / "python"
+    if not python.exists():
+        msg = f"no gbstats environment at {python}: run `make test` (or set {GBSTATS_PYTHON_ENV})"
+        if os.environ.get("DINREC_REQUIRE_SERVICES") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return python
+
+
+def _gbstats(cases: list[dict]) -> list[dict]:
+    run = subprocess.run([str(_python()), str(REFERENCE / "reference.py")], input=json.dumps(cases), cwd=REFERENCE,
+                         env={**os.environ, "PYTHONPATH": str(REFERENCE)}, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout)
+
+
+def _m(x: np.ndarray) -> Moments:
+    return Moments(len(x), float(x.sum()), float((x * x).sum()))
+
+
+def _sums(x: np.ndarray) -> list[float]:
+    return [float(x.sum()), float((x * x).sum())]
+
+
+def _arm(rng: np.random.Generator, kind: str, n: int, lift: float, shape: float = 2.0) -> tuple[object, dict]:
+    """One arm's users, drawn from a world with a per-user propensity (mean 1; a smaller ``shape``, users
+    differ more) that persists from the pre-period: (dinrec's statistic, the reference's sums)."""
+    taste = rng.gamma(shape, 1 / shape, n)  # a user's propensity, shared by the pre- and post-period
+    if kind in ("mean", "cuped_mean"):
+        post = rng.poisson(taste * (1 + lift)) * rng.lognormal(0, 0.3, n)  # e.g. value per user
+        pre = rng.poisson(taste).astype(float)
+        if kind == "mean":
+            return MeanStat(_m(post)), {"n": n, "x": _sums(post)}
+        return (CupedMeanStat(_m(post), _m(pre), float((post * pre).sum())),
+                {"n": n, "post": _sums(post), "pre": _sums(pre), "post_pre": float((post * pre).sum())})
+    ctr = np.clip(0.03 * taste, 0, 0.9)
+    d = (1 + rng.poisson(8, n)).astype(float)  # impressions
+    m = rng.binomial(d.astype(int), np.clip(ctr * (1 + lift), 0, 1)).astype(float)  # clicks
+    if kind == "ratio":
+        return RatioStat(_m(m), _m(d), float((m * d).sum())), {"n": n, "m": _sums(m), "d": _sums(d),
+                                                               "m_d": float((m * d).sum())}
+    d_pre = (1 + rng.poisson(6, n)).astype(float)
+    m_pre = rng.binomial(d_pre.astype(int), ctr).astype(float)
+    products = tuple(float((x * y).sum()) for x, y in
+                     ((m, d), (m, m_pre), (m, d_pre), (d, m_pre), (d, d_pre), (m_pre, d_pre)))
+    return (CupedRatioStat(_m(m), _m(d), _m(m_pre), _m(d_pre), products),
+            {"n": n, "m": _sums(m), "d": _sums(d), "m_pre": _sums(m_pre), "d_pre": _sums(d_pre),
+             "products": list(products)})
+
+
+KINDS = ("mean", "ratio", "cuped_mean", "cuped_ratio")
+
+
+def test_every_figure_equals_gbstats_from_the_same_sums():
+    rng = np.random.default_rng(42)
+    ours, cases = [], []
+    for kind in KINDS:
+        for n_a, n_b, lift, alpha, tuning in ((40, 35, 0.0, 0.05, 5000), (600, 650, 0.1, 0.05, 5000),
+                                               (20_000, 19_800, 0.03, 0.1, 40_000), (5000, 5000, -0.2, 0.01, 2000)):
+            (a, ref_a), (b, ref_b) = _arm(rng, kind, n_a, 0.0), _arm(rng, kind, n_b, lift)
+            ours.append(relative_effect(a, b, "b", alpha=alpha, tuning_users=tuning))
+            cases.append({"kind": kind, "alpha": alpha, "tuning": tuning, "a": ref_a, "b": ref_b})
+    theirs = _gbstats(cases)
+    assert len(theirs) == len(ours) == 16
+    for case, mine, ref in zip(cases, ours, theirs, strict=True):
+        assert ref["error"] is None, (case["kind"], ref)
+        what = f"{case['kind']} n={case['a']['n']}"
+        close = dict(rel=1e-9, abs=1e-12)
+        assert mine.lift == pytest.approx(ref["lift"], **close), what
+        assert mine.lift_se == pytest.approx(ref["se"], **close), what
+        assert (mine.ci_low, mine.ci_high) == pytest.approx((max(-1.0, ref["ci"][0]), ref["ci"][1]), **close), what
+        assert mine.p_value == pytest.approx(ref["p"], **close), what
+        assert (mine.cs_low, mine.cs_high) == pytest.approx((max(-1.0, ref["cs"][0]), ref["cs"][1]), **close), what
+        assert mine.p_sequential == pytest.approx(ref["p_sequential"], **close), what
+
+
+def test_cuped_narrows_the_interval_on_a_world_with_a_pre_period():
+    """The reason CUPED is on: the same experiment, the same estimand, a narrower interval — its variance
+    shrunk by about ρ², the squared correlation of the metric with its pre-period value."""
+    rng = np.random.default_rng(7)
+    for kind in ("cuped_mean", "cuped_ratio"):
+        (a, _), (b, _) = _arm(rng, kind, 20_000, 0.0, shape=0.5), _arm(rng, kind, 20_000, 0.05, shape=0.5)
+        adjusted, _ = with_theta(a, b)
+        assert adjusted.theta > 0  # the pre-period explains part of the post-period
+        plain = (MeanStat(a.post), MeanStat(b.post)) if kind == "cuped_mean" else \
+            (RatioStat(a.m, a.d, a.products[0]), RatioStat(b.m, b.d, b.products[0]))
+        with_cuped, without = relative_effect(a, b, "b"), relative_effect(*plain, "b")
+        # A click-through rate is mostly a few binomial draws per user, so its pre-period explains less.
+        assert with_cuped.lift_se < (0.9 if kind == "cuped_mean" else 0.97) * without.lift_se, kind
+        assert math.isclose(with_cuped.lift, without.lift, abs_tol=3 * without.lift_se)
+        if kind == "cuped_mean":  # ρ² from the control's sums
+            rho2 = adjusted.covariance**2 / (a.post.variance * a.pre.variance)
+            assert (with_cuped.lift_se / without.lift_se) ** 2 == pytest.approx(1 - rho2, abs=0.05)
+
+
+def test_an_adjustment_with_nothing_to_explain_is_the_plain_statistic():
+    flat = Moments(100, 100.0, 100.0)  # every user's pre-period value is 1: no variance to regress on
+    post_a, post_b = Moments(100, 80.0, 120.0), Moments(100, 90.0, 140.0)
+    a, b = with_theta(CupedMeanStat(post_a, flat, 80.0), CupedMeanStat(post_b, flat, 90.0))
+    assert (a, b) == (MeanStat(post_a), MeanStat(post_b))
