@@ -174,6 +174,14 @@ def test_bench_ab_prints_the_error_rates_and_power():
         assert 0.0 <= result[key]["rate"] <= 1.0 and result[key]["se"] >= 0
     assert result["aa_fpr_fixed_peeking"]["rate"] >= result["aa_fpr_fixed"]["rate"]  # more looks, more chances
     assert result["power_fixed"]["rate"] > 0.8  # a 30 % lift on 2,000 users a side is found
+    for metric in ("ctr", "conversion"):  # the keys issue 42 names, with and without CUPED
+        for fpr in ("aa_fpr_fixed", "aa_fpr_sequential"):
+            assert 0.0 <= result["metrics"][metric][fpr]["rate"] <= 1.0
+            assert 0.0 <= result["cuped"][metric][fpr]["rate"] <= 1.0
+        # What CUPED removed is what the world's own correlation with its pre-period says it can.
+        cuped = result["cuped"][metric]
+        assert 0.05 < cuped["expected_variance_reduction"] < 0.5
+        assert cuped["variance_reduction"] == pytest.approx(cuped["expected_variance_reduction"], abs=0.05)
 
 
 def bench_on_synthetic(folder, config: SyntheticConfig, bench: str, *args: str) -> dict:
