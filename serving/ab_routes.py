@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Annotated
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
+from experiments.power import plan, still_needed
 from experiments.stats import VariantSums, analyse, intersect, verdict
 from serving.deps import State
 
@@ -51,8 +54,47 @@ def experiment_results(state: State, name: str) -> dict:
             row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"], row["cs_high"])
             row["sequential"] = verdict(row["cs_low"], row["cs_high"])
     held = state.guardrail.held(name) if state.guardrail is not None else []
+    timeline = state.experiment_state.timeline(name)
+    users = {v: s.users for v, s in sums.items()}
+    results["power"] = still_needed(results["comparisons"], users, exp.control_name, exp.mde,
+                                    _users_per_day(timeline, exp, sum(users.values())), stopped=stopped)
     return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
             "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
             "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
             "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
-            "held": held, "timeline": state.experiment_state.timeline(name)}
+            "held": held, "timeline": timeline}
+
+
+def _users_per_day(timeline: list[dict], exp, users_now: int) -> float | None:
+    """New users a day: over the guardrail's snapshots, else since the experiment's start (None: unknown)."""
+    if len(timeline) >= 2:
+        first, last = timeline[0], timeline[-1]
+        span = last["t"] - first["t"]
+        grown = sum(v["users"] for v in last["variants"].values()) - sum(v["users"] for v in first["variants"].values())
+        if span > 0:
+            return round(grown / span * 86_400, 1)
+    if exp.start is not None:
+        span = time.time() - exp.start.timestamp()
+        if span > 0:
+            return round(users_now / span * 86_400, 1)
+    return None
+
+
+@router.get("/experiments/plan")
+def plan_experiment(
+    mean: Annotated[float, Query(gt=0, description="the metric's mean per user (or CTR)")],
+    sd: Annotated[float, Query(gt=0, description="its standard deviation over users (a CTR's: the results' "
+                                                 "ctr_se × √users)")],
+    users_per_day: Annotated[float, Query(gt=0, le=1e9)],
+    effect: Annotated[float, Query(gt=0, le=10, description="the relative lift to find (0.05 = +5 %)")] = 0.05,
+    variations: Annotated[int, Query(ge=2, le=20)] = 2,
+    alpha: Annotated[float, Query(gt=0, lt=0.5)] = 0.05,
+    days: Annotated[int, Query(ge=1, le=365)] = 28,
+    sequential: bool = True,
+    tuning: Annotated[float, Query(gt=0, le=1e9, description="where the sequential interval is tightest, in "
+                                                               "users")] = 5000,
+) -> dict:
+    """The power calculator (GrowthBook's formulas): day by day the power for ``effect`` and the smallest lift
+    found with 80 % power, and the first day ``effect`` reaches it."""
+    return plan(mean, sd**2, effect, users_per_day, days=days, variations=variations, alpha=alpha,
+                sequential_tuning=tuning if sequential else None)

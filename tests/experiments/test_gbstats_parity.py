@@ -137,3 +137,23 @@ def test_an_adjustment_with_nothing_to_explain_is_the_plain_statistic():
     post_a, post_b = Moments(100, 80.0, 120.0), Moments(100, 90.0, 140.0)
     a, b = with_theta(CupedMeanStat(post_a, flat, 80.0), CupedMeanStat(post_b, flat, 90.0))
     assert (a, b) == (MeanStat(post_a), MeanStat(post_b))
+
+
+def test_the_users_still_needed_equal_gbstats_mid_experiment_power():
+    from experiments.power import users_still_needed
+
+    cases = [{"kind": "power", "se": se, "n": n, "mde": mde, "alpha": alpha, "target": 0.8, "sequential": seq,
+              "tuning": tuning}
+             for se, n, mde, alpha, seq, tuning in ((0.04, 2000, 0.05, 0.05, False, 5000),
+                                                     (0.04, 2000, 0.05, 0.05, True, 5000),
+                                                     (0.01, 40_000, 0.02, 0.1, True, 80_000),
+                                                     (0.002, 40_000, 0.05, 0.05, False, 5000),  # powered already
+                                                     (0.3, 100, 0.01, 0.01, True, 5000))]
+    theirs = _gbstats(cases)
+    for case, ref in zip(cases, theirs, strict=True):
+        mine = users_still_needed(case["se"], case["n"], case["mde"], alpha=case["alpha"], target=case["target"],
+                                  sequential_tuning=case["tuning"] if case["sequential"] else None)
+        assert ref["message"] == "successful", ref
+        # gbstats says "successful" with no number when none are needed (a scaling factor of 0); dinrec says 0.
+        assert mine == pytest.approx(ref["additional_users"] or 0.0, rel=1e-9), (case, ref)
+    assert users_still_needed(0.002, 40_000, 0.05) == 0 and theirs[3]["additional_users"] is None

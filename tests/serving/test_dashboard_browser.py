@@ -72,6 +72,35 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             assert banner.get_attribute("data-variant") == "bad" and "guardrail" in banner.text
             ramp = browser.find_element(By.CSS_SELECTOR, '[data-banner="ramp"]')  # held at its first step
             assert [r["step"] for r in want["ramp"]] == [0] and "50%" in ramp.text and "held" in ramp.text
+            # The decision leads: the always-valid interval and p; the fixed-horizon p is there, marked.
+            bad = browser.find_element(By.CSS_SELECTOR, 'tr[data-variant="bad"]')
+            row = next(c for c in want["results"]["comparisons"] if c["variant"] == "bad")
+            assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="decision"]').text == "worse"
+            assert row["p_sequential"] < 0.001
+            assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="p_sequential"]').text == "< 0.001"
+            assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="users_still_needed"]').text == "decided"
+            same = next(c for c in want["results"]["comparisons"] if c["variant"] == "same")
+            shown_p = browser.find_element(By.CSS_SELECTOR, 'tr[data-variant="same"] td[data-field="p_sequential"]')
+            assert float(shown_p.text) == pytest.approx(same["p_sequential"], rel=5e-3)
+            needed = want["results"]["power"]["variants"]["same"]["users_still_needed"]
+            shown = browser.find_element(By.CSS_SELECTOR, 'tr[data-variant="same"] td[data-field="users_still_needed"]')
+            assert needed is not None and shown.text.startswith(f"{needed:,}")
+            # The power calculator: its answer is the plan endpoint's, and a new lift changes it.
+            def days() -> str | None:
+                return browser.find_element(By.CSS_SELECTOR, '[data-field="days_needed"]').get_attribute("data-days")
+
+            WebDriverWait(browser, 20).until(lambda b: days() is not None)
+            planned = c.get("/experiments/plan", params={"mean": 0.05, "sd": 0.08, "users_per_day": 2000,
+                                                         "effect": 0.05, "variations": 2, "sequential": "true",
+                                                         "days": 56}).json()
+            assert days() == str(planned["days_needed"])
+            effect = browser.find_element(By.CSS_SELECTOR, '#plan-form input[name="effect"]')
+            effect.clear()
+            effect.send_keys("0.2")
+            browser.find_element(By.CSS_SELECTOR, '#plan-form button').click()
+            WebDriverWait(browser, 20).until(lambda b: days() != str(planned["days_needed"]))
+            assert int(days()) < planned["days_needed"]  # a larger lift is found sooner
+            assert len(browser.find_elements(By.CSS_SELECTOR, "table.plan tbody tr")) == 8  # a row per week
             assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
             assert browser.find_elements(By.CSS_SELECTOR, "svg.ctr-chart polyline")
             ARTIFACTS.mkdir(exist_ok=True)

@@ -63,6 +63,24 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         assert [e["name"] for e in c.get("/experiments").json()["experiments"]] == ["baseline"]
         listed = c.get("/experiments").json()["experiments"][0]
         assert "seed" not in listed and "seed" not in c.get("/experiments/baseline/results").json()["experiment"]
+        # Power: the users the sequential test still needs to find the experiment's MDE (5 % by default).
+        power = r["results"]["power"]
+        assert power["mde"] == 0.05 and power["target_power"] == 0.8 and power["sequential"]
+        popular = power["variants"]["popular"]
+        assert popular["decided"] == (r["results"]["comparisons"][0]["sequential"] != "inconclusive")
+        if r["results"]["comparisons"][0]["lift_se"] is not None and not popular["decided"]:
+            assert popular["users_still_needed"] > len(users)  # far more than these few, for a 5 % lift
+
+        # The planning calculator: day by day, and the first day the effect is found with 80 % power.
+        planned = c.get("/experiments/plan", params={"mean": 0.05, "sd": 0.08, "users_per_day": 2000,
+                                                     "effect": 0.05, "days": 30, "sequential": "false"}).json()
+        from experiments.power import plan
+
+        assert planned == plan(0.05, 0.08**2, 0.05, 2000, days=30)
+        assert planned["days_needed"] is not None and len(planned["days"]) == 30
+        for bad in ({"sd": -1}, {"variations": 1}, {"alpha": 0.7}, {"days": 10_000}, {"sequential": "maybe"}):
+            params = {"mean": 0.05, "sd": 0.08, "users_per_day": 2000, **bad}
+            assert c.get("/experiments/plan", params=params).status_code == 422, bad
 
 
 def test_variants_naming_models_need_a_registry(tiny_run, tmp_path):

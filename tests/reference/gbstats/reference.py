@@ -1,12 +1,17 @@
-"""What gbstats computes from per-variant sums: JSON cases on stdin, one JSON result per case on stdout.
+"""What gbstats computes: JSON cases on stdin, one JSON result per case on stdout.
 
 A case: {"kind": "mean" | "ratio" | "cuped_mean" | "cuped_ratio", "alpha": …, "tuning": …, "a": sums,
-"b": sums}, sums being the fields of the matching gbstats statistic (see ``_stat``)."""
+"b": sums}, sums being the fields of the matching gbstats statistic (see ``_stat``); or {"kind": "power",
+"se": …, "n": …, "mde": …, "alpha": …, "target": …, "sequential": bool, "tuning": …}: the users still needed
+(MidExperimentPower, no prior)."""
 
 import json
 import sys
 
 from gbstats.frequentist.tests import FrequentistConfig, SequentialConfig, SequentialTwoSidedTTest, TwoSidedTTest
+from gbstats.models.results import EffectMomentsResult, TestResult, Uplift
+from gbstats.models.tests import BaseConfig
+from gbstats.power.midexperimentpower import MidExperimentPower, MidExperimentPowerConfig
 from gbstats.models.statistics import (
     RatioStatistic,
     RegressionAdjustedRatioStatistic,
@@ -39,9 +44,23 @@ def _stat(kind, s):
         theta=None)
 
 
+def _still_needed(case):
+    moments = EffectMomentsResult(point_estimate=0.0, standard_error=case["se"], pairwise_sample_size=case["n"],
+                                  error_message=None, post_stratification_applied=False)
+    result = TestResult(expected=0.0, ci=(0.0, 0.0), uplift=Uplift(dist="normal", mean=0.0, stddev=case["se"]),
+                        errorMessage=None)
+    config = MidExperimentPowerConfig(target_power=case["target"], target_mde=case["mde"],
+                                      sequential=case["sequential"], sequential_tuning_parameter=case["tuning"])
+    needed = MidExperimentPower(moments, result, BaseConfig(alpha=case["alpha"]), config).calculate_sample_size()
+    return {"additional_users": needed.additional_users, "message": needed.update_message}
+
+
 def main():
     out = []
     for case in json.load(sys.stdin):
+        if case["kind"] == "power":
+            out.append(_still_needed(case))
+            continue
         pair = [(_stat(case["kind"], case["a"]), _stat(case["kind"], case["b"]))]
         fixed = TwoSidedTTest(pair, FrequentistConfig(alpha=case["alpha"])).compute_result()
         seq = SequentialTwoSidedTTest(pair, SequentialConfig(
