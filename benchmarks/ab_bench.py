@@ -17,14 +17,21 @@ is run on the cumulative sums, as a team refreshing the dashboard would:
 * ``metrics.{ctr,conversion}`` — the A/A rates for CTR and conversions per user;
 * ``cuped.{ctr,conversion}`` — the same with CUPED, the variance it removed at the last look
   (1 − Var adjusted / Var plain, over the runs) and what the world's own ρ² says it should remove
-  (``expected_variance_reduction``: measured on a million fresh users of the same world).
+  (``expected_variance_reduction``: measured on a million fresh users of the same world);
+* ``results_ms_two_weeks`` — the results call (``GET /experiments/{name}/results`` through HTTP, the
+  embedded store) of an experiment whose guardrail has snapshotted it every 30 s for two weeks: the
+  median of 20 calls, with the snapshots kept (bounded: experiments.state).
 """
 
 from __future__ import annotations
 
+import json
 import math
+import statistics
+import tempfile
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -146,6 +153,8 @@ def bench_ab(*, runs: int = 2000, users: int = 20_000, looks: int = 20, impressi
     def fprs(analysis: str) -> dict:
         return {"aa_fpr_fixed": rate(column(analysis, 0)), "aa_fpr_sequential": rate(column(analysis, 2))}
 
+    two_weeks = results_ms_two_weeks()
+    say(f"results call after two weeks of snapshots: {two_weeks['median_ms']} ms")
     expected = expected_variance_reduction(world)
     cuped = {}
     for metric in ("ctr", "conversion"):
@@ -159,7 +168,59 @@ def bench_ab(*, runs: int = 2000, users: int = 20_000, looks: int = 20, impressi
         "lift": lift, "power_fixed": rate([r[0] for r in ab]), "power_sequential": rate([r[3] for r in ab]),
         "metrics": {"ctr": fprs("ctr"), "conversion": fprs("conversion")},
         "cuped": cuped,
+        "results_ms_two_weeks": two_weeks["median_ms"], "results_two_weeks": two_weeks,
         "world": {"impressions_per_user": 1 + impressions, "ctr": ctr, "beta_concentration": concentration,
                   **{k: v for k, v in asdict(world).items() if k.startswith(("conversion", "pre"))}},
         "seconds": round(time.perf_counter() - t0, 1),
     }
+
+
+def results_ms_two_weeks(interval_s: float = 30.0, users_per_day: int = 20_000, seed: int = 0) -> dict:
+    """Two weeks of guardrail snapshots (every ``interval_s``, the counts growing at ``users_per_day``) into
+    the embedded store's experiment state, then the results call through a live service: its median time."""
+    import httpx
+
+    from experiments import open_state
+    from experiments.stats import VariantSums
+    from feature_store.online.memory import MemoryStore
+    from feature_store.settings import FeatureStoreSettings
+    from feature_store.streams.inprocess import InProcessStream
+    from serving.app import create_app
+    from serving.server import free_port, serve_in_thread
+    from serving.settings import ServingSettings
+
+    rng = np.random.default_rng(seed)
+    folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-ab-"))
+    experiment = {"name": "two-weeks", "status": "running", "variants": [{"name": "control"}, {"name": "b"}]}
+    (folder / "experiments.json").write_text(json.dumps({"experiments": [experiment]}))
+    store = MemoryStore()
+    state = open_state(store)
+    steps = int(14 * 86_400 / interval_s)
+    start = time.time() - steps * interval_s
+    totals = {v: np.zeros(6) for v in ("control", "b")}  # users, n, c, n², c², n·c
+    per_step = users_per_day * interval_s / 86_400 / 2
+    for k in range(steps):
+        for arm in totals:
+            users = rng.poisson(per_step)
+            n = 1 + rng.poisson(10, users)
+            c = rng.binomial(n, 0.05)
+            totals[arm] += (users, n.sum(), c.sum(), (n * n).sum(), (c * c).sum(), (n * c).sum())
+        state.snapshot("two-weeks", k, {"t": start + k * interval_s, "variants": {
+            arm: asdict(VariantSums(int(x[0]), *map(float, x[1:]))) for arm, x in totals.items()}})
+    kept = len(state.timeline("two-weeks"))
+    settings = ServingSettings(registry=str(folder / "registry"), experiments_file=folder / "experiments.json")
+    app = create_app(settings, FeatureStoreSettings(), store=store, stream=InProcessStream())
+    port = free_port()
+    with serve_in_thread(app, port, start_timeout_s=60), httpx.Client(base_url=f"http://127.0.0.1:{port}") as client:
+        url = "/experiments/two-weeks/results"
+        client.get(url).raise_for_status()  # warm
+        times = []
+        for _ in range(20):
+            t0 = time.perf_counter()
+            answer = client.get(url)
+            times.append(1000 * (time.perf_counter() - t0))
+            answer.raise_for_status()
+        body = answer.json()
+    return {"median_ms": round(statistics.median(times), 2), "p90_ms": round(sorted(times)[17], 2),
+            "snapshots_written": steps, "snapshots_kept": kept, "points_shown": len(body["timeline"]),
+            "resolution": body["timeline_resolution"], "bytes": len(answer.content)}

@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from experiments.running import Experiments
 from experiments.spec import Experiment, Variant
@@ -153,8 +153,7 @@ class Guardrail:
             now = time.time()
             declared = {v.name for v in exp.variants}  # a forged name does not grow the dashboard's timeline
             self.state.snapshot(exp.name, int(now // self.interval_s), {  # one per interval, whoever is first
-                "t": now, "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks}
-                                       for v, s in sums.items() if v in declared}})
+                "t": now, "variants": {v: asdict(s) for v, s in sums.items() if v in declared}})  # the effect then
             stopped = frozenset(self.state.stopped(exp.name))
             held = integrity_problems(exp, sums, stopped)
             if held:  # nothing is stopped, promoted or ramped on counts that do not add up: an operator looks

@@ -11,9 +11,13 @@ store) and experiments.state_redis (the Redis store's client), chosen by experim
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 
 from experiments.stats import VariantSums
+
+RECENT_S = 86_400.0  # the last day's snapshots are kept at the guardrail's interval
+HOURLY_S = 3_600.0  # older ones, one an hour
 
 
 class ExperimentState(ABC):
@@ -76,11 +80,29 @@ class ExperimentState(ABC):
         """The winner proposed for ``experiment`` and not yet approved, if any."""
         return self._docs("proposed", experiment).get("winner")
 
+    @abstractmethod
+    def _drop(self, table: str, experiment: str, keys: list[str]) -> None:
+        """Remove ``keys`` of ``table`` for ``experiment`` (those absent are ignored)."""
+
     def snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
-        """Keep ``snapshot`` (the experiment's counts at one time) under ``bucket`` unless one is
-        there already; the timeline the dashboard draws."""
-        return self._put_first("timeline", experiment, str(bucket), snapshot)
+        """Keep ``snapshot`` (the experiment's counts at time ``snapshot["t"]``) under ``bucket`` unless one
+        is there already; the timeline the dashboard draws. Bounded: the snapshots of the last day at the
+        guardrail's interval, one an hour before that — each snapshot also takes its hour's slot if that is
+        free, and the first of each hour drops the interval snapshots older than a day (two weeks at a
+        30 s interval: 2,880 + 336 kept, not 40,320)."""
+        kept = self._put_first("timeline", experiment, str(bucket), snapshot)
+        hour = int(snapshot["t"] // HOURLY_S)
+        if kept and self._put_first("timeline_hourly", experiment, str(hour), snapshot):
+            old = [k for k, d in self._docs("timeline", experiment).items()
+                   if d["t"] < snapshot["t"] - RECENT_S]
+            if old:
+                self._drop("timeline", experiment, old)
+        return kept
 
     def timeline(self, experiment: str) -> list[dict]:
-        """The snapshots of ``experiment``, oldest first."""
-        return [d for _, d in sorted(self._docs("timeline", experiment).items(), key=lambda kv: int(kv[0]))]
+        """The snapshots of ``experiment``, oldest first: hourly ones before the last day's."""
+        recent = sorted(self._docs("timeline", experiment).values(), key=lambda d: d["t"])
+        start = recent[0]["t"] if recent else math.inf
+        hourly = sorted((d for d in self._docs("timeline_hourly", experiment).values() if d["t"] < start),
+                        key=lambda d: d["t"])
+        return hourly + recent

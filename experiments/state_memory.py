@@ -31,6 +31,12 @@ class MemoryExperimentState(ExperimentState):
             docs[key] = dict(doc)
             return True
 
+    def _drop(self, table: str, experiment: str, keys: list[str]) -> None:
+        with self._lock:
+            docs = self._ledger.get((table, experiment), {})
+            for key in keys:
+                docs.pop(key, None)
+
     def _docs(self, table: str, experiment: str) -> dict[str, dict]:
         with self._lock:
             return {k: dict(d) for k, d in self._ledger.get((table, experiment), {}).items()}

@@ -40,6 +40,12 @@ class RedisExperimentState(ExperimentState):
         except REDIS_ERRORS as exc:
             raise self._unavailable("write", exc) from exc
 
+    def _drop(self, table: str, experiment: str, keys: list[str]) -> None:
+        try:
+            self._r.hdel(f"{self.store.experiment_key(experiment)}:{table}", *keys)
+        except REDIS_ERRORS as exc:
+            raise self._unavailable("write", exc) from exc
+
     def _docs(self, table: str, experiment: str) -> dict[str, dict]:
         try:
             raw = self._r.hgetall(f"{self.store.experiment_key(experiment)}:{table}")

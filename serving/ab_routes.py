@@ -12,6 +12,7 @@ from starlette.exceptions import HTTPException
 
 from experiments.power import plan, still_needed
 from experiments.stats import VariantSums, analyse, intersect, verdict
+from experiments.timeline import effect_over_time
 from serving.deps import State
 
 router = APIRouter()
@@ -34,11 +35,18 @@ def list_experiments(state: State) -> dict:
 
 
 @router.get("/experiments/{name}/results")
-def experiment_results(state: State, name: str) -> dict:
+def experiment_results(
+    state: State, name: str,
+    since: Annotated[float | None, Query(ge=0, description=(
+        "also the stored snapshots after this time (seconds since the epoch), oldest first"))] = None,
+    limit: Annotated[int, Query(ge=1, le=5000, description="at most this many of them")] = 500,
+) -> dict:
     """Per variant users, impressions, clicks and CTR (delta-method se); per treatment the lift
     against control with a fixed-horizon CI and p-value and the always-valid confidence sequence;
     the sample-ratio check; clicks that could not be attributed; stopped variants, the ramp steps
-    reached, a promoted winner, or one proposed for an operator to approve (the guardrail's decisions)."""
+    reached, a promoted winner, or one proposed for an operator to approve (the guardrail's decisions);
+    the effect over time (a point a day, an hour or a snapshot, by the span); with ``since``, a page of the
+    stored snapshots and where the next page starts."""
     exp = state.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
@@ -54,15 +62,22 @@ def experiment_results(state: State, name: str) -> dict:
             row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"], row["cs_high"])
             row["sequential"] = verdict(row["cs_low"], row["cs_high"])
     held = state.guardrail.held(name) if state.guardrail is not None else []
-    timeline = state.experiment_state.timeline(name)
+    snapshots = state.experiment_state.timeline(name)
     users = {v: s.users for v, s in sums.items()}
     results["power"] = still_needed(results["comparisons"], users, exp.control_name, exp.mde,
-                                    _users_per_day(timeline, exp, sum(users.values())), stopped=stopped)
-    return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
-            "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
-            "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
-            "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
-            "held": held, "timeline": timeline}
+                                    _users_per_day(snapshots, exp, sum(users.values())), stopped=stopped)
+    over_time = effect_over_time(snapshots, exp.control_name,
+                                 [v.name for v in exp.variants if v.name != exp.control_name])
+    out = {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
+           "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
+           "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
+           "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
+           "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"]}
+    if since is not None:  # a page of the stored snapshots
+        after = [s for s in snapshots if s["t"] > since]
+        out["snapshots"] = after[:limit]
+        out["next_since"] = after[limit - 1]["t"] if len(after) > limit else None
+    return out
 
 
 def _users_per_day(timeline: list[dict], exp, users_now: int) -> float | None:

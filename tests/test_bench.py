@@ -182,6 +182,11 @@ def test_bench_ab_prints_the_error_rates_and_power():
         cuped = result["cuped"][metric]
         assert 0.05 < cuped["expected_variance_reduction"] < 0.5
         assert cuped["variance_reduction"] == pytest.approx(cuped["expected_variance_reduction"], abs=0.05)
+    # Two weeks of snapshots every 30 s: a bounded number kept, a point a day shown, the call timed.
+    two_weeks = result["results_two_weeks"]
+    assert two_weeks["snapshots_written"] == 40_320 and two_weeks["snapshots_kept"] < 3_300
+    assert two_weeks["resolution"] == "day" and two_weeks["points_shown"] <= 16
+    assert result["results_ms_two_weeks"] == two_weeks["median_ms"] > 0
 
 
 def bench_on_synthetic(folder, config: SyntheticConfig, bench: str, *args: str) -> dict:

@@ -415,6 +415,16 @@ def test_stop_decisions_and_snapshots_keep_the_first_writer(store):
     assert state.snapshot("exp1", 11, {"t": 11.5}) and state.snapshot("exp1", 10, {"t": 10.5})
     assert not state.snapshot("exp1", 11, {"t": 11.9})
     assert state.timeline("exp1") == [{"t": 10.5}, {"t": 11.5}]  # oldest first, first writer kept
+    # Two weeks at a 10-minute interval: the last day at that interval, one an hour before it.
+    for k in range(14 * 144):
+        state.snapshot("exp3", k, {"t": 600.0 * k + 1})
+    kept = state.timeline("exp3")
+    last = 600.0 * (14 * 144 - 1) + 1
+    assert [d["t"] for d in kept] == sorted(d["t"] for d in kept) and kept[-1]["t"] == last
+    recent = [d for d in kept if d["t"] >= last - 86_400]
+    # Before the last day: an hour apart (and the up to 6 interval snapshots of the hour since the last drop).
+    assert len(recent) == 145 and 13 * 24 <= len(kept) - len(recent) <= 13 * 24 + 6
+    assert all(b["t"] - a["t"] == 3600 for a, b in zip(kept[:300], kept[1:300], strict=False))
     for step in (1, 0, 1, 2):  # steps 0 and 1 reached; a second replica's step 1 is ignored
         state.ramp("exp1", step, {"step": step, "at": float(10 * step + len(state.ramp_log("exp1")))})
     assert state.ramp_log("exp1") == [{"step": 0, "at": 1.0}, {"step": 1, "at": 10.0}, {"step": 2, "at": 22.0}]

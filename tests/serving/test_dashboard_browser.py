@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 
 import pytest
@@ -103,6 +104,12 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             assert len(browser.find_elements(By.CSS_SELECTOR, "table.plan tbody tr")) == 8  # a row per week
             assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
             assert browser.find_elements(By.CSS_SELECTOR, "svg.ctr-chart polyline")
+            # The effect over time: a lift line and its band per treatment, on a labelled time axis.
+            assert want["timeline_resolution"] == "snapshot" and all("effects" in p for p in want["timeline"])
+            assert len(browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart polyline.lift")) == 2
+            assert len(browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart polygon.band")) == 2
+            ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart text.x-tick")]
+            assert len(ticks) >= 2 and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in ticks), ticks  # seconds apart
             ARTIFACTS.mkdir(exist_ok=True)
             shot = ARTIFACTS / "dashboard.png"
             assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000

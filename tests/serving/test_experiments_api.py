@@ -4,6 +4,7 @@ impressions, clicks sent back with the request id are attributed, and the result
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 
@@ -70,6 +71,19 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         assert popular["decided"] == (r["results"]["comparisons"][0]["sequential"] != "inconclusive")
         if r["results"]["comparisons"][0]["lift_se"] is not None and not popular["decided"]:
             assert popular["users_still_needed"] > len(users)  # far more than these few, for a 5 % lift
+
+        # The stored snapshots, a page at a time (within the last day, so all kept; before the guardrail's).
+        base = time.time() - 1000
+        for k in range(1, 13):
+            open_state(store).snapshot("baseline", -k, {"t": base + k, "variants": {}})
+        pages, since = [], base
+        while since is not None:
+            page = c.get("/experiments/baseline/results", params={"since": since, "limit": 5}).json()
+            pages.append([s["t"] - base for s in page["snapshots"]])
+            since = page["next_since"]
+        assert pages[0] == [1, 2, 3, 4, 5] and pages[1] == [6, 7, 8, 9, 10] and pages[2][:2] == [11, 12]
+        assert "snapshots" not in r and r["timeline_resolution"] in ("snapshot", "hour", "day")
+        assert c.get("/experiments/baseline/results", params={"limit": 0}).status_code == 422
 
         # The planning calculator: day by day, and the first day the effect is found with 80 % power.
         planned = c.get("/experiments/plan", params={"mean": 0.05, "sd": 0.08, "users_per_day": 2000,
