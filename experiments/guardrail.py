@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 from experiments.running import Experiments
 from experiments.spec import Experiment, Variant
 from experiments.state import ExperimentState
-from experiments.stats import VariantSums, compare, intersect, srm_p_value, verdict
+from experiments.stats import VariantSums, compare, corrected, intersect, srm_p_value, verdict
 
 log = logging.getLogger(__name__)
 _EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
@@ -164,18 +164,19 @@ class Guardrail:
             control = sums.get(exp.control_name, _EMPTY)
             concluded = False
             judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
-            for variant in exp.variants:
-                treated = sums.get(variant.name)
-                if variant.name == exp.control_name or treated is None:
-                    continue
-                if min(control.users, treated.users) < self.min_users:
-                    continue
-                r = compare(control, treated, variant.name, alpha=self.alpha)
+            judgeable = [v for v in exp.variants if v.name != exp.control_name and v.name in sums
+                         and min(control.users, sums[v.name].users) >= self.min_users]
+            # Several treatments: each acts only at Holm's level over all of them (experiments.stats.corrected).
+            results = corrected([compare(control, sums[v.name], v.name, alpha=self.alpha) for v in judgeable],
+                                self.alpha)
+            for variant, r in zip(judgeable, results, strict=True):
+                treated = sums[variant.name]
                 low, high = self._sequences[(exp.name, variant.name)] = intersect(
                     self._sequences.get((exp.name, variant.name)), r.cs_low, r.cs_high)
                 evidence = {"lift": r.lift, "cs_low": low, "cs_high": high,
                             "users": {"control": control.users, "variant": treated.users}}
-                sequential = verdict(low, high)
+                sequential = verdict(low, high) if r.sequential != "inconclusive" or len(results) == 1 else \
+                    "inconclusive"
                 if sequential == "worse":
                     decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "guardrail",
                                 **evidence}

@@ -407,20 +407,51 @@ def _json_safe(row: dict) -> dict:
     return {k: None if isinstance(v, float) and math.isnan(v) else v for k, v in row.items()}
 
 
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment (family-wise error at alpha over the comparisons): the k-th smallest p
+    times (m − k + 1), never below the one before; NaN (nothing to compare) stays NaN and is not counted."""
+    known = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    out, running = [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(known):
+        running = max(running, min(1.0, p * (len(known) - rank)))
+        out[i] = running
+    return out
+
+
+def corrected(comparisons: list[Comparison], alpha: float) -> list[Comparison]:
+    """With several treatments, each judged at Holm's level over all of them: the fixed test on its Holm-
+    adjusted p-value, the sequential verdict only where its Holm-adjusted always-valid p-value is below
+    ``alpha`` (always-valid p-values stay valid at any look, and Holm needs no more of them); the p-values
+    shown are the adjusted ones. One treatment: unchanged."""
+    if len(comparisons) < 2:
+        return comparisons
+    fixed, sequential = holm([c.p_value for c in comparisons]), holm([c.p_sequential for c in comparisons])
+    return [replace(c, p_value=pf, p_sequential=ps, significant=pf < alpha,
+                    sequential=c.sequential if ps < alpha else "inconclusive")
+            for c, pf, ps in zip(comparisons, fixed, sequential, strict=True)]
+
+
 def analyse(sums: dict[str, VariantSums], control: str, weights: dict[str, float] | None = None, *,
             alpha: float = 0.05, srm_alpha: float = 0.001, tuning_users: float = 5000) -> dict:
-    """Per-variant figures, each treatment against ``control``, and the SRM check, as JSON-ready data."""
+    """Per-variant figures, each treatment against ``control`` (Holm-corrected with several), the SRM
+    check with the expected and observed shares of users, as JSON-ready data."""
     names = list(sums)
     weights = weights or {v: 1.0 for v in names}
-    srm = srm_p_value([sums[v].users for v in names], [weights[v] for v in names])
+    users = [sums[v].users for v in names]
+    srm = srm_p_value(users, [weights[v] for v in names])
+    comparisons = corrected([compare(sums[control], sums[v], v, alpha=alpha, tuning_users=tuning_users)
+                             for v in names if v != control], alpha)
+    total_weight = sum(weights[v] for v in names)
     return {
         "control": control,
         "variants": {v: {"users": s.users, "impressions": s.impressions, "clicks": s.clicks, "ctr": s.ctr,
                          "ctr_se": math.sqrt(s.ctr_variance()) if math.isfinite(s.ctr_variance()) else None,
                          "long_tail_click_share": s.tail_clicks / s.clicks if s.clicks else None}
                      for v, s in sums.items()},
-        "comparisons": [_json_safe(asdict(compare(sums[control], sums[v], v, alpha=alpha, tuning_users=tuning_users)))
-                        for v in names if v != control],
-        "srm": {"p_value": srm, "flagged": srm < srm_alpha},
+        "comparisons": [_json_safe(asdict(c)) for c in comparisons],
+        "correction": "holm" if len(comparisons) > 1 else None,
+        "srm": {"p_value": srm, "flagged": srm < srm_alpha,
+                "expected_share": {v: weights[v] / total_weight for v in names},
+                "observed_share": {v: (sums[v].users / sum(users)) if sum(users) else None for v in names}},
         "alpha": alpha,
     }

@@ -98,3 +98,39 @@ def test_the_running_intersection_only_narrows_so_a_verdict_stands():
     assert intersect(running, float("nan"), float("nan")) == running  # a look with nothing to compare
     nothing_yet = intersect(None, float("nan"), float("nan"))  # the first looks, before any click
     assert intersect(nothing_yet, -0.4, -0.01) == (-0.4, -0.01)
+
+
+def test_holm_adjusts_step_down_and_leaves_nothing_to_compare_alone():
+    from experiments.stats import holm
+
+    # Holm (1979): sorted 0.005, 0.01, 0.03, 0.04 → ×4, ×3, ×2, ×1, never below the one before.
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    adjusted = holm([0.2, float("nan"), 0.9])
+    assert adjusted[0] == pytest.approx(0.4) and math.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.9)
+
+
+def test_with_several_treatments_each_verdict_is_held_to_holm_s_level():
+    """An arm the sequence alone would call worse is inconclusive once the other treatments are counted:
+    three looks at once cost the family its 5 %, not each arm."""
+    from experiments.stats import corrected
+
+    rng = np.random.default_rng(5)
+    control = VariantSums.of(_users(rng, 4000, ctr=0.05))
+    arms = {name: VariantSums.of(_users(rng, 4000, ctr=ctr)) for name, ctr in (("a", 0.05), ("b", 0.05))}
+    worse = None
+    for ctr in np.linspace(0.049, 0.040, 40):  # find a worse arm whose always-valid p sits between 0.05/3 and 0.05
+        candidate = VariantSums.of(_users(np.random.default_rng(int(ctr * 1e5)), 4000, ctr=ctr))
+        r = compare(control, candidate, "w")
+        if r.sequential == "worse" and 0.05 / 3 < r.p_sequential < 0.05:
+            worse = candidate
+            break
+    assert worse is not None
+    alone = corrected([compare(control, worse, "w")], 0.05)[0]
+    together = corrected([compare(control, worse, "w")] + [compare(control, s, n) for n, s in arms.items()], 0.05)
+    assert alone.sequential == "worse" and together[0].sequential == "inconclusive"
+    assert together[0].p_sequential > alone.p_sequential
+    result = analyse({"c": control, "w": worse, **arms}, "c")
+    assert result["correction"] == "holm" and result["comparisons"][0]["sequential"] == "inconclusive"
+    assert result["srm"]["expected_share"] == {"c": 0.25, "w": 0.25, "a": 0.25, "b": 0.25}
+    assert sum(result["srm"]["observed_share"].values()) == pytest.approx(1.0)
+    assert analyse({"c": control, "w": worse}, "c")["correction"] is None

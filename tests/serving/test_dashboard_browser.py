@@ -104,6 +104,9 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             assert len(browser.find_elements(By.CSS_SELECTOR, "table.plan tbody tr")) == 8  # a row per week
             assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
             assert browser.find_elements(By.CSS_SELECTOR, "svg.ctr-chart polyline")
+            assert want["results"]["correction"] == "holm"  # two treatments: said under the table
+            assert "Holm-corrected over the 2 treatments" in browser.find_element(
+                By.CSS_SELECTOR, '[data-field="correction"]').text
             # The effect over time: a lift line and its band per treatment, on a labelled time axis.
             assert want["timeline_resolution"] == "snapshot" and all("effects" in p for p in want["timeline"])
             assert len(browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart polyline.lift")) == 2
