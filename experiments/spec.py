@@ -90,6 +90,8 @@ class Experiment(BaseModel):
     ramp_hold_s: float = Field(3600.0, ge=0, description="least time at each ramp step")
     promote: ExternalId | None = Field(None, description=(
         "registry alias a treatment's model is moved to when it wins under the sequential test (ends the experiment)"))
+    owner: str | None = Field(None, max_length=200, description="who answers for it (shown on the list)")
+    hypothesis: str | None = Field(None, max_length=2000, description="what it is meant to show, before it runs")
     mde: float = Field(0.05, gt=0, le=1, description=(
         "the smallest relative lift worth finding (0.05 = 5 %): the results' users still needed are for it"))
 

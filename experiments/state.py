@@ -84,6 +84,15 @@ class ExperimentState(ABC):
     def _drop(self, table: str, experiment: str, keys: list[str]) -> None:
         """Remove ``keys`` of ``table`` for ``experiment`` (those absent are ignored)."""
 
+    def freeze(self, experiment: str, results: dict) -> bool:
+        """Keep ``experiment``'s final results (when it stops), unless some are kept already: what its
+        results call shows from then on, whatever becomes of the counters."""
+        return self._put_first("frozen", experiment, "results", results)
+
+    def frozen(self, experiment: str) -> dict | None:
+        """The final results kept when ``experiment`` stopped, if it has."""
+        return self._docs("frozen", experiment).get("results")
+
     def snapshot(self, experiment: str, bucket: int, snapshot: dict) -> bool:
         """Keep ``snapshot`` (the experiment's counts at time ``snapshot["t"]``) under ``bucket`` unless one
         is there already; the timeline the dashboard draws. Bounded: the snapshots of the last day at the

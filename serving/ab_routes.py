@@ -11,9 +11,10 @@ from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
 from experiments.power import plan, still_needed
+from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
 from experiments.timeline import effect_over_time
-from serving.deps import State
+from serving.deps import ServiceState, State
 
 router = APIRouter()
 _DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
@@ -46,10 +47,24 @@ def experiment_results(
     the sample-ratio check; clicks that could not be attributed; stopped variants, the ramp steps
     reached, a promoted winner, or one proposed for an operator to approve (the guardrail's decisions);
     the effect over time (a point a day, an hour or a snapshot, by the span); with ``since``, a page of the
-    stored snapshots and where the next page starts."""
+    stored snapshots and where the next page starts. A stopped experiment: the results it stopped with
+    (``frozen_at`` says when)."""
     exp = state.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
+    # A stopped experiment shows the results it stopped with (kept by the status change), not its counters.
+    frozen = state.experiment_state.frozen(name) if exp.status == "stopped" else None
+    out = dict(frozen) if frozen else results_document(state, exp)
+    if since is not None:  # a page of the stored snapshots
+        after = [s for s in state.experiment_state.timeline(name) if s["t"] > since]
+        out["snapshots"] = after[:limit]
+        out["next_since"] = after[limit - 1]["t"] if len(after) > limit else None
+    return out
+
+
+def results_document(state: ServiceState, exp: Experiment) -> dict:
+    """The results of ``exp`` from its counters and the guardrail's records, as the results call shows them."""
+    name = exp.name
     counted = state.experiment_state.sums(name)  # StoreUnavailable → 503 in the one error shape
     empty = VariantSums(0, 0, 0, 0, 0, 0)  # a variant nobody has seen yet still gets its row
     sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
@@ -68,16 +83,12 @@ def experiment_results(
                                     _users_per_day(snapshots, exp, sum(users.values())), stopped=stopped)
     over_time = effect_over_time(snapshots, exp.control_name,
                                  [v.name for v in exp.variants if v.name != exp.control_name])
-    out = {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
-           "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
-           "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
-           "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
-           "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"]}
-    if since is not None:  # a page of the stored snapshots
-        after = [s for s in snapshots if s["t"] > since]
-        out["snapshots"] = after[:limit]
-        out["next_since"] = after[limit - 1]["t"] if len(after) > limit else None
-    return out
+    return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
+            "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
+            "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
+            "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
+            "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"],
+            "frozen_at": None}
 
 
 def _users_per_day(timeline: list[dict], exp, users_now: int) -> float | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from datetime import UTC, datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Header, Request
@@ -24,6 +25,7 @@ from starlette.exceptions import HTTPException
 from experiments.document import DocumentConflict
 from experiments.running import Experiments
 from experiments.spec import Experiment, ExperimentFile
+from serving.ab_routes import results_document
 from serving.admin import _authorize, audit
 from serving.deps import ServiceState, State
 from serving.loops import every
@@ -104,14 +106,30 @@ def set_status(state: State, request: Request, name: str, body: StatusChange,
     """Start (running), pause (draft) or end (stopped) an experiment."""
     _authorize(state, authorization)
 
+    now = datetime.now(UTC)
+
     def change(exps: list[Experiment]) -> list[Experiment]:
         if name not in {e.name for e in exps}:
             raise HTTPException(404, f"no experiment {name!r}")
-        return [e.model_copy(update={"status": body.status}) if e.name == name else e for e in exps]
+        return [e.model_copy(update=_dated(e, body.status, now)) if e.name == name else e for e in exps]
 
     saved = _update(state, change, if_match)
+    exp = state.experiments.get(name)
+    if body.status == "stopped" and exp is not None and exp.status == "stopped":
+        # Its final results, kept: what its results call shows from now on (first stop's stand).
+        state.experiment_state.freeze(name, {**results_document(state, exp), "frozen_at": now.timestamp()})
     audit(request, "experiment status", experiment=name, status=body.status, version=saved["version"])
     return saved
+
+
+def _dated(exp: Experiment, status: str, now: datetime) -> dict:
+    """The status change, with the experiment's first start and its stop dated (unless set already)."""
+    update: dict = {"status": status}
+    if status == "running" and exp.start is None:
+        update["start"] = now
+    if status == "stopped" and exp.stop is None:
+        update["stop"] = now
+    return update
 
 
 @router.post("/experiments/{name}/approve")

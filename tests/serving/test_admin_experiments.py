@@ -75,3 +75,37 @@ def test_two_admin_writers_racing_one_wins_the_other_gets_409_and_nothing_is_los
         wait_until(lambda: [e["name"] for e in one.get("/experiments").json()["experiments"]] ==
                    ["late", "first", "second"], timeout_s=10, what="the first replica to follow")
         assert one.put("/admin/experiments/late", json=EXP, headers={**ADMIN, "If-Match": "x"}).status_code == 400
+
+
+def test_the_list_carries_owner_hypothesis_and_dates_and_a_stopped_experiment_keeps_its_results(tiny_run, tmp_path):
+    """Started: dated. Stopped: dated, and its results frozen as they stood — later counts (late clicks,
+    a replica still draining its outbox) change nothing the results call shows."""
+    from experiments import open_state
+    from tests.serving.test_guardrail import traffic
+
+    store = MemoryStore()
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=tmp_path / "experiments.json",
+                               admin_token=ADMIN_TOKEN, events_sink="store", score_precision="fp32")
+    spec = {"name": "late", "status": "draft", "owner": "ranking team", "hypothesis": "b's lists are clicked more",
+            "variants": [{"name": "control"}, {"name": "b"}]}
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
+        assert c.put("/admin/experiments/late", json=spec, headers=ADMIN).status_code == 200
+        assert c.put("/admin/experiments/late", json={**spec, "owner": "x" * 201}, headers=ADMIN).status_code == 422
+        listed = c.get("/experiments").json()["experiments"][0]
+        assert (listed["owner"], listed["hypothesis"], listed["start"], listed["stop"]) == (
+            "ranking team", "b's lists are clicked more", None, None)
+        assert c.post("/admin/experiments/late/status", json={"status": "running"}, headers=ADMIN).status_code == 200
+        started = c.get("/experiments").json()["experiments"][0]["start"]
+        assert started is not None
+        store.write(traffic("control", 120, 10, 1, experiment="late") + traffic("b", 120, 10, 2, experiment="late"))
+        live = c.get("/experiments/late/results").json()
+        assert live["frozen_at"] is None and live["results"]["variants"]["b"]["users"] == 120
+
+        assert c.post("/admin/experiments/late/status", json={"status": "stopped"}, headers=ADMIN).status_code == 200
+        listed = c.get("/experiments").json()["experiments"][0]
+        assert listed["status"] == "stopped" and listed["start"] == started and listed["stop"] >= started
+        frozen = c.get("/experiments/late/results").json()
+        assert frozen["frozen_at"] is not None and frozen["results"]["variants"] == live["results"]["variants"]
+        store.write(traffic("control", 50, 10, 5, "later", experiment="late"))  # counted after the stop
+        assert sum(s.users for s in open_state(store).sums("late").values()) == 290
+        assert c.get("/experiments/late/results").json()["results"]["variants"] == live["results"]["variants"]

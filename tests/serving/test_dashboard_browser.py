@@ -15,11 +15,12 @@ from feature_store.online.memory import MemoryStore
 from feature_store.settings import FeatureStoreSettings
 from feature_store.streams.inprocess import InProcessStream
 from serving.settings import ServingSettings
-from tests.conftest import REPO, wait_until
+from tests.conftest import ADMIN_HEADERS, REPO, wait_until
 from tests.serving.conftest import live_server
 from tests.serving.test_guardrail import EXPERIMENT, traffic
 
 ARTIFACTS = REPO / ".artifacts"
+RISKY = 'section[data-experiment="risky"]'
 
 
 def _browser():
@@ -47,7 +48,7 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
     store = MemoryStore()
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
                                guardrail_interval_s=0.3, guardrail_min_users=50, score_precision="fp32")
-    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream()) as c:
+    with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         store.write(traffic("control", 150, 10, 1) + traffic("bad", 150, 10, 0) + traffic("same", 150, 10, 1))
         wait_until(lambda: len(c.get("/experiments/risky/results").json()["timeline"]) >= 1, timeout_s=20,
                    what="a first snapshot")
@@ -56,12 +57,21 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
         wait_until(lambda: (lambda r: len(r["timeline"]) >= 2 and "bad" in r["stopped"])(
             c.get("/experiments/risky/results").json()), timeout_s=20, what="a second snapshot and the stop")
         want = c.get("/experiments/risky/results").json()
+        # A second experiment, run and stopped through the admin API: its results are kept as they stood.
+        done = {"name": "done", "status": "running", "owner": "ranking team", "hypothesis": "b is clicked more",
+                "variants": [{"name": "control"}, {"name": "b"}]}
+        assert c.put("/admin/experiments/done", json=done, headers=ADMIN_HEADERS).status_code == 200
+        store.write(traffic("control", 60, 10, 1, "done", "done") + traffic("b", 60, 10, 2, "done", "done"))
+        assert c.post("/admin/experiments/done/status", json={"status": "stopped"},
+                      headers=ADMIN_HEADERS).status_code == 200
+        final = c.get("/experiments/done/results").json()
+        assert final["frozen_at"] is not None and final["results"]["variants"]["control"]["users"] == 60
         browser = _browser()
         try:
             browser.get(f"{c.base_url}/dashboard")
             WebDriverWait(browser, 20).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
             for variant, numbers in want["results"]["variants"].items():
-                row = browser.find_element(By.CSS_SELECTOR, f'tr[data-variant="{variant}"]')
+                row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} tr[data-variant="{variant}"]')
                 for field in ("users", "impressions", "clicks"):
                     shown = row.find_element(By.CSS_SELECTOR, f'td[data-field="{field}"]').text
                     assert int(shown.replace(",", "")) == numbers[field], (variant, field)
@@ -74,17 +84,18 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             ramp = browser.find_element(By.CSS_SELECTOR, '[data-banner="ramp"]')  # held at its first step
             assert [r["step"] for r in want["ramp"]] == [0] and "50%" in ramp.text and "held" in ramp.text
             # The decision leads: the always-valid interval and p; the fixed-horizon p is there, marked.
-            bad = browser.find_element(By.CSS_SELECTOR, 'tr[data-variant="bad"]')
+            bad = browser.find_element(By.CSS_SELECTOR, f'{RISKY} tr[data-variant="bad"]')
             row = next(c for c in want["results"]["comparisons"] if c["variant"] == "bad")
             assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="decision"]').text == "worse"
             assert row["p_sequential"] < 0.001
             assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="p_sequential"]').text == "< 0.001"
             assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="users_still_needed"]').text == "decided"
             same = next(c for c in want["results"]["comparisons"] if c["variant"] == "same")
-            shown_p = browser.find_element(By.CSS_SELECTOR, 'tr[data-variant="same"] td[data-field="p_sequential"]')
+            same_row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} tr[data-variant="same"]')
+            shown_p = same_row.find_element(By.CSS_SELECTOR, 'td[data-field="p_sequential"]')
             assert float(shown_p.text) == pytest.approx(same["p_sequential"], rel=5e-3)
             needed = want["results"]["power"]["variants"]["same"]["users_still_needed"]
-            shown = browser.find_element(By.CSS_SELECTOR, 'tr[data-variant="same"] td[data-field="users_still_needed"]')
+            shown = same_row.find_element(By.CSS_SELECTOR, 'td[data-field="users_still_needed"]')
             assert needed is not None and shown.text.startswith(f"{needed:,}")
             # The power calculator: its answer is the plan endpoint's, and a new lift changes it.
             def days() -> str | None:
@@ -102,16 +113,26 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             WebDriverWait(browser, 20).until(lambda b: days() != str(planned["days_needed"]))
             assert int(days()) < planned["days_needed"]  # a larger lift is found sooner
             assert len(browser.find_elements(By.CSS_SELECTOR, "table.plan tbody tr")) == 8  # a row per week
-            assert browser.find_elements(By.CSS_SELECTOR, "svg.lift-chart circle")  # a lift point per treatment
-            assert browser.find_elements(By.CSS_SELECTOR, "svg.ctr-chart polyline")
+            assert browser.find_elements(By.CSS_SELECTOR, f"{RISKY} svg.lift-chart circle")  # a lift point each
+            assert browser.find_elements(By.CSS_SELECTOR, f"{RISKY} svg.ctr-chart polyline")
+            # The list: every experiment with its status, owner and hypothesis; the stopped one's final results.
+            listed = {r.get_attribute("data-experiment"): r for r in
+                      browser.find_elements(By.CSS_SELECTOR, "table.list tbody tr")}
+            assert set(listed) == {"risky", "done"}
+            assert listed["done"].find_element(By.CSS_SELECTOR, 'td[data-field="status"]').text == "stopped"
+            assert listed["done"].find_element(By.CSS_SELECTOR, 'td[data-field="owner"]').text == "ranking team"
+            section = browser.find_element(By.CSS_SELECTOR, 'section[data-experiment="done"]')
+            assert "Final results" in section.find_element(By.CSS_SELECTOR, '[data-banner="frozen"]').text
+            clicks = section.find_element(By.CSS_SELECTOR, 'tr[data-variant="b"] td[data-field="clicks"]').text
+            assert int(clicks.replace(",", "")) == final["results"]["variants"]["b"]["clicks"] > 0
             assert want["results"]["correction"] == "holm"  # two treatments: said under the table
             assert "Holm-corrected over the 2 treatments" in browser.find_element(
                 By.CSS_SELECTOR, '[data-field="correction"]').text
             # The effect over time: a lift line and its band per treatment, on a labelled time axis.
             assert want["timeline_resolution"] == "snapshot" and all("effects" in p for p in want["timeline"])
-            assert len(browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart polyline.lift")) == 2
-            assert len(browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart polygon.band")) == 2
-            ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, "svg.effect-chart text.x-tick")]
+            assert len(browser.find_elements(By.CSS_SELECTOR, f"{RISKY} svg.effect-chart polyline.lift")) == 2
+            assert len(browser.find_elements(By.CSS_SELECTOR, f"{RISKY} svg.effect-chart polygon.band")) == 2
+            ticks = [t.text for t in browser.find_elements(By.CSS_SELECTOR, f"{RISKY} svg.effect-chart text.x-tick")]
             assert len(ticks) >= 2 and all(re.fullmatch(r"\d\d:\d\d:\d\d", t) for t in ticks), ticks  # seconds apart
             ARTIFACTS.mkdir(exist_ok=True)
             shot = ARTIFACTS / "dashboard.png"
