@@ -8,7 +8,7 @@ GrowthBook's frequentist formulas, so a team plans with the numbers its results 
   sequence's margin over the normal quantile);
 * :func:`users_still_needed` — while it runs, from the lift's current standard error: how many more users
   (both arms) until a lift of ``mde`` would be found with ``target`` power (gbstats' MidExperimentPower,
-  without a prior; tests/experiments/test_power.py checks it against gbstats itself).
+  without a prior; tests/experiments/test_gbstats_parity.py checks it against gbstats itself).
 
 Relative effects throughout (0.05 = +5 %); two-sided tests at ``alpha``.
 """
@@ -63,7 +63,7 @@ def mde(mean: float, variance: float, users: float, *, variations: int = 2, alph
     v = variance * (_sequential_widening(2 * per_arm, alpha, sequential_tuning) ** 2 if sequential_tuning else 1)
     if per_arm <= v * z**2 / mean**2:
         return None
-    # The treated mean m' with (m' − m)² = z²·σ²·(1 + m'²/m²)/m² … solved for m' (power.ts' quadratic).
+    # The treated mean m' at which the relative lift's z-score reaches z: power.ts' quadratic in m'.
     sigma2 = v / per_arm
     a, b, c = 1 - z**2 * sigma2 / mean**2, -2 * mean, mean**2 - z**2 * sigma2
     treated = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)

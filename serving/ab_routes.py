@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Annotated
@@ -15,6 +16,7 @@ from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
 from experiments.timeline import effect_over_time
 from serving.deps import ServiceState, State
+from serving.errors import InvalidRequest
 
 router = APIRouter()
 _DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
@@ -108,19 +110,27 @@ def _users_per_day(timeline: list[dict], exp, users_now: int) -> float | None:
 
 @router.get("/experiments/plan")
 def plan_experiment(
-    mean: Annotated[float, Query(gt=0, description="the metric's mean per user (or CTR)")],
-    sd: Annotated[float, Query(gt=0, description="its standard deviation over users (a CTR's: the results' "
-                                                 "ctr_se × √users)")],
-    users_per_day: Annotated[float, Query(gt=0, le=1e9)],
-    effect: Annotated[float, Query(gt=0, le=10, description="the relative lift to find (0.05 = +5 %)")] = 0.05,
+    mean: Annotated[float, Query(ge=1e-9, le=1e9, description="the metric's mean per user (or CTR)")],
+    sd: Annotated[float, Query(ge=1e-9, le=1e9, description="its standard deviation over users (a CTR's: the "
+                                                            "results' ctr_se × √users)")],
+    users_per_day: Annotated[float, Query(ge=1, le=1e9)],
+    effect: Annotated[float, Query(ge=1e-6, le=10, description="the relative lift to find (0.05 = +5 %)")] = 0.05,
     variations: Annotated[int, Query(ge=2, le=20)] = 2,
-    alpha: Annotated[float, Query(gt=0, lt=0.5)] = 0.05,
+    alpha: Annotated[float, Query(ge=1e-6, lt=0.5)] = 0.05,
     days: Annotated[int, Query(ge=1, le=365)] = 28,
     sequential: bool = True,
-    tuning: Annotated[float, Query(gt=0, le=1e9, description="where the sequential interval is tightest, in "
-                                                               "users")] = 5000,
+    tuning: Annotated[float, Query(ge=1, le=1e9, description="where the sequential interval is tightest, in "
+                                                              "users")] = 5000,
 ) -> dict:
     """The power calculator (GrowthBook's formulas): day by day the power for ``effect`` and the smallest lift
-    found with 80 % power, and the first day ``effect`` reaches it."""
-    return plan(mean, sd**2, effect, users_per_day, days=days, variations=variations, alpha=alpha,
-                sequential_tuning=tuning if sequential else None)
+    found with 80 % power, and the first day ``effect`` reaches it. Inputs whose figures leave the range of
+    a float (a mean of 1e-9 with a standard deviation of 1e9, …) get 422, not a number that is not one."""
+    try:
+        planned = plan(mean, sd**2, effect, users_per_day, days=days, variations=variations, alpha=alpha,
+                       sequential_tuning=tuning if sequential else None)
+    except (ArithmeticError, ValueError) as exc:
+        raise InvalidRequest(f"no plan for these inputs: {exc}") from exc
+    finite = [planned["users_needed"] or 0.0] + [x for d in planned["days"] for x in (d["power"], d["mde"] or 0.0)]
+    if not all(math.isfinite(x) for x in finite):
+        raise InvalidRequest("no plan for these inputs: its figures leave the range of a float")
+    return planned

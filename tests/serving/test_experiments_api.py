@@ -92,7 +92,8 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
 
         assert planned == plan(0.05, 0.08**2, 0.05, 2000, days=30)
         assert planned["days_needed"] is not None and len(planned["days"]) == 30
-        for bad in ({"sd": -1}, {"variations": 1}, {"alpha": 0.7}, {"days": 10_000}, {"sequential": "maybe"}):
+        for bad in ({"sd": -1}, {"variations": 1}, {"alpha": 0.7}, {"days": 10_000}, {"sequential": "maybe"},
+                    {"mean": 5e-324, "sd": 5e-324, "users_per_day": 5e-324}):  # schemathesis' find: was a 500
             params = {"mean": 0.05, "sd": 0.08, "users_per_day": 2000, **bad}
             assert c.get("/experiments/plan", params=params).status_code == 422, bad
 
