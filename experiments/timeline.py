@@ -9,6 +9,8 @@ series, so the last point is the experiment as it stands.
 
 from __future__ import annotations
 
+import time
+
 from experiments.stats import VariantSums, compare
 
 DAY_S, HOUR_S = 86_400.0, 3_600.0
@@ -58,3 +60,18 @@ def effect_over_time(snapshots: list[dict], control: str, treatments: list[str],
         counts = {v: {"users": x.users, "impressions": x.impressions, "clicks": x.clicks} for v, x in sums.items()}
         points.append({"t": s["t"], "variants": counts, "effects": effects})
     return {"resolution": name, "points": points}
+
+
+def traffic_per_day(snapshots: list[dict], days: int = 14) -> list[dict]:
+    """New users per variant on each UTC day of the last ``days`` (the users the day's last snapshot
+    counts, less the day before's), oldest first: the traffic an SRM check's shares come from."""
+    last: dict[int, dict] = {}
+    for s in snapshots:
+        last[int(s["t"] // DAY_S)] = s
+    rows, before = [], {}
+    for day in sorted(last):
+        users = {v: int(row.get("users", 0)) for v, row in last[day].get("variants", {}).items()}
+        rows.append({"day": time.strftime("%Y-%m-%d", time.gmtime(day * DAY_S)),
+                     "users": {v: n - before.get(v, 0) for v, n in users.items()}})
+        before = users
+    return rows[-days:]

@@ -14,7 +14,7 @@ from starlette.exceptions import HTTPException
 from experiments.power import plan, still_needed
 from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
-from experiments.timeline import effect_over_time
+from experiments.timeline import effect_over_time, traffic_per_day
 from serving.deps import ServiceState, State
 from serving.errors import InvalidRequest
 
@@ -83,6 +83,7 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
     users = {v: s.users for v, s in sums.items()}
     results["power"] = still_needed(results["comparisons"], users, exp.control_name, exp.mde,
                                     _users_per_day(snapshots, exp, sum(users.values())), stopped=stopped)
+    results["srm"]["traffic_per_day"] = traffic_per_day(snapshots)
     over_time = effect_over_time(snapshots, exp.control_name,
                                  [v.name for v in exp.variants if v.name != exp.control_name])
     return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,

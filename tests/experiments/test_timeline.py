@@ -52,3 +52,15 @@ def test_an_arm_with_nothing_yet_has_no_effect():
     view = effect_over_time([{"t": 1.0, "variants": {}}, {"t": 2.0, "variants": {"control": {"users": 1}}}],
                             "control", ["t"])
     assert [p["effects"]["t"]["lift"] for p in view["points"]] == [None, None]
+
+
+def test_traffic_per_day_is_each_day_s_new_users():
+    from experiments.timeline import traffic_per_day
+
+    snaps = _snapshots(72, 1800)  # 20 new users an arm every half hour
+    rows = traffic_per_day(snaps)
+    days = sorted({int(s["t"] // 86_400) for s in snaps})
+    assert len(rows) == len(days) and rows[0]["day"] < rows[-1]["day"]
+    assert sum(r["users"]["t"] for r in rows) == snaps[-1]["variants"]["t"]["users"]  # every user, once
+    whole = [r for r, d in zip(rows, days, strict=True) if d not in (days[0], days[-1])]
+    assert whole and all(r["users"]["control"] == 48 * 20 for r in whole)  # a whole day: 48 snapshots' worth

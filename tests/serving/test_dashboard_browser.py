@@ -125,6 +125,12 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             assert "Final results" in section.find_element(By.CSS_SELECTOR, '[data-banner="frozen"]').text
             clicks = section.find_element(By.CSS_SELECTOR, 'tr[data-variant="b"] td[data-field="clicks"]').text
             assert int(clicks.replace(",", "")) == final["results"]["variants"]["b"]["clicks"] > 0
+            per_day = want["results"]["srm"]["traffic_per_day"]  # the day's new users, per variant
+            control_users = want["results"]["variants"]["control"]["users"]
+            assert per_day and sum(d["users"]["control"] for d in per_day) == control_users
+            today = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.traffic tr[data-day="{per_day[-1]["day"]}"]')
+            shown = today.find_element(By.CSS_SELECTOR, 'td[data-variant="control"]').text
+            assert int(shown.replace(",", "")) == per_day[-1]["users"]["control"]
             assert want["results"]["correction"] == "holm"  # two treatments: said under the table
             assert "Holm-corrected over the 2 treatments" in browser.find_element(
                 By.CSS_SELECTOR, '[data-field="correction"]').text
