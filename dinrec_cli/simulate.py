@@ -22,11 +22,16 @@ EXPERIMENTS = {
     "seq50-vs-seq20": [{"name": "l50"}, {"name": "l20", "overrides": {"seq_len": 20}}],
     # The origin story: a model trained on shuffled labels (lower offline AUC) shipped beside the good one.
     "origin-story": [{"name": "champion"}, {"name": "shuffled", "model": "shuffled"}],
+    # The same lists, shown so they tempt clicks and lose buyers: CTR, the goal, rises while conversions per
+    # user, the default guardrail, fall — and the guardrail stops the arm on conversions.
+    "clickbait": [{"name": "control"}, {"name": "clickbait"}],
 }
+# How an arm's users respond beyond its list (serving.simulate.Response), by experiment and variant.
+RESPONSES = {"clickbait": {"clickbait": {"click": 1.5, "buy": 0.25}}}
 
 
 def simulate(
-    experiment: Annotated[str, typer.Option(help="din-vs-popular, aa, seq50-vs-seq20 or origin-story")] = \
+    experiment: Annotated[str, typer.Option(help="din-vs-popular, aa, seq50-vs-seq20, origin-story or clickbait")] = \
         "din-vs-popular",
     users: Annotated[int, typer.Option(help="simulated users (the world's first N)")] = 600,
     rounds: Annotated[int, typer.Option(help="requests per user")] = 3,
@@ -46,8 +51,8 @@ def simulate(
     from serving.app import create_app
     from serving.server import free_port, serve_in_thread
     from serving.settings import ServingSettings
+    from serving.simulate import Response, wait_until_logged
     from serving.simulate import simulate as run
-    from serving.simulate import wait_until_logged
     from training.pipeline import train_bundle
     from training.samples import build_samples
     from training.settings import TrainSettings
@@ -102,7 +107,8 @@ def simulate(
                          headers={"authorization": f"Bearer {token}"}) as client:
         t0 = time.perf_counter()
         state = open_state(store)
-        served = run(client, world, users=users, rounds=rounds, k=k, seed=seed,
+        responses = {v: Response(**r) for v, r in RESPONSES.get(experiment, {}).items()}
+        served = run(client, world, users=users, rounds=rounds, k=k, seed=seed, responses=responses,
                      before_clicks=lambda so_far: wait_until_logged(state, experiment, so_far))
         wait_until_logged(state, experiment, served)
         report = client.get(f"/experiments/{experiment}/results").json()
@@ -110,7 +116,9 @@ def simulate(
     report["served"] = served
     report["models"] = models
     report["world"] = {"users": users, "rounds": rounds, "k": k, "seed": seed,
-                       "click_model": "P(click) = (0.01 + 0.6 · interest[user, category]) / log2(position + 2)"}
+                       "click_model": "P(click) = (0.01 + 0.6 · interest[user, category]) / log2(position + 2)",
+                       "buy_model": "P(buy | click) = 0.05 + 0.5 · interest[user, category]",
+                       "responses": RESPONSES.get(experiment, {})}
     typer.echo(json.dumps(report))
 
 

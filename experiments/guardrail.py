@@ -1,13 +1,15 @@
-"""The guardrail: a variant whose CTR is significantly worse than control is stopped by itself; a
-ramp moves up only while nothing is worse; a winner takes its registry alias. (Each check also
-records a snapshot of the counts: the dashboard's CTR-over-time.)
+"""The guardrail: a variant significantly worse than control on the experiment's goal metric or on any of
+its guardrail metrics (``Experiment.metrics``: CTR the goal and conversions per user a guardrail by
+default) is stopped by itself; a ramp moves up only while nothing is worse; a winner on the goal metric
+takes its registry alias. (Each check also records a snapshot of the counts: the results' effect over time.)
 
 Every ``interval_s`` one worker per replica analyses its running experiments from the shared counters
 (experiments.state; serving runs the loop and picks that worker) and decides; the replica's other
 workers ``check(decide=False)``: they read the same counters and decisions and act on them, writing
 nothing. A
-treatment is stopped when the always-valid confidence sequence for its CTR lift lies wholly below
-zero (``experiments.stats``: looking every interval does not inflate false alarms,
+treatment is stopped when the always-valid confidence sequence for its relative effect on one of those
+metrics (CUPED-adjusted where the pre-exposure covariate explains something: experiments.metrics) lies
+wholly on the worse side of zero (``experiments.stats``: looking every interval does not inflate false alarms,
 which a fixed-horizon test would) and both arms have at least ``min_users``. The decision is
 written to the ledger once (the first replica's stands: HSETNX in Redis), so every replica reads the
 same list; its users then leave the experiment — they get the default experience (no variant
@@ -32,10 +34,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
+from experiments.metrics import METRICS, compare_metric
 from experiments.running import Experiments
 from experiments.spec import Experiment, Variant
 from experiments.state import ExperimentState
-from experiments.stats import VariantSums, compare, corrected, intersect, srm_p_value, verdict
+from experiments.stats import VariantSums, corrected, intersect, srm_p_value, verdict
 
 log = logging.getLogger(__name__)
 _EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
@@ -57,6 +60,10 @@ class Standing:
 BOT_CLICKS_PER_CLICKER = 50.0  # c2 / c above this (with at least MIN_CLICKS_JUDGED clicks): a few users click it all
 BOT_CTR = 0.5  # an arm clicking half of what it is shown, twice another arm's rate
 MIN_CLICKS_JUDGED = 100
+# Buys likewise: a buy drawn at random comes from a user with b2/b buys in the experiment — a person's
+# handful, or a script's hundreds (each capped at ab_user_cap).
+BOT_BUYS_PER_BUYER = 20.0
+MIN_BUYS_JUDGED = 50
 MIN_IMPRESSIONS_JUDGED = 500
 
 
@@ -65,9 +72,9 @@ def integrity_problems(exp: Experiment, sums: dict[str, VariantSums], stopped: f
     """Why ``exp``'s counts should not be acted on: clicks beyond impressions in an arm, counts under a
     variant the experiment does not declare (forged or stale names), a sample-ratio mismatch among
     the arms still running (users did not split as the weights say: logging or assignment is broken,
-    or someone is feeding the counters), or a bot-shaped arm — its clicks concentrated in a few users, or
-    a click-through rate no audience has (half of what is shown, twice another arm's). Empty: the counts
-    look like an experiment's."""
+    or someone is feeding the counters), or a bot-shaped arm — its clicks or buys concentrated in a few
+    users, or a click-through rate no audience has (half of what is shown, twice another arm's). Empty: the
+    counts look like an experiment's."""
     problems = []
     declared = {v.name for v in exp.variants}
     rates = {name: s.clicks / s.impressions for name, s in sums.items()
@@ -83,6 +90,9 @@ def integrity_problems(exp: Experiment, sums: dict[str, VariantSums], stopped: f
         elif name in rates and rates[name] >= BOT_CTR and any(r * 2 <= rates[name] for r in rates.values()):
             problems.append(f"{name}: {100 * rates[name]:.0f}% of what it shows is clicked, over twice another "
                             "arm's rate")
+        elif s.buys >= MIN_BUYS_JUDGED and s.buys_sq / s.buys > BOT_BUYS_PER_BUYER:
+            problems.append(f"{name}: buys concentrated in a few users (a buy comes from a user with "
+                            f"{s.buys_sq / s.buys:.0f} buys on average)")
     live = [v.name for v in exp.variants if v.name not in stopped]
     weights = exp.weights
     p = srm_p_value([sums.get(v, _EMPTY).users for v in live], [weights[v] for v in live])
@@ -109,7 +119,8 @@ class Guardrail:
         self.alpha, self.min_users, self.interval_s = alpha, min_users, interval_s
         self.promote, self.auto_promote = promote, auto_promote
         self._standing: dict[str, Standing] = {}  # read by requests: replaced whole, never mutated
-        self._sequences: dict[tuple[str, str], tuple[float, float]] = {}  # running intersection per arm
+        # the running intersection of each arm's confidence sequence, per metric
+        self._sequences: dict[tuple[str, str, str], tuple[float, float]] = {}
 
     def stopped(self, experiment: str) -> frozenset[str]:
         return self._standing.get(experiment, Standing()).stopped
@@ -166,30 +177,36 @@ class Guardrail:
             judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
             judgeable = [v for v in exp.variants if v.name != exp.control_name and v.name in sums
                          and min(control.users, sums[v.name].users) >= self.min_users]
-            # Several treatments: each acts only at Holm's level over all of them (experiments.stats.corrected).
-            results = corrected([compare(control, sums[v.name], v.name, alpha=self.alpha) for v in judgeable],
-                                self.alpha)
-            for variant, r in zip(judgeable, results, strict=True):
-                treated = sums[variant.name]
-                low, high = self._sequences[(exp.name, variant.name)] = intersect(
-                    self._sequences.get((exp.name, variant.name)), r.cs_low, r.cs_high)
-                evidence = {"lift": r.lift, "cs_low": low, "cs_high": high,
-                            "users": {"control": control.users, "variant": treated.users}}
-                sequential = verdict(low, high) if r.sequential != "inconclusive" or len(results) == 1 else \
-                    "inconclusive"
-                if sequential == "worse":
-                    decision = {"experiment": exp.name, "variant": variant.name, "at": now, "reason": "guardrail",
-                                **evidence}
-                    if self.state.stop(exp.name, variant.name, decision):
-                        log.warning("guardrail stopped %s/%s: CTR lift %+.1f%% (always-valid CI %+.1f%% .. %+.1f%%)",
-                                    exp.name, variant.name, 100 * r.lift, 100 * low, 100 * high)
-                        made.append(decision)
-                elif sequential == "better" and exp.promote and variant.model and self.promote is not None:
-                    if not self.auto_promote:
-                        made += self._propose(exp, variant, now, evidence)
-                        continue
-                    made += self._conclude(exp, variant, now, evidence)
-                    concluded = True  # by this replica, or by another first: a winner stands either way
+            for use in (m for m in exp.metrics if m.role != "secondary"):
+                metric = METRICS[use.name]
+                # Several treatments: each acts only at Holm's level over all of them (experiments.stats.corrected).
+                results = corrected([compare_metric(metric, control, sums[v.name], v.name, alpha=self.alpha)[0]
+                                     for v in judgeable], self.alpha)
+                for variant, r in zip(judgeable, results, strict=True):
+                    if variant.name in self.state.stopped(exp.name):
+                        continue  # stopped on an earlier metric of this check
+                    treated = sums[variant.name]
+                    low, high = self._sequences[(exp.name, variant.name, use.name)] = intersect(
+                        self._sequences.get((exp.name, variant.name, use.name)), r.cs_low, r.cs_high)
+                    evidence = {"metric": use.name, "lift": r.lift, "cs_low": low, "cs_high": high,
+                                "users": {"control": control.users, "variant": treated.users}}
+                    sequential = verdict(low, high, higher_is_better=use.direction == "higher") \
+                        if r.sequential != "inconclusive" or len(results) == 1 else "inconclusive"
+                    if sequential == "worse":
+                        decision = {"experiment": exp.name, "variant": variant.name, "at": now,
+                                    "reason": "guardrail", **evidence}
+                        if self.state.stop(exp.name, variant.name, decision):
+                            log.warning("guardrail stopped %s/%s: %s lift %+.1f%% (always-valid CI %+.1f%% .. "
+                                        "%+.1f%%)", exp.name, variant.name, use.name, 100 * r.lift, 100 * low,
+                                        100 * high)
+                            made.append(decision)
+                    elif sequential == "better" and use.role == "goal" and exp.promote and variant.model \
+                            and self.promote is not None and not concluded:
+                        if not self.auto_promote:
+                            made += self._propose(exp, variant, now, evidence)
+                            continue
+                        made += self._conclude(exp, variant, now, evidence)
+                        concluded = True  # by this replica, or by another first: a winner stands either way
             stopped = frozenset(self.state.stopped(exp.name))  # with this check's stops
             coverage = self._ramp(exp, now, green=judged and not stopped, made=made) if exp.ramp else None
             standing[exp.name] = Standing(stopped, coverage, concluded)
@@ -206,10 +223,10 @@ class Guardrail:
         decision = self._winner(exp, variant, now, "proposed", evidence)
         if not self.state.propose(exp.name, decision):
             return []  # proposed already (the first proposal stands until approved)
-        log.warning("experiment %s: %s would win (CTR lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); users are "
+        log.warning("experiment %s: %s would win (%s lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); users are "
                     "not verified, so it waits for an operator: POST /admin/experiments/%s/approve",
-                    exp.name, variant.name, 100 * evidence["lift"], 100 * evidence["cs_low"],
-                    100 * evidence["cs_high"], exp.name)
+                    exp.name, variant.name, evidence.get("metric", "ctr"), 100 * evidence["lift"],
+                    100 * evidence["cs_low"], 100 * evidence["cs_high"], exp.name)
         return [decision]
 
     def approve(self, experiment: str) -> dict:
@@ -224,7 +241,7 @@ class Guardrail:
         variant = next((v for v in exp.variants if v.name == proposal["variant"]), None)
         if variant is None or self.promote is None or not exp.promote or not variant.model:
             raise LookupError(f"experiment {experiment!r} no longer promotes {proposal['variant']!r}")
-        evidence = {k: proposal[k] for k in ("lift", "cs_low", "cs_high", "users")}
+        evidence = {k: proposal[k] for k in ("metric", "lift", "cs_low", "cs_high", "users") if k in proposal}
         made = self._conclude(exp, variant, time.time(), {**evidence, "approved": True})
         if not made:
             raise LookupError(f"experiment {experiment!r} has a winner already")
@@ -241,9 +258,9 @@ class Guardrail:
             log.error("experiment %s: %s won but moving alias %s to its model %s failed: %s",
                       exp.name, variant.name, exp.promote, variant.model, exc)
             return [decision]
-        log.warning("experiment %s: %s won (CTR lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); alias %s -> %s",
-                    exp.name, variant.name, 100 * evidence["lift"], 100 * evidence["cs_low"],
-                    100 * evidence["cs_high"], exp.promote, version)
+        log.warning("experiment %s: %s won (%s lift %+.1f%%, always-valid CI %+.1f%% .. %+.1f%%); alias %s -> %s",
+                    exp.name, variant.name, evidence.get("metric", "ctr"), 100 * evidence["lift"],
+                    100 * evidence["cs_low"], 100 * evidence["cs_high"], exp.promote, version)
         return [{**decision, "version": version}]
 
     def _ramp_reached(self, exp: Experiment) -> float | None:

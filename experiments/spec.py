@@ -23,6 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from experiments.metrics import METRIC_NAMES
 from feature_store.schema import ExternalId
 
 _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
@@ -66,6 +67,22 @@ class Overrides(BaseModel):
     tail_share: float | None = Field(None, ge=0, le=1, description="the long-tail lane's share of each list")
 
 
+class MetricUse(BaseModel):
+    """A metric an experiment reports (experiments.metrics), and what it does with it: the ``goal`` decides a
+    winner (and stops an arm significantly worse on it); a ``guardrail`` stops an arm significantly worse on
+    it; a ``secondary`` one is shown."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Literal[METRIC_NAMES]  # type: ignore[valid-type] - the names experiments.metrics defines
+    role: Literal["goal", "secondary", "guardrail"] = "secondary"
+    direction: Literal["higher", "lower"] = Field("higher", description="which way is better")
+
+
+def _default_metrics() -> list[MetricUse]:
+    return [MetricUse(name="ctr", role="goal"), MetricUse(name="conversions_per_user", role="guardrail"),
+            MetricUse(name="value_per_user", role="secondary")]
+
+
 class Variant(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: ExternalId
@@ -94,6 +111,19 @@ class Experiment(BaseModel):
     hypothesis: str | None = Field(None, max_length=2000, description="what it is meant to show, before it runs")
     mde: float = Field(0.05, gt=0, le=1, description=(
         "the smallest relative lift worth finding (0.05 = 5 %): the results' users still needed are for it"))
+    metrics: list[MetricUse] = Field(default_factory=_default_metrics, min_length=1, max_length=5, description=(
+        "what the results report and the guardrail acts on: one goal, any guardrails and secondaries (default: "
+        "CTR the goal, conversions per user a guardrail, value per user secondary)"))
+
+    @field_validator("metrics")
+    @classmethod
+    def _one_goal(cls, metrics: list[MetricUse]) -> list[MetricUse]:
+        names = [m.name for m in metrics]
+        if len(set(names)) != len(names):
+            raise ValueError(f"metric names must be distinct: {names}")
+        if sum(m.role == "goal" for m in metrics) != 1:
+            raise ValueError("exactly one metric must be the goal")
+        return metrics
 
     @field_validator("ramp")
     @classmethod
@@ -116,6 +146,10 @@ class Experiment(BaseModel):
     @property
     def control_name(self) -> str:
         return self.control or self.variants[0].name
+
+    @property
+    def goal(self) -> MetricUse:
+        return next(m for m in self.metrics if m.role == "goal")
 
     @property
     def weights(self) -> dict[str, float]:

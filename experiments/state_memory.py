@@ -18,7 +18,7 @@ class MemoryExperimentState(ExperimentState):
         self._lock = threading.Lock()
 
     def sums(self, experiment: str) -> dict[str, VariantSums]:
-        return {v: VariantSums(int(s[0]), *s[1:]) for v, s in sorted(self.store.experiment_counts(experiment).items())}
+        return {v: VariantSums.from_fields(s) for v, s in sorted(self.store.experiment_counts(experiment).items())}
 
     def unattributed(self) -> dict[str, int]:
         return self.store.unattributed_counts()

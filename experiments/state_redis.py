@@ -27,9 +27,7 @@ class RedisExperimentState(ExperimentState):
 
     def sums(self, experiment: str) -> dict[str, VariantSums]:
         rows = self.store.experiment_sums(experiment)  # summed over the store's shards
-        return {v: VariantSums(int(r.get("users", 0)),
-                               *(float(r.get(f, 0)) for f in ("n", "c", "n2", "c2", "nc", "tail_c")))
-                for v, r in sorted(rows.items())}
+        return {v: VariantSums.from_fields(r) for v, r in sorted(rows.items())}
 
     def unattributed(self) -> dict[str, int]:
         return self.store.unattributed_counts()

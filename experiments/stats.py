@@ -26,10 +26,15 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
+from feature_store.online.base import AB_SUM_FIELDS
+
 
 @dataclass(frozen=True)
 class VariantSums:
-    """Sufficient statistics of one variant: users, and sums over users of n, c, n², c², n·c."""
+    """Sufficient statistics of one variant: users, and sums over users of n, c, n², c², n·c (impressions and
+    clicks); of b (buys), k (carts) and v (the buys' value) with their squares and n·b; and of x, the user's
+    behaviours before their first exposure (CUPED's covariate), with x² and x times each of n, c, b, k, v.
+    The stores keep them under the short names of feature_store.online.base.AB_SUM_FIELDS (:meth:`from_fields`)."""
 
     users: int
     impressions: float
@@ -38,6 +43,26 @@ class VariantSums:
     clicks_sq: float
     cross: float
     tail_clicks: float = 0.0  # clicks on long-tail items (feature_store.long_tail, by popularity at the time)
+    buys: float = 0.0
+    buys_sq: float = 0.0
+    impressions_buys: float = 0.0
+    carts: float = 0.0
+    carts_sq: float = 0.0
+    value: float = 0.0
+    value_sq: float = 0.0
+    pre: float = 0.0
+    pre_sq: float = 0.0
+    pre_impressions: float = 0.0
+    pre_clicks: float = 0.0
+    pre_buys: float = 0.0
+    pre_carts: float = 0.0
+    pre_value: float = 0.0
+
+    @classmethod
+    def from_fields(cls, row: dict[str, float]) -> VariantSums:
+        """From a store's sums by their short names (absent: 0 — counts kept before a field existed)."""
+        # AB_SUM_FIELDS lists them in this class's field order.
+        return cls(int(row.get("users", 0)), *(float(row.get(name, 0.0)) for name in AB_SUM_FIELDS[1:]))
 
     @classmethod
     def of(cls, per_user: Sequence[tuple[float, float]]) -> VariantSums:
@@ -387,7 +412,10 @@ def intersect(previous: tuple[float, float] | None, low: float, high: float) -> 
     return max(previous[0], low), min(previous[1], high)
 
 
-def verdict(low: float, high: float) -> str:
+def verdict(low: float, high: float, *, higher_is_better: bool = True) -> str:
+    """"better" or "worse" when the interval of a relative effect excludes 0 (read in the metric's direction)."""
+    if not higher_is_better:
+        low, high = -high, -low
     return "better" if low > 0 else "worse" if high < 0 else "inconclusive"
 
 

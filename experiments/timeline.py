@@ -35,7 +35,9 @@ def _periods(snapshots: list[dict], period: float | None) -> list[dict]:
     return list(last.values())
 
 
-def _sums(row: dict | None) -> VariantSums:
+def snapshot_sums(row: dict | None) -> VariantSums:
+    """A variant's sums as a snapshot kept them (nobody yet: zeros; from before the squares were kept: the
+    counts alone)."""
     if not row or "impressions_sq" not in row:  # nobody yet, or a snapshot from before sums were kept
         return VariantSums(int((row or {}).get("users", 0)), float((row or {}).get("impressions", 0)),
                            float((row or {}).get("clicks", 0)), 0.0, 0.0, 0.0)
@@ -50,7 +52,7 @@ def effect_over_time(snapshots: list[dict], control: str, treatments: list[str],
     name, period = resolution(snapshots)
     points = []
     for s in _periods(snapshots, period):
-        sums = {v: _sums(row) for v, row in s.get("variants", {}).items()}
+        sums = {v: snapshot_sums(row) for v, row in s.get("variants", {}).items()}
         base = sums.get(control, VariantSums(0, 0, 0, 0, 0, 0))
         effects = {}
         for t in treatments:

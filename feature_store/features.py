@@ -23,7 +23,8 @@ DEFAULT_USER_TTL_S = 180 * 24 * 3600.0  # a user's keys expire this long after t
 DEFAULT_SEEN_CAP = 10_000  # event ids per user the dedup set keeps within its window (a person sends far fewer)
 DEFAULT_POPULARITY_WINDOW_S = 24 * 3600.0  # popularity counts a (user, item) once within this window
 DEFAULT_CATALOG_MIN_USERS = 3  # popularity an item clients name needs before it joins the catalog
-DEFAULT_AB_USER_CAP = 1000  # impressions, and clicks, one user adds to an experiment's counts
+DEFAULT_AB_USER_CAP = 1000  # impressions, clicks, buys and carts: each, what one user adds to an experiment's counts
+DEFAULT_AB_VALUE_CAP = 1_000_000.0  # the value (of buys) one user adds to an experiment's counts
 DEFAULT_ATTRIBUTION_WINDOW_S = 3600.0  # a click joins its impression within this window (either may come first)
 BEHAVIOUR_TYPES = frozenset({"view", "click", "cart", "fav", "buy"})
 

@@ -60,8 +60,11 @@ class FeatureStoreSettings(SharedSettings):
         "its count is kept apart and forgotten a window after its last count); 1 admits an item on its first "
         "behaviour. A trusted feed admits at once: POST /admin/catalog"))
     ab_user_cap: int = Field(1000, ge=1, le=10_000_000, description=(
-        "impressions, and clicks, one user adds to an experiment's counts; beyond them the user's events are "
-        "counted apart (capped), so a bot cannot outweigh an arm's people"))
+        "impressions, and as many clicks, buys and carts, one user adds to an experiment's counts; beyond them "
+        "the user's events are counted apart (capped), so a bot cannot outweigh an arm's people"))
+    ab_value_cap: float = Field(1_000_000.0, gt=0, le=1e12, allow_inf_nan=False, description=(
+        "the value of buys (an event's value) one user adds to an experiment's value per user; beyond it "
+        "counted apart (capped), so one invented order cannot swing an arm"))
     dedup_window_s: float = Field(
         DEFAULT_DEDUP_WINDOW_S, ge=1, le=30 * 24 * 3600,
         description="an event id is applied once per user within this many seconds of its first application "

@@ -11,10 +11,11 @@ from fastapi import APIRouter, Query
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
+from experiments.metrics import METRICS, analyse_metric
 from experiments.power import plan, still_needed
 from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
-from experiments.timeline import effect_over_time, traffic_per_day
+from experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
 from serving.deps import ServiceState, State
 from serving.errors import InvalidRequest
 
@@ -44,8 +45,10 @@ def experiment_results(
         "also the stored snapshots after this time (seconds since the epoch), oldest first"))] = None,
     limit: Annotated[int, Query(ge=1, le=5000, description="at most this many of them")] = 500,
 ) -> dict:
-    """Per variant users, impressions, clicks and CTR (delta-method se); per treatment the lift
-    against control with a fixed-horizon CI and p-value and the always-valid confidence sequence;
+    """Per variant users, impressions, clicks and CTR (delta-method se); per treatment the CTR lift
+    against control with a fixed-horizon CI and p-value and the always-valid confidence sequence; each of
+    the experiment's metrics (``metrics``: its role, and per variant and treatment the same figures,
+    CUPED-adjusted where the pre-exposure covariate applies — what the guardrail acts on);
     the sample-ratio check; clicks that could not be attributed; stopped variants, the ramp steps
     reached, a promoted winner, or one proposed for an operator to approve (the guardrail's decisions);
     the effect over time (a point a day, an hour or a snapshot, by the span); with ``since``, a page of the
@@ -73,13 +76,23 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
     results = analyse(sums, exp.control_name, exp.weights)
     stopped, winner = state.experiment_state.stopped(name), state.experiment_state.conclusion(name)
     decided = {**stopped, **({winner["variant"]: winner} if winner else {})}
-    for row in results["comparisons"]:  # a decision once reached stands: its sequence is intersected in
-        d = decided.get(row["variant"])
-        if d is not None and row["cs_low"] is not None and d.get("cs_low") is not None:
-            row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"], row["cs_high"])
-            row["sequential"] = verdict(row["cs_low"], row["cs_high"])
-    held = state.guardrail.held(name) if state.guardrail is not None else []
     snapshots = state.experiment_state.timeline(name)
+    as_stopped = _as_stopped(snapshots, stopped, exp.control_name)
+    results["metrics"] = {
+        use.name: {"role": use.role, "direction": use.direction,
+                   **analyse_metric(METRICS[use.name], sums, exp.control_name, alpha=results["alpha"],
+                                    higher_is_better=use.direction == "higher", as_stopped=as_stopped)}
+        for use in exp.metrics}
+    for metric, rows, higher in [("ctr", results["comparisons"], True)] + [
+            (m, r["comparisons"], r["direction"] == "higher") for m, r in results["metrics"].items()]:
+        for row in rows:  # a decision once reached stands: its sequence is intersected in
+            d = decided.get(row["variant"])
+            if d is not None and d.get("metric", "ctr") == metric and row["cs_low"] is not None \
+                    and d.get("cs_low") is not None:
+                row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"],
+                                                          row["cs_high"])
+                row["sequential"] = verdict(row["cs_low"], row["cs_high"], higher_is_better=higher)
+    held = state.guardrail.held(name) if state.guardrail is not None else []
     users = {v: s.users for v, s in sums.items()}
     results["power"] = still_needed(results["comparisons"], users, exp.control_name, exp.mde,
                                     _users_per_day(snapshots, exp, sum(users.values())), stopped=stopped)
@@ -92,6 +105,19 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
             "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
             "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"],
             "frozen_at": None}
+
+
+def _as_stopped(snapshots: list[dict], stopped: dict[str, dict], control: str) -> dict:
+    """By stopped variant: (when, control's sums, its sums) in the guardrail's last snapshot before the stop
+    (the check that stopped it took one first); a variant stopped before any snapshot is left out."""
+    out = {}
+    for variant, decision in stopped.items():
+        before = [s for s in snapshots if s["t"] <= decision.get("at", 0.0) and variant in s.get("variants", {})]
+        if before:
+            snap = before[-1]
+            out[variant] = (snap["t"], snapshot_sums(snap["variants"].get(control)),
+                            snapshot_sums(snap["variants"][variant]))
+    return out
 
 
 def _users_per_day(timeline: list[dict], exp, users_now: int) -> float | None:

@@ -66,3 +66,25 @@ def test_the_origin_story_a_worse_model_is_stopped_by_the_guardrail_mid_run():
     # Stopped while users were still arriving: later requests of its users left the experiment.
     assert report["served"]["(none)"]["requests"] > 0
     assert report["served"]["shuffled"]["requests"] < report["served"]["champion"]["requests"]
+
+
+@pytest.mark.slow
+def test_an_arm_that_lifts_ctr_but_loses_buys_is_stopped_on_conversions_mid_run():
+    """The clickbait arm serves the same lists shown so they tempt clicks (×1.5) and lose buyers (×0.25 of
+    what is clicked): CTR, the goal, rises; conversions per user, the default guardrail, fall — and the
+    guardrail stops the arm on conversions while users are still arriving. Its figures are shown as they
+    stood when it was stopped: its users go on buying under the default experience afterwards."""
+    report = _simulate("clickbait", users=600, rounds=6)
+    stop = report["stopped"]["clickbait"]
+    assert (stop["metric"], stop["reason"]) == ("conversions_per_user", "guardrail") and stop["cs_high"] < 0
+    assert report["served"]["(none)"]["requests"] > 0  # stopped mid-run: its users left the experiment
+    metrics = report["results"]["metrics"]
+    assert [metrics[m]["role"] for m in ("ctr", "conversions_per_user", "value_per_user")] == \
+        ["goal", "guardrail", "secondary"]
+    (ctr,), (buys,) = metrics["ctr"]["comparisons"], metrics["conversions_per_user"]["comparisons"]
+    assert ctr["lift"] > 0.2 and buys["lift"] < -0.3  # clicks up, buys down, as the arm stood when stopped
+    assert buys["as_of"] == metrics["conversions_per_user"]["variants"]["clickbait"]["as_of"] <= stop["at"]
+    assert buys["cs_high"] < 0 and buys["cuped"]  # the users' earlier behaviour is the covariate
+    served = report["served"]
+    assert served["clickbait"]["clicked"] / served["clickbait"]["shown"] > served["control"]["clicked"] / \
+        served["control"]["shown"]

@@ -26,7 +26,7 @@ def _bounds(settings: FeatureStoreSettings) -> dict:
             "interacted_cap": settings.interacted_cap, "user_ttl_s": settings.user_ttl_days * 86400,
             "seen_cap": settings.seen_cap, "popularity_window_s": settings.popularity_window_h * 3600,
             "catalog_min_users": settings.catalog_min_users, "ab_user_cap": settings.ab_user_cap,
-            "attribution_window_s": settings.attribution_window_s}
+            "attribution_window_s": settings.attribution_window_s, "ab_value_cap": settings.ab_value_cap}
 
 
 def open_store(settings: FeatureStoreSettings) -> OnlineStore:

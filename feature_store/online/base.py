@@ -10,6 +10,7 @@ from typing import NamedTuple
 
 from feature_store.features import (
     DEFAULT_AB_USER_CAP,
+    DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
@@ -23,8 +24,19 @@ from feature_store.features import (
 from feature_store.schema import BehaviourEvent
 
 # What the A/B counters keep apart: clicks never shown to the clicking user (or clicked again, or still
-# waiting for their impression), a user met in two variants, and what a user added past ab_user_cap.
+# waiting for their impression), a user met in two variants, and what a user added past ab_user_cap (or,
+# of a buy's value, past ab_value_cap).
 UNATTRIBUTED = ("orphan_clicks", "variant_conflicts", "capped")
+
+# The per-variant sums both stores keep (experiments.stats.VariantSums reads them), over the variant's
+# users: the user count; impressions n, clicks c, buys b, carts k, the buys' value val, each with its
+# square and the cross products the ratio metrics need; clicks on long-tail items; and x, the user's
+# behaviours before their first exposure (their history then, at most the history cap), with its
+# square and its products with every metric — CUPED's pre-exposure covariate.
+AB_SUM_FIELDS = ("users", "n", "c", "n2", "c2", "nc", "tail_c", "b", "b2", "nb", "k", "k2", "val", "val2",
+                 "x", "x2", "xn", "xc", "xb", "xk", "xval")
+# The conversions an exposed user's behaviours count as, by record kind (see StoreRecord).
+CONVERSION_KINDS = {"buy": "P", "cart": "K"}
 CatalogCursor = tuple[int, ...]  # where a catalog read stopped; opaque to callers: () is the beginning
 
 
@@ -32,14 +44,16 @@ class StoreRecord(NamedTuple):
     """One event as a store applies it.
 
     ``kind``: "B" a behaviour (history and popularity); "C" a click carrying a request id — a
-    behaviour, and an experiment click if that request's impression of the item was logged; "I" an
-    experiment impression (counted, never history)."""
+    behaviour, and an experiment click if that request's impression of the item was logged; "P" a buy
+    and "K" a cart — behaviours, and conversions in every experiment the user was exposed to before (a
+    buy's ``value``, if positive, its value); "I" an experiment impression (counted, never history)."""
 
     kind: str
     item: HistoryItem
     request_id: str = ""
     experiment: str = ""
     variant: str = ""
+    value: float = 0.0
 
 
 def to_records(events: Sequence[BehaviourEvent]) -> list[tuple[str, StoreRecord]]:
@@ -51,6 +65,9 @@ def to_records(events: Sequence[BehaviourEvent]) -> list[tuple[str, StoreRecord]
         if e.event_type == "impression":
             if e.experiment and e.variant and e.request_id:
                 out.append((e.user_id, StoreRecord("I", h, e.request_id, e.experiment, e.variant)))
+        elif e.event_type in CONVERSION_KINDS:
+            value = e.value if e.event_type == "buy" and e.value is not None and e.value > 0 else 0.0
+            out.append((e.user_id, StoreRecord(CONVERSION_KINDS[e.event_type], h, value=value)))
         elif is_behaviour(e.event_type, e.value):
             out.append((e.user_id, StoreRecord("C" if e.event_type == "click" and e.request_id else "B", h,
                                           e.request_id or "")))
@@ -105,8 +122,13 @@ class OnlineStore(ABC):
       step: what the seen-item policy keeps out of a served list.
     * Experiments: the write also keeps the A/B counters (experiments.state reads them) in the
       same atomic step as everything else, so they are exactly once like the histories. A user adds
-      at most ``ab_user_cap`` impressions, and as many clicks, to an experiment's counts; beyond
-      that they are counted apart (``capped``): a bot cannot outweigh the people in an arm.
+      at most ``ab_user_cap`` impressions, and as many clicks, buys and carts, and at most
+      ``ab_value_cap`` of buys' value, to an experiment's counts; beyond that they are counted apart
+      (``capped``): a bot cannot outweigh the people in an arm.
+    * A buy or cart is a conversion in every experiment its user was exposed to (had an impression
+      counted in) before it arrived, under the user's variant there: attribution by exposure, as
+      GrowthBook's. A user's first exposure also keeps the behaviours they had then (``x``, their
+      history's length) as CUPED's pre-exposure covariate.
     * A click joins its impression if the two arrive within ``attribution_window_s`` of each other, in
       either order; what each impression and each early click leaves for the join expires with the window
       (not with the dedup window: an experiment's per-request state must not outlive its use).
@@ -121,7 +143,8 @@ class OnlineStore(ABC):
                  user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP,
                  popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
                  catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP,
-                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S) -> None:
+                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S,
+                 ab_value_cap: float = DEFAULT_AB_VALUE_CAP) -> None:
         """``user_ttl_s``: a user's keys (history, items taken, dedup ids, A/B state) expire this long after
         their last write, so invented user ids cannot fill the store (0: never); ``seen_cap``: event ids a
         user's dedup set keeps (the oldest go first: past it, a redelivery of an old one would apply again),
@@ -134,6 +157,9 @@ class OnlineStore(ABC):
             raise ValueError("ab_user_cap must be >= 1")
         self.popularity_window_s, self.catalog_min_users = float(popularity_window_s), catalog_min_users
         self.ab_user_cap = ab_user_cap
+        if not ab_value_cap > 0:
+            raise ValueError("ab_value_cap must be > 0")
+        self.ab_value_cap = float(ab_value_cap)
         if history_cap < 1:
             raise ValueError("history_cap must be >= 1")
         if user_ttl_s < 0 or (0 < user_ttl_s < dedup_window_s):

@@ -11,6 +11,7 @@ from typing import Any
 from feature_store.errors import OffsetConflict
 from feature_store.features import (
     DEFAULT_AB_USER_CAP,
+    DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
@@ -23,6 +24,7 @@ from feature_store.features import (
 )
 from feature_store.long_tail import head_of
 from feature_store.online.base import (
+    AB_SUM_FIELDS,
     UNATTRIBUTED,
     CatalogCursor,
     OnlineStore,
@@ -46,9 +48,10 @@ class MemoryStore(OnlineStore):
                  user_ttl_s: float = DEFAULT_USER_TTL_S, seen_cap: int = DEFAULT_SEEN_CAP,
                  popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
                  catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP,
-                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S) -> None:
+                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S,
+                 ab_value_cap: float = DEFAULT_AB_VALUE_CAP) -> None:
         super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap,
-                         popularity_window_s, catalog_min_users, ab_user_cap, attribution_window_s)
+                         popularity_window_s, catalog_min_users, ab_user_cap, attribution_window_s, ab_value_cap)
         # The store-wide tables that expire from their oldest entry are OrderedDicts: a plain dict's first entry is
         # found by scanning the holes its deletions left at the front, which made a long-running store slower
         # by the minute (`dinrec bench soak`); an OrderedDict's is at hand.
@@ -70,13 +73,13 @@ class MemoryStore(OnlineStore):
         # from the front (like the Redis store's ZREMRANGEBYSCORE).
         self._seen: dict[str, dict[str, float]] = defaultdict(dict)
         self._offsets: dict[str, dict[int, int]] = defaultdict(dict)
-        # Experiments: (request, item) -> (experiment, variant); (experiment, user) -> [variant, n, c];
-        # (experiment, variant) -> [users, n, c, n², c², n·c]. Attribution entries expire with the
+        # Experiments: (request, item) -> (experiment, variant); (experiment, user) -> {v, n, c, b, k, val, x};
+        # (experiment, variant) -> the sums of AB_SUM_FIELDS. Attribution entries expire with the
         # dedup window, as in Redis.
         self._att: OrderedDict[tuple[str, str], tuple[str, str, float, str]] = OrderedDict()  # (exp, variant, at, user)
         self._pending: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # clicks before their impression
-        self._ab_user: dict[tuple[str, str], list] = {}
-        self._ab_sums: dict[str, dict[str, list[float]]] = defaultdict(dict)
+        self._ab_user: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ab_sums: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
         self._lock = threading.Lock()  # the ingest thread writes while requests read
         self._head: set[str] | None = None  # the head by popularity (feature_store.long_tail), when first needed
@@ -91,31 +94,65 @@ class MemoryStore(OnlineStore):
             self._head = head_of(self._pop)
         return item not in self._head
 
-    def _count(self, user: str, experiment: str, variant: str, clicks: int, item: str = "") -> None:
-        """One impression (clicks=0) or click (clicks=1) of ``user`` in ``variant``."""
+    def _count(self, user: str, experiment: str, variant: str, what: str, item: str = "", pre: int = 0) -> None:
+        """One impression (``what`` "n") or click ("c") of ``user`` in ``variant``; ``pre``: the user's
+        behaviours so far (their covariate, if this is their first exposure)."""
         self._user_experiments[user].add(experiment)
-        state = self._ab_user.setdefault((experiment, user), [variant, 0, 0])
-        if state[0] != variant:
+        state = self._ab_user.setdefault((experiment, user), {"v": variant, "n": 0, "c": 0, "b": 0, "k": 0,
+                                                              "val": 0.0, "x": None})
+        if state["v"] != variant:
             self._unattributed["variant_conflicts"] += 1
             return
-        _, n, c = state
-        if (c if clicks else n) >= self.ab_user_cap:  # what one user adds is capped: the rest counted apart
+        if state[what] >= self.ab_user_cap:  # what one user adds is capped: the rest counted apart
             self._unattributed["capped"] += 1
             return
-        sums = self._ab_sums[experiment].setdefault(variant, [0.0] * 7)
-        if n == 0 and c == 0:
-            sums[0] += 1
-        if clicks:
-            state[2] = c + 1
-            sums[2] += 1
-            sums[4] += 2 * c + 1
-            sums[5] += n
-            sums[6] += self._long_tail(item)
+        sums = self._ab_sums[experiment].setdefault(variant, dict.fromkeys(AB_SUM_FIELDS, 0.0))
+        if state["x"] is None:  # first exposure: one more user, and what they did before it
+            x = state["x"] = min(pre, self.history_cap)
+            sums["users"] += 1
+            sums["x"] += x
+            sums["x2"] += x * x
+        x = state["x"]
+        if what == "c":
+            sums["c2"] += 2 * state["c"] + 1
+            sums["nc"] += state["n"]
+            sums["tail_c"] += self._long_tail(item)
         else:
-            state[1] = n + 1
-            sums[1] += 1
-            sums[3] += 2 * n + 1
-            sums[5] += c
+            sums["n2"] += 2 * state["n"] + 1
+            sums["nc"] += state["c"]
+            sums["nb"] += state["b"]
+        sums[what] += 1
+        sums["x" + what] += x
+        state[what] += 1
+
+    def _convert(self, user: str, kind: str, value: float) -> None:
+        """A buy ("P", worth ``value``) or cart ("K") of ``user``: a conversion in every experiment they were
+        exposed to, under their variant there."""
+        what = "b" if kind == "P" else "k"
+        for experiment in self._user_experiments.get(user, ()):
+            state = self._ab_user.get((experiment, user))
+            if state is None or state["x"] is None:
+                continue
+            if state[what] >= self.ab_user_cap:
+                self._unattributed["capped"] += 1
+                continue
+            sums = self._ab_sums[experiment][state["v"]]
+            x = state["x"]
+            sums[what + "2"] += 2 * state[what] + 1
+            sums[what] += 1
+            sums["x" + what] += x
+            if what == "b":
+                sums["nb"] += state["n"]
+                if value > 0:
+                    room = self.ab_value_cap - state["val"]
+                    if value > room:  # past the cap: the rest of its value counted apart
+                        self._unattributed["capped"] += 1
+                        value = max(room, 0.0)
+                    sums["val2"] += 2 * state["val"] * value + value * value
+                    sums["val"] += value
+                    sums["xval"] += x * value
+                    state["val"] += value
+            state[what] += 1
 
     def _write(self, items: list[tuple[str, StoreRecord]], offsets: StreamOffsets | None, now: float) -> int:
         by_user: dict[str, list[StoreRecord]] = defaultdict(list)
@@ -152,12 +189,13 @@ class MemoryStore(OnlineStore):
                         continue
                     seen[h.event_id] = now
                     if r.kind == "I":
-                        self._count(user, r.experiment, r.variant, 0, h.item_id)
+                        self._count(user, r.experiment, r.variant, "n", h.item_id,
+                                    len(self._hist[user]) + len(fresh))
                         key = (r.request_id, h.item_id)
                         if self._pending.get(key, ("", 0.0))[0] == user:  # its click came first: joined now
                             del self._pending[key]
                             self._unattributed["orphan_clicks"] -= 1
-                            self._count(user, r.experiment, r.variant, 1, h.item_id)
+                            self._count(user, r.experiment, r.variant, "c", h.item_id)
                         else:
                             self._att[key] = (r.experiment, r.variant, now, user)
                         added += 1
@@ -180,7 +218,9 @@ class MemoryStore(OnlineStore):
                                 self._pending.setdefault(key, (user, now))
                         else:
                             del self._att[key]  # counted once
-                            self._count(user, shown[0], shown[1], 1, h.item_id)
+                            self._count(user, shown[0], shown[1], "c", h.item_id)
+                    elif r.kind in ("P", "K"):
+                        self._convert(user, r.kind, r.value)
                 while len(seen) > self.seen_cap:  # the oldest ids go first, as ZREMRANGEBYRANK in Redis
                     del seen[next(iter(seen))]
                 while len(counted) > self.seen_cap:
@@ -256,10 +296,10 @@ class MemoryStore(OnlineStore):
             ranked = sorted(self._pop.items(), key=lambda kv: (-kv[1], kv[0]))
         return [(item, float(n)) for item, n in ranked[:k]]
 
-    def experiment_counts(self, experiment: str) -> dict[str, list[float]]:
-        """Per variant: [users, n, c, n², c², n·c, long-tail clicks] (experiments.state_memory reads them)."""
+    def experiment_counts(self, experiment: str) -> dict[str, dict[str, float]]:
+        """Per variant, the sums of online.base.AB_SUM_FIELDS (experiments.state_memory reads them)."""
         with self._lock:
-            return {v: list(sums) for v, sums in self._ab_sums.get(experiment, {}).items()}
+            return {v: dict(sums) for v, sums in self._ab_sums.get(experiment, {}).items()}
 
     def unattributed_counts(self) -> dict[str, int]:
         with self._lock:

@@ -61,6 +61,7 @@ from redis.exceptions import RedisClusterException, RedisError
 from feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
 from feature_store.features import (
     DEFAULT_AB_USER_CAP,
+    DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_CATALOG_MIN_USERS,
     DEFAULT_DEDUP_WINDOW_S,
@@ -84,9 +85,9 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 # KEYS: the shard's offsets hash, its popularity, then (history, seen, items) per user of the shard.
 # ARGV: now, dedup window (s), cap, the shard's key base ("{prefix}:{s}"), interacted cap, n_partitions,
 #       user TTL (s, 0: none), seen cap, popularity window (s), catalog min users, A/B user cap,
-#       (partition, expected, last)*, then per user: user id, n_events,
-#       then one record per event, fields joined by \31: kind (B/C/I, see online.base.StoreRecord), ts,
-#       event_id, item_id, category_id, request_id, experiment, variant (one argument per event, not eight:
+#       attribution window (s), A/B value cap, (partition, expected, last)*, then per user: user id, n_events,
+#       then one record per event, fields joined by \31: kind (B/C/P/K/I, see online.base.StoreRecord), ts,
+#       event_id, item_id, category_id, request_id, experiment, variant, value (one argument per event, not nine:
 #       packing arguments is most of the client's cost per event).
 # Returns {1, applied} or {0, partition, stored, partition, stored, ...} on an offset conflict.
 # A raw string: Lua, not Python, reads the \31 escapes (decimal 31, the separator).
@@ -95,10 +96,12 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 #                                  attribution window); a click is the clicking user's, so it is in their shard
 #   {base}:pend:{request}          hash item -> "user\31arrived": a click that came before its impression, joined
 #                                  when the impression lands within the attribution window (until then an orphan)
-#   {base}:ab:{exp}:u:{user}       hash v (variant), n, c (the user's impressions and clicks)
-#   {base}:ab:{exp}:v:{variant}    hash users, n, c, n2, c2, nc (sums over the shard's users of the variant),
-#                                  tail_c (clicks on long-tail items by the shard's popularity at the time:
-#                                  feature_store.long_tail)
+#   {base}:ab:{exp}:u:{user}       hash v (variant), n, c, b, k, val (the user's impressions, clicks, buys, carts
+#                                  and the buys' value), x (their behaviours before their first exposure)
+#   {base}:ab:ue:{user}            set: the experiments the user was exposed to (their buys and carts count there)
+#   {base}:ab:{exp}:v:{variant}    hash: the sums of online.base.AB_SUM_FIELDS over the shard's users of the
+#                                  variant (tail_c: clicks on long-tail items by the shard's popularity at the
+#                                  time, feature_store.long_tail)
 #   {base}:ab:{exp}:variants       set;  {base}:ab:experiments  set;  {base}:ab:unattributed  hash
 #   {base}:catalog                 hash item -> category (as admitted); {base}:catalog:order  list of items
 #   {base}:pc:{user}               sorted set item -> when its popularity was counted for the user (store clock)
@@ -111,8 +114,8 @@ local icap = tonumber(ARGV[5])
 local nparts = tonumber(ARGV[6])
 local user_ttl, seen_cap = tonumber(ARGV[7]), tonumber(ARGV[8])
 local pop_window, catalog_min, ab_cap = tonumber(ARGV[9]), tonumber(ARGV[10]), tonumber(ARGV[11])
-local att_window = tonumber(ARGV[12])
-local FIRST_PART = 13  -- the partitions' (partition, expected, last) triples start here
+local att_window, ab_value_cap = tonumber(ARGV[12]), tonumber(ARGV[13])
+local FIRST_PART = 14  -- the partitions' (partition, expected, last) triples start here
 local i = FIRST_PART
 local conflicts = {0}
 for _ = 1, nparts do
@@ -128,7 +131,7 @@ for _ = 1, nparts do
   redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 2])
   i = i + 3
 end
-local RECORD = '^([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)\31([^\31]*)$'
+local RECORD = '^' .. string.rep('([^\31]*)\31', 8) .. '([^\31]*)$'  -- nine fields
 local function split(s)
   local out, start = {}, 1
   while true do
@@ -142,35 +145,78 @@ local function long_tail(item)
   local rank = redis.call('ZREVRANK', KEYS[2], item)
   return (not rank) or rank >= math.ceil(HEAD_SHARE * redis.call('ZCARD', KEYS[2]))
 end
-local function count(user, exp, var, click, item)
+local function count(user, exp, var, what, item, hist)
+  -- One impression (what = 'n') or click ('c') of the user in the variant.
   local ukey = prefix .. ':ab:' .. exp .. ':u:' .. user
-  local state = redis.call('HMGET', ukey, 'v', 'n', 'c')
+  local state = redis.call('HMGET', ukey, 'v', 'n', 'c', 'b', 'x')
   if state[1] and state[1] ~= var then
     redis.call('HINCRBY', prefix .. ':ab:unattributed', 'variant_conflicts', 1)
     return
   end
-  local n, c = tonumber(state[2] or '0'), tonumber(state[3] or '0')
-  if (click and c or n) >= ab_cap then  -- what one user adds is capped: the rest counted apart
+  local n, c, b = tonumber(state[2] or '0'), tonumber(state[3] or '0'), tonumber(state[4] or '0')
+  if (what == 'c' and c or n) >= ab_cap then  -- what one user adds is capped: the rest counted apart
     redis.call('HINCRBY', prefix .. ':ab:unattributed', 'capped', 1)
     return
   end
   local skey = prefix .. ':ab:' .. exp .. ':v:' .. var
-  if n == 0 and c == 0 then
+  local x = tonumber(state[5] or '0')
+  if n == 0 and c == 0 then  -- first exposure: one more user, and what they did before it (the covariate)
+    x = math.min(redis.call('ZCARD', hist), cap)
+    redis.call('HSET', ukey, 'x', x)
     redis.call('HINCRBY', skey, 'users', 1)
+    redis.call('HINCRBY', skey, 'x', x); redis.call('HINCRBY', skey, 'x2', x * x)
     redis.call('SADD', prefix .. ':ab:' .. exp .. ':variants', var)
     redis.call('SADD', prefix .. ':ab:experiments', exp)
   end
-  if click then
+  local exposed = prefix .. ':ab:ue:' .. user  -- the experiments the user's conversions count in
+  redis.call('SADD', exposed, exp)
+  if what == 'c' then
     redis.call('HSET', ukey, 'v', var, 'c', c + 1)
-    redis.call('HINCRBY', skey, 'c', 1); redis.call('HINCRBY', skey, 'c2', 2 * c + 1)
+    redis.call('HINCRBY', skey, 'c2', 2 * c + 1)
     redis.call('HINCRBY', skey, 'nc', n)
     if long_tail(item) then redis.call('HINCRBY', skey, 'tail_c', 1) end
   else
     redis.call('HSET', ukey, 'v', var, 'n', n + 1)
-    redis.call('HINCRBY', skey, 'n', 1); redis.call('HINCRBY', skey, 'n2', 2 * n + 1)
-    redis.call('HINCRBY', skey, 'nc', c)
+    redis.call('HINCRBY', skey, 'n2', 2 * n + 1)
+    redis.call('HINCRBY', skey, 'nc', c); redis.call('HINCRBY', skey, 'nb', b)
   end
-  if user_ttl > 0 then redis.call('EXPIRE', ukey, user_ttl) end
+  redis.call('HINCRBY', skey, what, 1); redis.call('HINCRBY', skey, 'x' .. what, x)
+  if user_ttl > 0 then redis.call('EXPIRE', ukey, user_ttl); redis.call('EXPIRE', exposed, user_ttl) end
+end
+local function float(v) return string.format('%.17g', v) end  -- tostring keeps 14 digits only
+local function convert(user, kind, value)
+  -- A buy ('P', worth value) or cart ('K'): a conversion in every experiment the user was exposed to.
+  local what = kind == 'P' and 'b' or 'k'
+  for _, exp in ipairs(redis.call('SMEMBERS', prefix .. ':ab:ue:' .. user)) do
+    local ukey = prefix .. ':ab:' .. exp .. ':u:' .. user
+    local state = redis.call('HMGET', ukey, 'v', 'n', what, 'val', 'x')
+    local done = tonumber(state[3] or '0')
+    if not state[1] then  -- the user's state expired: nothing to attribute to
+    elseif done >= ab_cap then
+      redis.call('HINCRBY', prefix .. ':ab:unattributed', 'capped', 1)
+    else
+      local skey = prefix .. ':ab:' .. exp .. ':v:' .. state[1]
+      local x = tonumber(state[5] or '0')
+      redis.call('HSET', ukey, what, done + 1)
+      redis.call('HINCRBY', skey, what, 1); redis.call('HINCRBY', skey, what .. '2', 2 * done + 1)
+      redis.call('HINCRBY', skey, 'x' .. what, x)
+      if what == 'b' then
+        redis.call('HINCRBY', skey, 'nb', tonumber(state[2] or '0'))
+        if value > 0 then
+          local val = tonumber(state[4] or '0')
+          local room = ab_value_cap - val
+          if value > room then  -- past the cap: the rest of its value counted apart
+            redis.call('HINCRBY', prefix .. ':ab:unattributed', 'capped', 1)
+            value = math.max(room, 0)
+          end
+          redis.call('HSET', ukey, 'val', float(val + value))
+          redis.call('HINCRBYFLOAT', skey, 'val', float(value))
+          redis.call('HINCRBYFLOAT', skey, 'val2', float(2 * val * value + value * value))
+          redis.call('HINCRBYFLOAT', skey, 'xval', float(x * value))
+        end
+      end
+    end
+  end
 end
 local applied, behaviours = 0, 0
 local ttl, pop_ttl, att_ttl = math.ceil(window), math.ceil(pop_window), math.ceil(att_window)
@@ -190,7 +236,7 @@ for u = 1, (#KEYS - 2) / 3 do
     local kind, eid, item = f[1], f[3], f[4]
     if redis.call('ZADD', seen, 'NX', now, eid) == 1 then
       if kind == 'I' then
-        count(user, f[7], f[8], false, item)
+        count(user, f[7], f[8], 'n', item, hist)
         local pend = prefix .. ':pend:' .. f[6]
         local waiting = redis.call('HGET', pend, item)
         waiting = waiting and split(waiting)  -- {user, when it arrived}: the window by the store's clock
@@ -198,7 +244,7 @@ for u = 1, (#KEYS - 2) / 3 do
           -- Its click arrived first (impressions are logged off the request path): joined now, once.
           redis.call('HDEL', pend, item)
           redis.call('HINCRBY', prefix .. ':ab:unattributed', 'orphan_clicks', -1)
-          count(user, f[7], f[8], true, item)
+          count(user, f[7], f[8], 'c', item, hist)
         else
           local att = prefix .. ':att:' .. f[6]
           redis.call('HSET', att, item, f[7] .. '\31' .. f[8] .. '\31' .. user .. '\31' .. now)
@@ -225,7 +271,7 @@ for u = 1, (#KEYS - 2) / 3 do
           if shown and tonumber(shown[4] or now) <= now - att_window then shown = nil end
           if shown and shown[3] == user then
             redis.call('HDEL', att, item)
-            count(user, shown[1], shown[2], true, item)
+            count(user, shown[1], shown[2], 'c', item, hist)
           else
             -- Counted apart; one whose impression is not logged yet waits for it (the attribution window)
             -- and is joined when it lands: a click may outrun its impression.
@@ -237,6 +283,8 @@ for u = 1, (#KEYS - 2) / 3 do
               end
             end
           end
+        elseif kind == 'P' or kind == 'K' then
+          convert(user, kind, tonumber(f[9]))
         end
       end
     end
@@ -316,9 +364,10 @@ class RedisStore(OnlineStore):
                  partitions: int = 1, cluster: bool = False, user_ttl_s: float = DEFAULT_USER_TTL_S,
                  seen_cap: int = DEFAULT_SEEN_CAP, popularity_window_s: float = DEFAULT_POPULARITY_WINDOW_S,
                  catalog_min_users: int = DEFAULT_CATALOG_MIN_USERS, ab_user_cap: int = DEFAULT_AB_USER_CAP,
-                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S) -> None:
+                 attribution_window_s: float = DEFAULT_ATTRIBUTION_WINDOW_S,
+                 ab_value_cap: float = DEFAULT_AB_VALUE_CAP) -> None:
         super().__init__(history_cap, dedup_window_s, clock, interacted_cap, user_ttl_s, seen_cap,
-                         popularity_window_s, catalog_min_users, ab_user_cap, attribution_window_s)
+                         popularity_window_s, catalog_min_users, ab_user_cap, attribution_window_s, ab_value_cap)
         if not prefix or any(c in prefix for c in "{}*?[]"):
             raise ValueError(f"redis key prefix {prefix!r}: empty, or a brace or glob character (braces are hash tags)")
         if partitions < 1:
@@ -470,14 +519,15 @@ class RedisStore(OnlineStore):
         keys = [self._offsets_key(shard, offsets.topic if offsets else ""), f"{base}:pop"]
         args: list[str | float | int] = [now, self.dedup_window_s, self.history_cap, base, self.interacted_cap,
                                          len(parts), int(self.user_ttl_s), self.seen_cap, self.popularity_window_s,
-                                         self.catalog_min_users, self.ab_user_cap, self.attribution_window_s]
+                                         self.catalog_min_users, self.ab_user_cap, self.attribution_window_s,
+                                         repr(self.ab_value_cap)]
         for p in parts:
             args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
         for user, rs in by_user.items():
             keys += [f"{base}:hist:{user}", f"{base}:seen:{user}", f"{base}:items:{user}"]
             args += [user, len(rs)]
             args += [SEP.join((r.kind, repr(r.item.ts), r.item.event_id, r.item.item_id, r.item.category_id,
-                               r.request_id, r.experiment, r.variant)) for r in rs]
+                               r.request_id, r.experiment, r.variant, repr(r.value))) for r in rs]
         try:
             self._r  # noqa: B018 - connects and checks the layout first
             return self._script(keys=keys, args=args)

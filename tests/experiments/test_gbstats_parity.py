@@ -157,3 +157,69 @@ def test_the_users_still_needed_equal_gbstats_mid_experiment_power():
         # gbstats says "successful" with no number when none are needed (a scaling factor of 0); dinrec says 0.
         assert mine == pytest.approx(ref["additional_users"] or 0.0, rel=1e-9), (case, ref)
     assert users_still_needed(0.002, 40_000, 0.05) == 0 and theirs[3]["additional_users"] is None
+
+
+def _users(rng: np.random.Generator, n: int, lift: float) -> dict[str, np.ndarray]:
+    """Per-user quantities as the stores count them: behaviours before exposure x, then impressions, clicks,
+    buys, carts and the buys' value — every one of them driven by one persisting taste."""
+    taste = rng.gamma(1.0, 1.0, n)
+    x = np.minimum(rng.poisson(3 * taste), 50).astype(float)
+    imps = (1 + rng.poisson(6 * taste)).astype(float)
+    clicks = rng.binomial(imps.astype(int), np.clip(0.05 * taste * (1 + lift), 0, 1)).astype(float)
+    buys = rng.poisson(0.3 * taste * (1 + lift)).astype(float)
+    carts = rng.poisson(0.5 * taste).astype(float)
+    value = buys * rng.lognormal(3, 0.5, n)
+    return {"x": x, "n": imps, "c": clicks, "b": buys, "k": carts, "val": value}
+
+
+def _variant_sums(u: dict[str, np.ndarray]):
+    """The sums a store keeps (feature_store.online.base.AB_SUM_FIELDS) from per-user quantities."""
+    from experiments.stats import VariantSums
+
+    f = {"users": len(u["x"]), **{q: u[q].sum() for q in ("n", "c", "b", "k", "val", "x")},
+         **{f"{q}2": (u[q] ** 2).sum() for q in ("n", "c", "b", "k", "val", "x")},
+         "nc": (u["n"] * u["c"]).sum(), "nb": (u["n"] * u["b"]).sum(),
+         **{f"x{q}": (u["x"] * u[q]).sum() for q in ("n", "c", "b", "k", "val")}}
+    f = {k: float(v) for k, v in f.items()}
+    return VariantSums.from_fields(f)
+
+
+def _reference(metric: str, u: dict[str, np.ndarray]) -> dict:
+    """The same metric as gbstats' statistic from the per-user arrays (CUPED: x the covariate, 1 per user the
+    pre-period denominator of a ratio)."""
+    num, den = {"ctr": ("c", "n"), "conversions_per_impression": ("b", "n")}.get(metric, (None, None))
+    x, one = u["x"], np.ones_like(u["x"])
+    if num is None:
+        y = u[{"conversions_per_user": "b", "carts_per_user": "k", "value_per_user": "val"}[metric]]
+        return {"n": len(y), "post": _sums(y), "pre": _sums(x), "post_pre": float((y * x).sum())}
+    m, d = u[num], u[den]
+    products = [float((p * q).sum()) for p, q in ((m, d), (m, x), (m, one), (d, x), (d, one), (x, one))]
+    return {"n": len(m), "m": _sums(m), "d": _sums(d), "m_pre": _sums(x), "d_pre": _sums(one), "products": products}
+
+
+def test_every_metric_from_the_stores_sums_equals_gbstats_with_cuped():
+    """What the results page shows per metric (experiments.metrics, from the sums the stores keep) equals
+    gbstats' CUPED (regression-adjusted) figures from the same users."""
+    from experiments.metrics import METRICS, compare_metric
+
+    rng = np.random.default_rng(11)
+    ours, cases = [], []
+    for n_a, n_b, lift in ((3000, 3100, 0.0), (20_000, 19_500, 0.05)):
+        ua, ub = _users(rng, n_a, 0.0), _users(rng, n_b, lift)
+        sa, sb = _variant_sums(ua), _variant_sums(ub)
+        for name, metric in METRICS.items():
+            mine, applied = compare_metric(metric, sa, sb, "b")
+            assert applied, name  # x explains part of every metric in this world
+            ours.append(mine)
+            kind = "cuped_ratio" if metric.ratio else "cuped_mean"
+            cases.append({"kind": kind, "alpha": 0.05, "tuning": 5000, "a": _reference(name, ua),
+                          "b": _reference(name, ub), "metric": name})
+    theirs = _gbstats([{k: v for k, v in c.items() if k != "metric"} for c in cases])
+    for case, mine, ref in zip(cases, ours, theirs, strict=True):
+        assert ref["error"] is None, (case["metric"], ref)
+        close = dict(rel=1e-9, abs=1e-12)
+        what = f"{case['metric']} n={case['a']['n']}"
+        assert (mine.lift, mine.lift_se, mine.p_value, mine.p_sequential) == pytest.approx(
+            (ref["lift"], ref["se"], ref["p"], ref["p_sequential"]), **close), what
+        assert (mine.ci_low, mine.ci_high, mine.cs_low, mine.cs_high) == pytest.approx(
+            (max(-1.0, ref["ci"][0]), ref["ci"][1], max(-1.0, ref["cs"][0]), ref["cs"][1]), **close), what

@@ -330,6 +330,58 @@ def test_experiment_sums_count_each_impression_and_attributed_click_once(store):
     assert state.sums("no-such-experiment") == {}
 
 
+def conversion(user: str, item: str, kind: str = "buy", ts: float = 3.0, value: float | None = None,
+               eid: str | None = None) -> BehaviourEvent:
+    return BehaviourEvent(event_id=eid or f"{kind}-{user}-{item}-{ts}", user_id=user, item_id=item, ts=ts,
+                          event_type=kind, value=value)
+
+
+def test_buys_and_carts_count_for_the_experiments_their_user_was_exposed_to_once(store):
+    """A buy or cart after a user's first exposure is a conversion under their variant, in every experiment they
+    were exposed to, once however often redelivered; before it, it is only behaviour — and part of the
+    pre-exposure count kept as CUPED's covariate (the history's length then, at most the cap: 5 here)."""
+    state = open_state(store)
+    store.write([conversion("u1", "a", ts=0.5, value=99.0), ev("u1", "b", 0.6)])  # before any exposure
+    store.write([imp("u1", "x", "r1", "A"), imp("u1", "y", "r1", "A"), imp("u1", "x", "q1", "T", exp="exp2"),
+                 imp("u2", "x", "r2", "B")])
+    later = [conversion("u1", "c", value=10.0), conversion("u1", "d", value=2.5), conversion("u1", "e", "cart"),
+             conversion("u2", "c", value=-4.0),  # a refund is no value: the buy counts, its value does not
+             conversion("u3", "c", value=7.0)]  # never exposed: behaviour only
+    store.write(later)
+    store.write(later)  # redelivered: nothing counts twice
+    sums = state.sums("exp1")
+    a, b = sums["A"], sums["B"]
+    assert (a.users, a.impressions, a.buys, a.buys_sq, a.impressions_buys, a.carts, a.carts_sq) == (1, 2, 2, 4, 4, 1, 1)
+    assert (a.value, a.value_sq) == pytest.approx((12.5, 12.5**2))
+    assert (a.pre, a.pre_sq, a.pre_impressions, a.pre_buys, a.pre_carts) == (2, 4, 4, 4, 2)
+    assert a.pre_value == pytest.approx(2 * 12.5)
+    assert (b.users, b.buys, b.value, b.pre, b.impressions_buys) == (1, 1, 0.0, 0, 1)
+    t = state.sums("exp2")["T"]  # u1 is in exp2 too: its conversions count there as well
+    assert (t.users, t.buys, t.carts, t.pre) == (1, 2, 1, 2)
+    assert t.value == pytest.approx(12.5)
+    assert state.unattributed() == {"orphan_clicks": 0, "variant_conflicts": 0, "capped": 0}
+    assert {h.item_id for h in store.history("u3", 10)} == {"c"}
+
+
+@pytest.mark.parametrize("backend", STORE_KINDS)
+def test_what_one_user_converts_is_capped_in_count_and_value(backend, request, unique, clock):
+    """A bot that buys 5 times adds 3 buys (``ab_user_cap``) and at most ``ab_value_cap`` of value; the rest is
+    counted apart."""
+    store = next(online_store(backend, request, unique, history_cap=5, dedup_window_s=3600, clock=clock,
+                              ab_user_cap=3, ab_value_cap=100.0))
+    state = open_state(store)
+    store.write([imp("bot", "i0", "r0", "A"), imp("person", "i0", "p0", "A")])
+    store.write([conversion("bot", f"b{j}", value=60.0) for j in range(5)] + [conversion("person", "b0", value=30.0)])
+    a = state.sums("exp1")["A"]
+    assert (a.users, a.buys, a.buys_sq) == (2, 4, 9 + 1)
+    assert a.value == pytest.approx(100.0 + 30.0) and a.value_sq == pytest.approx(100.0**2 + 30.0**2)
+    # two buys past the count cap; of the three counted, two had value past the value cap (the second in part)
+    assert state.unattributed()["capped"] == 2 + 2
+    if backend != "memory":
+        store.flush_prefix()
+        store.close()
+
+
 def test_clicks_without_a_logged_impression_are_counted_apart(store):
     state = open_state(store)
     store.write([imp("u1", "a", "r1", "A")])
@@ -650,5 +702,5 @@ def test_a_users_ab_state_expires_with_its_other_keys(bounded_store, clock):
         assert ("exp1", "u1") not in store._ab_user
     else:
         r = store.client
-        (key,) = [k for k in r.scan_iter(f"{store.prefix}:*") if k.endswith(":ab:exp1:u:u1")]
-        assert 0 < r.ttl(key) <= 7200
+        keys = [k for k in r.scan_iter(f"{store.prefix}:*") if k.endswith((":ab:exp1:u:u1", ":ab:ue:u1"))]
+        assert len(keys) == 2 and all(0 < r.ttl(k) <= 7200 for k in keys)

@@ -17,7 +17,7 @@ from feature_store.streams.inprocess import InProcessStream
 from serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, REPO, wait_until
 from tests.serving.conftest import live_server
-from tests.serving.test_guardrail import EXPERIMENT, traffic
+from tests.serving.test_guardrail import EXPERIMENT, buys, traffic
 
 ARTIFACTS = REPO / ".artifacts"
 RISKY = 'section[data-experiment="risky"]'
@@ -50,6 +50,7 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
                                guardrail_interval_s=0.3, guardrail_min_users=50, score_precision="fp32")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         store.write(traffic("control", 150, 10, 1) + traffic("bad", 150, 10, 0) + traffic("same", 150, 10, 1))
+        store.write(buys("control", 40, 1) + buys("bad", 30, 1) + buys("same", 50, 2))  # after their exposure
         wait_until(lambda: len(c.get("/experiments/risky/results").json()["timeline"]) >= 1, timeout_s=20,
                    what="a first snapshot")
         store.write(traffic("control", 150, 10, 1, "b") + traffic("bad", 150, 10, 0, "b")
@@ -71,7 +72,7 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             browser.get(f"{c.base_url}/dashboard")
             WebDriverWait(browser, 20).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
             for variant, numbers in want["results"]["variants"].items():
-                row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} tr[data-variant="{variant}"]')
+                row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.results tr[data-variant="{variant}"]')
                 for field in ("users", "impressions", "clicks"):
                     shown = row.find_element(By.CSS_SELECTOR, f'td[data-field="{field}"]').text
                     assert int(shown.replace(",", "")) == numbers[field], (variant, field)
@@ -84,19 +85,36 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             ramp = browser.find_element(By.CSS_SELECTOR, '[data-banner="ramp"]')  # held at its first step
             assert [r["step"] for r in want["ramp"]] == [0] and "50%" in ramp.text and "held" in ramp.text
             # The decision leads: the always-valid interval and p; the fixed-horizon p is there, marked.
-            bad = browser.find_element(By.CSS_SELECTOR, f'{RISKY} tr[data-variant="bad"]')
+            bad = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.results tr[data-variant="bad"]')
             row = next(c for c in want["results"]["comparisons"] if c["variant"] == "bad")
             assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="decision"]').text == "worse"
             assert row["p_sequential"] < 0.001
             assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="p_sequential"]').text == "< 0.001"
             assert bad.find_element(By.CSS_SELECTOR, 'td[data-field="users_still_needed"]').text == "decided"
             same = next(c for c in want["results"]["comparisons"] if c["variant"] == "same")
-            same_row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} tr[data-variant="same"]')
+            same_row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.results tr[data-variant="same"]')
             shown_p = same_row.find_element(By.CSS_SELECTOR, 'td[data-field="p_sequential"]')
             assert float(shown_p.text) == pytest.approx(same["p_sequential"], rel=5e-3)
             needed = want["results"]["power"]["variants"]["same"]["users_still_needed"]
             shown = same_row.find_element(By.CSS_SELECTOR, 'td[data-field="users_still_needed"]')
             assert needed is not None and shown.text.startswith(f"{needed:,}")
+            # Three metrics, a row per treatment each: the goal first, then the guardrail, then the secondary.
+            metrics = want["results"]["metrics"]
+            shown_rows = browser.find_elements(By.CSS_SELECTOR, f"{RISKY} table.metrics tbody tr")
+            assert [(r.get_attribute("data-metric"), r.get_attribute("data-variant")) for r in shown_rows] == [
+                (m, v) for m in ("ctr", "conversions_per_user", "value_per_user") for v in ("bad", "same")]
+            buys_row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.metrics tr[data-metric='
+                                                             f'"conversions_per_user"][data-variant="same"]')
+            per_user = metrics["conversions_per_user"]
+            assert per_user["variants"]["same"]["mean"] == pytest.approx(100 / 300)  # 50 users, 2 buys each
+            assert buys_row.find_element(By.CSS_SELECTOR, 'td[data-field="value"]').text == "0.333"
+            assert buys_row.find_element(By.CSS_SELECTOR, 'td[data-field="role"]').text == "guardrail"
+            (same_buys,) = [r for r in per_user["comparisons"] if r["variant"] == "same"]
+            assert buys_row.find_element(By.CSS_SELECTOR, 'td[data-field="lift"]').text == \
+                f"{100 * same_buys['lift']:.1f}%"
+            stopped_row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.metrics tr[data-metric="ctr"]'
+                                                                f'[data-variant="bad"]')
+            assert "as stopped" in stopped_row.find_element(By.CSS_SELECTOR, 'td[data-field="decision"]').text
             # The power calculator: its answer is the plan endpoint's, and a new lift changes it.
             def days() -> str | None:
                 return browser.find_element(By.CSS_SELECTOR, '[data-field="days_needed"]').get_attribute("data-days")

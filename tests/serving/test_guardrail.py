@@ -27,6 +27,14 @@ EXPERIMENT = {"name": "risky", "status": "running", "seed": "g",
               "variants": [{"name": "control"}, {"name": "bad"}, {"name": "same"}]}
 
 
+def buys(variant: str, users: int, each: int, prefix: str = "", value: float = 20.0) -> list[BehaviourEvent]:
+    """``each`` buys by every one of ``users`` users of ``variant`` (as :func:`traffic` names them), after
+    their exposure."""
+    return [BehaviourEvent(event_id=f"buy-{prefix}{variant}-u{u}-{j}", event_type="buy",
+                           user_id=f"{prefix}{variant}-u{u}", item_id=f"b{j}", ts=1.8e9 + 100 + j, value=value)
+            for u in range(users) for j in range(each)]
+
+
 def traffic(variant: str, users: int, shown: int, clicked: int, prefix: str = "",
             experiment: str = "risky") -> list[BehaviourEvent]:
     """``users`` users of ``variant``, each shown ``shown`` items in one request and clicking ``clicked``."""
@@ -198,7 +206,22 @@ def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registr
         assert c.post("/admin/experiments/rollout/approve").status_code == 404  # decided
 
 
-@pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split", "bots clicking in one arm"])
+def test_an_arm_that_lifts_ctr_but_loses_buys_is_stopped_on_the_conversion_guardrail():
+    """`bad` here clicks more (CTR +67 %) and buys less: CTR, the goal, says better; conversions per user,
+    the default guardrail, says worse — and the guardrail stops it, naming the metric."""
+    store = MemoryStore()
+    guard = Guardrail(open_state(store), Experiments([Experiment.model_validate(EXPERIMENT)]), min_users=100)
+    store.write(traffic("control", 400, 10, 1) + traffic("bad", 400, 10, 2) + traffic("same", 400, 10, 1))
+    store.write(buys("control", 200, 1) + buys("bad", 40, 1) + buys("same", 200, 1))  # half of them buy; a tenth
+    made = guard.check()
+    assert [(d["variant"], d["metric"], d["reason"]) for d in made] == [("bad", "conversions_per_user", "guardrail")]
+    assert made[0]["cs_high"] < 0 and made[0]["lift"] == pytest.approx(-0.8)
+    results = open_state(store).sums("risky")
+    assert results["bad"].clicks > 1.6 * results["control"].clicks  # its CTR did rise
+
+
+@pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split", "bots clicking in one arm",
+                                     "bots buying in one arm"])
 def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forgery):
     """The same evidence that stops `bad` above, plus one sign the counters were fed: nothing is decided."""
     store = MemoryStore()
@@ -209,6 +232,9 @@ def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forger
         events += traffic("intruder", 5, 10, 0)
     elif forgery == "a skewed split":  # control got twice its share of users
         events += traffic("control", 300, 10, 1, "extra")
+    elif forgery == "bots buying in one arm":  # 3 invented users of `same` buying 100 times each
+        store.write(events)
+        events = buys("same", 3, 100)
     else:  # invented users in every arm (the split holds), clicking nearly all they are shown in control only
         events += [e for v in ("control", "bad", "same") for e in traffic(v, 300, 10, 9 if v == "control" else 0,
                                                                            "bot")]
@@ -216,7 +242,8 @@ def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forger
     assert guard.check() == [] and open_state(store).stopped("risky") == {}
     (why,) = guard._standing["risky"].held
     assert {"an undeclared variant": "undeclared variant 'intruder'", "a skewed split": "sample ratio mismatch",
-            "bots clicking in one arm": "control: 55% of what it shows is clicked"}[forgery] in why
+            "bots clicking in one arm": "control: 55% of what it shows is clicked",
+            "bots buying in one arm": "same: buys concentrated in a few users"}[forgery] in why
     # What the DinrecGuardrailHeld alert reads (deploy/monitoring/alerts.yaml).
     metrics = ServiceMetrics()
     metrics.watch_guardrail(lambda: {"risky": float(len(guard.held("risky")))})
