@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Annotated
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
@@ -16,10 +16,27 @@ from experiments.power import plan, still_needed
 from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
 from experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
+from serving.admin import bearer, is_admin
 from serving.deps import ServiceState, State
 from serving.errors import InvalidRequest
+from serving.settings import is_loopback
 
 router = APIRouter()
+
+
+def _reader(state: State, authorization: Annotated[str | None, Header()] = None) -> None:
+    """The results' read token (DINREC_RESULTS_TOKEN, or the admin token) where the service listens beyond
+    loopback and one is set: 401 without it. Bound to loopback only this machine reaches the service."""
+    token = state.settings.results_token
+    if token is None or is_loopback(state.settings.host):
+        return
+    if not (bearer(authorization, token) or is_admin(state, authorization)):
+        raise HTTPException(401, "a valid `Authorization: Bearer <DINREC_RESULTS_TOKEN>` header is required "
+                                 "(the dashboard: open /dashboard#token=<token>)",
+                            headers={"WWW-Authenticate": "Bearer"})
+
+
+Reader = Depends(_reader)
 _DASHBOARD = Path(__file__).with_name("static") / "dashboard.html"
 
 
@@ -33,12 +50,12 @@ def dashboard() -> HTMLResponse:
 _NOT_PUBLIC = {"seed"}
 
 
-@router.get("/experiments")
+@router.get("/experiments", dependencies=[Reader])
 def list_experiments(state: State) -> dict:
     return {"experiments": [e.model_dump(mode="json", exclude=_NOT_PUBLIC) for e in state.experiments.all]}
 
 
-@router.get("/experiments/{name}/results")
+@router.get("/experiments/{name}/results", dependencies=[Reader])
 def experiment_results(
     state: State, name: str,
     since: Annotated[float | None, Query(ge=0, description=(

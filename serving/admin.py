@@ -15,7 +15,7 @@ import secrets
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.exceptions import HTTPException
 
 from registry.store import AliasConflict, RegistryError
@@ -52,15 +52,19 @@ class ModelStatus(BaseModel):
         "what a change acted on: fleet (the alias every replica follows) or instance (this worker process)"))
 
 
-def is_admin(state: ServiceState, authorization: str | None) -> bool:
-    """``Authorization: Bearer <DINREC_ADMIN_TOKEN>``: the scheme (any case) and the credential read
-    apart, the credential compared in constant time. False when no token is configured."""
-    token = state.settings.admin_token
+def bearer(authorization: str | None, token: SecretStr | None) -> bool:
+    """``Authorization: Bearer <token>``: the scheme (any case) and the credential read apart, the
+    credential compared in constant time. False when no token is configured."""
     scheme, _, credential = (authorization or "").strip().partition(" ")
     credential = credential.strip()
     return bool(token is not None and scheme.lower() == "bearer" and credential
                 and secrets.compare_digest(credential.encode("latin-1", "replace"),
                                            token.get_secret_value().encode("latin-1", "replace")))
+
+
+def is_admin(state: ServiceState, authorization: str | None) -> bool:
+    """``Authorization: Bearer <DINREC_ADMIN_TOKEN>`` (False when no token is configured)."""
+    return bearer(authorization, state.settings.admin_token)
 
 
 def _authorize(state: ServiceState, authorization: str | None) -> None:

@@ -39,7 +39,7 @@ from serving.middleware import RequestContext
 from serving.models import ModelManager
 from serving.replica import ReplicaLead
 from serving.routes import router
-from serving.settings import ServingSettings
+from serving.settings import ServingSettings, is_loopback
 
 log = logging.getLogger(__name__)
 
@@ -171,6 +171,9 @@ def _start_loops(parts: ExitStack, state: ServiceState, catalog: Catalog) -> Non
     parts.callback(stop.set)
     state.models.watch(stop)
     if settings.experiments_file is not None:  # experiments may also arrive later, by the admin API
+        if settings.results_token is None and not is_loopback(settings.host):
+            log.warning("experiment results (GET /experiments*) are readable by anyone who reaches %s: set "
+                        "DINREC_RESULTS_TOKEN to ask for a token", settings.host)
         # One worker of the replica decides; the others adopt what is recorded (serving.replica).
         lead = ReplicaLead(settings.replica_dir, "guardrail")
         parts.callback(lead.close)

@@ -31,6 +31,11 @@ class ServingSettings(SharedSettings, RankingSettings):
     admin_token: SecretStr | None = Field(None, description=(
         "enables /admin/* with `Authorization: Bearer <token>`: at least 32 printable ASCII characters, no "
         "spaces (`openssl rand -hex 32`); a weaker or placeholder token is refused at start-up; empty: off"))
+    results_token: SecretStr | None = Field(None, description=(
+        "where the service listens beyond loopback, GET /experiments and /experiments/{name}/results answer only "
+        "with `Authorization: Bearer <token>` (this token or the admin token; the dashboard takes it once as "
+        "/dashboard#token=…); the same strength rules as the admin token. Bound to loopback (the default, the "
+        "demo) it is not asked for; empty: the results are readable by whoever reaches the service"))
     host: str = Field("127.0.0.1", description="address the HTTP server binds")
     port: int = Field(8000, ge=0, le=65535, description="port the HTTP server binds (0: any free port)")
     catalog_poll_s: float = Field(5.0, ge=0, le=3600, description=(
@@ -114,9 +119,9 @@ class ServingSettings(SharedSettings, RankingSettings):
     ingest_in_app: bool | None = Field(
         None, description="run the stream→store consumer inside the service; default: only for the in-process stream")
 
-    @field_validator("admin_token")
+    @field_validator("admin_token", "results_token")
     @classmethod
-    def _a_strong_admin_token(cls, token: SecretStr | None) -> SecretStr | None:
+    def _a_strong_token(cls, token: SecretStr | None) -> SecretStr | None:
         value = token.get_secret_value() if token is not None else ""
         if not value:
             return None  # set but empty (a compose file's blank): admin is off, as when unset

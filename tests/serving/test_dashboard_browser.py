@@ -163,3 +163,32 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         finally:
             browser.quit()
+
+
+def test_the_dashboard_takes_the_results_token_once_from_its_address(tiny_run, tmp_path):
+    """Beyond loopback with DINREC_RESULTS_TOKEN: without the token the page says how to give it; opened as
+    /dashboard#token=…, it loads, and the token leaves the address bar (the tab keeps it)."""
+    from pydantic import SecretStr
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.serving.test_experiments_api import RESULTS_TOKEN
+
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store", host="0.0.0.0",
+                               anonymous_users=True, results_token=SecretStr(RESULTS_TOKEN), score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        browser = _browser()
+        try:
+            browser.get(f"{c.base_url}/dashboard")
+            error = WebDriverWait(browser, 20).until(
+                lambda b: b.find_elements(By.CSS_SELECTOR, '[data-banner="error"]'))[0]
+            assert "results token" in error.text and "/dashboard#token=" in error.text
+            browser.get(f"{c.base_url}/dashboard#token={RESULTS_TOKEN}")
+            browser.refresh()  # a fragment change alone does not reload the page
+            WebDriverWait(browser, 20).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
+            assert browser.find_elements(By.CSS_SELECTOR, RISKY)
+            assert "token" not in browser.current_url
+        finally:
+            browser.quit()

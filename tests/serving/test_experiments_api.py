@@ -106,3 +106,46 @@ def test_variants_naming_models_need_a_registry(tiny_run, tmp_path):
     manager = ModelManager(ServingSettings(bundle_dir=tiny_run[2], score_precision="fp32"), on_swap=lambda rec: None)
     with pytest.raises(ValueError, match="name models \\['challenger'\\] but no registry"):
         manager.load_variants(Experiments.load(path).models())  # the lifespan's call: the service does not start
+
+
+RESULTS_TOKEN = "5e8a1c3f9b7d2e4a6c0f8b1d3e5a7c9f"
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "127.0.0.1"])
+def test_the_results_ask_for_their_read_token_beyond_loopback(tiny_run, tmp_path, host):
+    """Listening beyond loopback with DINREC_RESULTS_TOKEN, the experiment list and results answer only with
+    that token (or the admin token); bound to loopback nobody else reaches them, so none is asked for. The
+    page itself and the power calculator hold no results: open."""
+    from pydantic import SecretStr
+
+    from tests.conftest import ADMIN_HEADERS
+
+    path = tmp_path / "experiments.json"
+    path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
+    settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store", host=host,
+                               anonymous_users=True, results_token=SecretStr(RESULTS_TOKEN), score_precision="fp32")
+    with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        routes = ("/experiments", "/experiments/baseline/results")
+        for route in routes:
+            plain = c.get(route)
+            if host == "127.0.0.1":
+                assert plain.status_code == 200
+                continue
+            assert plain.status_code == 401 and plain.headers["www-authenticate"] == "Bearer"
+            assert "DINREC_RESULTS_TOKEN" in plain.json()["message"]
+            assert c.get(route, headers={"authorization": "Bearer " + "0" * 32}).status_code == 401
+            assert c.get(route, headers={"authorization": f"Bearer {RESULTS_TOKEN}"}).status_code == 200
+            assert c.get(route, headers={"authorization": f"bearer  {RESULTS_TOKEN}"}).status_code == 200
+        assert c.get("/dashboard").status_code == 200
+        assert c.get("/experiments/plan", params={"mean": 0.05, "sd": 0.2, "users_per_day": 1000}).status_code == 200
+        if host != "127.0.0.1":  # the admin token reads them too, once admin is on
+            admin = settings.model_copy(update={"admin_token": SecretStr(ADMIN_HEADERS["authorization"][7:])})
+            with live_server(admin, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as a:
+                assert a.get(routes[1], headers=ADMIN_HEADERS).status_code == 200
+
+
+def test_a_weak_results_token_is_refused_at_start_up():
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="results_token"):
+        ServingSettings(results_token="changeme-changeme-changeme-changeme")

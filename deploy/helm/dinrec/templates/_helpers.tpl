@@ -98,10 +98,15 @@ affinity:
 {{- end -}}
 
 {{/* The admin token, from the Secret the values name (admin is off without one). */}}
-{{- define "dinrec.adminTokenEnv" -}}
+{{- define "dinrec.tokenEnv" -}}
 {{- if .Values.adminToken.existingSecret }}
 - name: DINREC_ADMIN_TOKEN
   valueFrom:
     secretKeyRef: {name: {{ .Values.adminToken.existingSecret }}, key: {{ .Values.adminToken.key }}}
+{{- end }}
+{{- if .Values.resultsToken.existingSecret }}
+- name: DINREC_RESULTS_TOKEN
+  valueFrom:
+    secretKeyRef: {name: {{ .Values.resultsToken.existingSecret }}, key: {{ .Values.resultsToken.key }}}
 {{- end }}
 {{- end -}}
