@@ -29,9 +29,33 @@ class ExperimentState(ABC):
     else counted apart — never joined silently; both once per event id."""
 
     @abstractmethod
+    def _counts(self, experiment: str) -> dict[str, dict[str, float]]:
+        """Per variant of ``experiment``, the store's sums by field name: ``field@segment`` (a user's segment,
+        feature_store.features.SEGMENTS), or a bare ``field`` for counts kept before segments were."""
+
     def sums(self, experiment: str) -> dict[str, VariantSums]:
-        """Per variant of ``experiment``: users, and sums over them of impressions, clicks, their
-        squares and products — counted once per event id, like the histories."""
+        """Per variant of ``experiment``: users, and sums over them of impressions, clicks, buys, carts, value,
+        their squares and products (experiments.stats.VariantSums) — counted once per event id, like the
+        histories."""
+        totals = {}
+        for variant, row in sorted(self._counts(experiment).items()):
+            merged: dict[str, float] = {}
+            for field, value in row.items():
+                name = field.partition("@")[0]
+                merged[name] = merged.get(name, 0.0) + value
+            totals[variant] = VariantSums.from_fields(merged)
+        return totals
+
+    def segments(self, experiment: str) -> dict[str, dict[str, VariantSums]]:
+        """The same sums per segment of users (by their behaviours before their first exposure), per variant:
+        an experiment's breakdown. Counts kept before segments were are in :meth:`sums` only."""
+        split: dict[str, dict[str, dict[str, float]]] = {}
+        for variant, row in sorted(self._counts(experiment).items()):
+            for field, value in row.items():
+                name, _, segment = field.partition("@")
+                if segment:
+                    split.setdefault(segment, {}).setdefault(variant, {})[name] = value
+        return {seg: {v: VariantSums.from_fields(row) for v, row in rows.items()} for seg, rows in split.items()}
 
     @abstractmethod
     def unattributed(self) -> dict[str, int]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import threading
 
 from experiments.state import ExperimentState
-from experiments.stats import VariantSums
 from feature_store.online.memory import MemoryStore
 
 
@@ -17,8 +16,8 @@ class MemoryExperimentState(ExperimentState):
         self._ledger: dict[tuple[str, str], dict[str, dict]] = {}  # (table, experiment) -> key -> document
         self._lock = threading.Lock()
 
-    def sums(self, experiment: str) -> dict[str, VariantSums]:
-        return {v: VariantSums.from_fields(s) for v, s in sorted(self.store.experiment_counts(experiment).items())}
+    def _counts(self, experiment: str) -> dict[str, dict[str, float]]:
+        return self.store.experiment_counts(experiment)
 
     def unattributed(self) -> dict[str, int]:
         return self.store.unattributed_counts()

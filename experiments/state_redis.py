@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 
 from experiments.state import ExperimentState
-from experiments.stats import VariantSums
 from feature_store.errors import StoreUnavailable
 from feature_store.online.redis_store import REDIS_ERRORS, RedisStore
 
@@ -25,9 +24,8 @@ class RedisExperimentState(ExperimentState):
     def _unavailable(self, what: str, exc: Exception) -> StoreUnavailable:
         return StoreUnavailable(f"redis {what} failed ({self.store.url}): {exc}")
 
-    def sums(self, experiment: str) -> dict[str, VariantSums]:
-        rows = self.store.experiment_sums(experiment)  # summed over the store's shards
-        return {v: VariantSums.from_fields(r) for v, r in sorted(rows.items())}
+    def _counts(self, experiment: str) -> dict[str, dict[str, float]]:
+        return self.store.experiment_sums(experiment)  # summed over the store's shards
 
     def unattributed(self) -> dict[str, int]:
         return self.store.unattributed_counts()

@@ -27,6 +27,14 @@ DEFAULT_AB_USER_CAP = 1000  # impressions, clicks, buys and carts: each, what on
 DEFAULT_AB_VALUE_CAP = 1_000_000.0  # the value (of buys) one user adds to an experiment's counts
 DEFAULT_ATTRIBUTION_WINDOW_S = 3600.0  # a click joins its impression within this window (either may come first)
 BEHAVIOUR_TYPES = frozenset({"view", "click", "cart", "fav", "buy"})
+# The segments an experiment's counts are kept by (its results' breakdown): the behaviours a user had before
+# their first exposure — none (a new user), a few, many. (name, the fewest behaviours it takes), ascending.
+SEGMENTS = (("new", 0), ("light", 1), ("heavy", 10))
+
+
+def segment_of(behaviours: int) -> str:
+    """The segment of a user who had ``behaviours`` before their first exposure."""
+    return next(name for name, least in reversed(SEGMENTS) if behaviours >= least)
 
 
 def is_behaviour(event_type: str, value: float | None = None) -> bool:

@@ -16,6 +16,7 @@ from experiments.power import plan, still_needed
 from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
 from experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
+from feature_store.features import SEGMENTS
 from serving.admin import bearer, is_admin
 from serving.deps import ServiceState, State
 from serving.errors import InvalidRequest
@@ -46,6 +47,7 @@ def dashboard() -> HTMLResponse:
     return HTMLResponse(_DASHBOARD.read_text(encoding="utf-8"))
 
 
+_EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
 # The seed is left out: with it anyone could compute which arm any user id lands in.
 _NOT_PUBLIC = {"seed"}
 
@@ -88,8 +90,7 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
     """The results of ``exp`` from its counters and the guardrail's records, as the results call shows them."""
     name = exp.name
     counted = state.experiment_state.sums(name)  # StoreUnavailable → 503 in the one error shape
-    empty = VariantSums(0, 0, 0, 0, 0, 0)  # a variant nobody has seen yet still gets its row
-    sums = {v.name: counted.get(v.name, empty) for v in exp.variants}
+    sums = {v.name: counted.get(v.name, _EMPTY) for v in exp.variants}  # nobody seen yet: still a row
     results = analyse(sums, exp.control_name, exp.weights)
     stopped, winner = state.experiment_state.stopped(name), state.experiment_state.conclusion(name)
     decided = {**stopped, **({winner["variant"]: winner} if winner else {})}
@@ -100,6 +101,7 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
                    **analyse_metric(METRICS[use.name], sums, exp.control_name, alpha=results["alpha"],
                                     higher_is_better=use.direction == "higher", as_stopped=as_stopped)}
         for use in exp.metrics}
+    results["breakdown"] = _breakdown(state, exp, sums, stopped, results["alpha"])
     for metric, rows, higher in [("ctr", results["comparisons"], True)] + [
             (m, r["comparisons"], r["direction"] == "higher") for m, r in results["metrics"].items()]:
         for row in rows:  # a decision once reached stands: its sequence is intersected in
@@ -122,6 +124,23 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
             "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
             "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"],
             "frozen_at": None}
+
+
+def _breakdown(state: ServiceState, exp: Experiment, sums: dict[str, VariantSums], stopped: dict, alpha: float) -> dict:
+    """Each declared metric per segment of users (by their behaviours before their first exposure), the arms
+    still running only (a stopped arm's users go on converting under the default experience). Exploratory:
+    nothing acts on it, and its many comparisons are not corrected for."""
+    by_segment = state.experiment_state.segments(exp.name)
+    running = [v for v in sums if v not in stopped]
+    out = []
+    for segment, least in SEGMENTS:
+        counted = by_segment.get(segment, {})
+        arms = {v: counted.get(v, _EMPTY) for v in running}
+        out.append({"segment": segment, "least_behaviours": least, "users": {v: s.users for v, s in arms.items()},
+                    "metrics": {use.name: analyse_metric(METRICS[use.name], arms, exp.control_name, alpha=alpha,
+                                                         higher_is_better=use.direction == "higher")
+                                for use in exp.metrics} if exp.control_name in arms else {}})
+    return {"dimension": "behaviours before the first exposure", "exploratory": True, "segments": out}
 
 
 def _as_stopped(snapshots: list[dict], stopped: dict[str, dict], control: str) -> dict:

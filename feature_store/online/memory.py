@@ -21,10 +21,10 @@ from feature_store.features import (
     DEFAULT_USER_TTL_S,
     HistoryItem,
     merge_history,
+    segment_of,
 )
 from feature_store.long_tail import head_of
 from feature_store.online.base import (
-    AB_SUM_FIELDS,
     UNATTRIBUTED,
     CatalogCursor,
     OnlineStore,
@@ -74,12 +74,12 @@ class MemoryStore(OnlineStore):
         self._seen: dict[str, dict[str, float]] = defaultdict(dict)
         self._offsets: dict[str, dict[int, int]] = defaultdict(dict)
         # Experiments: (request, item) -> (experiment, variant); (experiment, user) -> {v, n, c, b, k, val, x};
-        # (experiment, variant) -> the sums of AB_SUM_FIELDS. Attribution entries expire with the
+        # (experiment, variant) -> the sums of AB_SUM_FIELDS per segment ("n@new"). Attribution entries expire with the
         # dedup window, as in Redis.
         self._att: OrderedDict[tuple[str, str], tuple[str, str, float, str]] = OrderedDict()  # (exp, variant, at, user)
         self._pending: OrderedDict[tuple[str, str], tuple[str, float]] = OrderedDict()  # clicks before their impression
         self._ab_user: dict[tuple[str, str], dict[str, Any]] = {}
-        self._ab_sums: dict[str, dict[str, dict[str, float]]] = defaultdict(dict)
+        self._ab_sums: dict[str, dict[str, defaultdict[str, float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
         self._lock = threading.Lock()  # the ingest thread writes while requests read
         self._head: set[str] | None = None  # the head by popularity (feature_store.long_tail), when first needed
@@ -96,7 +96,8 @@ class MemoryStore(OnlineStore):
 
     def _count(self, user: str, experiment: str, variant: str, what: str, item: str = "", pre: int = 0) -> None:
         """One impression (``what`` "n") or click ("c") of ``user`` in ``variant``; ``pre``: the user's
-        behaviours so far (their covariate, if this is their first exposure)."""
+        behaviours so far (their covariate, if this is their first exposure). Every sum is kept per segment
+        of the user (``field@segment``, as the Redis script keeps them; summed on read)."""
         self._user_experiments[user].add(experiment)
         state = self._ab_user.setdefault((experiment, user), {"v": variant, "n": 0, "c": 0, "b": 0, "k": 0,
                                                               "val": 0.0, "x": None})
@@ -106,23 +107,25 @@ class MemoryStore(OnlineStore):
         if state[what] >= self.ab_user_cap:  # what one user adds is capped: the rest counted apart
             self._unattributed["capped"] += 1
             return
-        sums = self._ab_sums[experiment].setdefault(variant, dict.fromkeys(AB_SUM_FIELDS, 0.0))
-        if state["x"] is None:  # first exposure: one more user, and what they did before it
-            x = state["x"] = min(pre, self.history_cap)
-            sums["users"] += 1
-            sums["x"] += x
-            sums["x2"] += x * x
-        x = state["x"]
+        sums = self._ab_sums[experiment].setdefault(variant, defaultdict(float))
+        first = state["x"] is None
+        if first:  # first exposure: one more user, and what they did before it
+            state["x"] = min(pre, self.history_cap)
+        x, at = state["x"], "@" + segment_of(state["x"])
+        if first:
+            sums["users" + at] += 1
+            sums["x" + at] += x
+            sums["x2" + at] += x * x
         if what == "c":
-            sums["c2"] += 2 * state["c"] + 1
-            sums["nc"] += state["n"]
-            sums["tail_c"] += self._long_tail(item)
+            sums["c2" + at] += 2 * state["c"] + 1
+            sums["nc" + at] += state["n"]
+            sums["tail_c" + at] += self._long_tail(item)
         else:
-            sums["n2"] += 2 * state["n"] + 1
-            sums["nc"] += state["c"]
-            sums["nb"] += state["b"]
-        sums[what] += 1
-        sums["x" + what] += x
+            sums["n2" + at] += 2 * state["n"] + 1
+            sums["nc" + at] += state["c"]
+            sums["nb" + at] += state["b"]
+        sums[what + at] += 1
+        sums["x" + what + at] += x
         state[what] += 1
 
     def _convert(self, user: str, kind: str, value: float) -> None:
@@ -137,20 +140,20 @@ class MemoryStore(OnlineStore):
                 self._unattributed["capped"] += 1
                 continue
             sums = self._ab_sums[experiment][state["v"]]
-            x = state["x"]
-            sums[what + "2"] += 2 * state[what] + 1
-            sums[what] += 1
-            sums["x" + what] += x
+            x, at = state["x"], "@" + segment_of(state["x"])
+            sums[what + "2" + at] += 2 * state[what] + 1
+            sums[what + at] += 1
+            sums["x" + what + at] += x
             if what == "b":
-                sums["nb"] += state["n"]
+                sums["nb" + at] += state["n"]
                 if value > 0:
                     room = self.ab_value_cap - state["val"]
                     if value > room:  # past the cap: the rest of its value counted apart
                         self._unattributed["capped"] += 1
                         value = max(room, 0.0)
-                    sums["val2"] += 2 * state["val"] * value + value * value
-                    sums["val"] += value
-                    sums["xval"] += x * value
+                    sums["val2" + at] += 2 * state["val"] * value + value * value
+                    sums["val" + at] += value
+                    sums["xval" + at] += x * value
                     state["val"] += value
             state[what] += 1
 
@@ -297,7 +300,8 @@ class MemoryStore(OnlineStore):
         return [(item, float(n)) for item, n in ranked[:k]]
 
     def experiment_counts(self, experiment: str) -> dict[str, dict[str, float]]:
-        """Per variant, the sums of online.base.AB_SUM_FIELDS (experiments.state_memory reads them)."""
+        """Per variant, the sums of online.base.AB_SUM_FIELDS, each per segment (``field@segment``:
+        experiments.state reads them)."""
         with self._lock:
             return {v: dict(sums) for v, sums in self._ab_sums.get(experiment, {}).items()}
 

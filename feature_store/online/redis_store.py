@@ -69,6 +69,7 @@ from feature_store.features import (
     DEFAULT_POPULARITY_WINDOW_S,
     DEFAULT_SEEN_CAP,
     DEFAULT_USER_TTL_S,
+    SEGMENTS,
     HistoryItem,
 )
 from feature_store.long_tail import HEAD_SHARE
@@ -100,8 +101,9 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 #                                  and the buys' value), x (their behaviours before their first exposure)
 #   {base}:ab:ue:{user}            set: the experiments the user was exposed to (their buys and carts count there)
 #   {base}:ab:{exp}:v:{variant}    hash: the sums of online.base.AB_SUM_FIELDS over the shard's users of the
-#                                  variant (tail_c: clicks on long-tail items by the shard's popularity at the
-#                                  time, feature_store.long_tail)
+#                                  variant, per segment of user ("n@new": feature_store.features.SEGMENTS;
+#                                  tail_c: clicks on long-tail items by the shard's popularity at the time,
+#                                  feature_store.long_tail)
 #   {base}:ab:{exp}:variants       set;  {base}:ab:experiments  set;  {base}:ab:unattributed  hash
 #   {base}:catalog                 hash item -> category (as admitted); {base}:catalog:order  list of items
 #   {base}:pc:{user}               sorted set item -> when its popularity was counted for the user (store clock)
@@ -145,6 +147,7 @@ local function long_tail(item)
   local rank = redis.call('ZREVRANK', KEYS[2], item)
   return (not rank) or rank >= math.ceil(HEAD_SHARE * redis.call('ZCARD', KEYS[2]))
 end
+SEGMENT_FUNCTION
 local function count(user, exp, var, what, item, hist)
   -- One impression (what = 'n') or click ('c') of the user in the variant.
   local ukey = prefix .. ':ab:' .. exp .. ':u:' .. user
@@ -163,8 +166,11 @@ local function count(user, exp, var, what, item, hist)
   if n == 0 and c == 0 then  -- first exposure: one more user, and what they did before it (the covariate)
     x = math.min(redis.call('ZCARD', hist), cap)
     redis.call('HSET', ukey, 'x', x)
-    redis.call('HINCRBY', skey, 'users', 1)
-    redis.call('HINCRBY', skey, 'x', x); redis.call('HINCRBY', skey, 'x2', x * x)
+  end
+  local at = '@' .. segment(x)  -- the user's segment: every sum is kept per segment (summed on read)
+  if n == 0 and c == 0 then
+    redis.call('HINCRBY', skey, 'users' .. at, 1)
+    redis.call('HINCRBY', skey, 'x' .. at, x); redis.call('HINCRBY', skey, 'x2' .. at, x * x)
     redis.call('SADD', prefix .. ':ab:' .. exp .. ':variants', var)
     redis.call('SADD', prefix .. ':ab:experiments', exp)
   end
@@ -172,15 +178,15 @@ local function count(user, exp, var, what, item, hist)
   redis.call('SADD', exposed, exp)
   if what == 'c' then
     redis.call('HSET', ukey, 'v', var, 'c', c + 1)
-    redis.call('HINCRBY', skey, 'c2', 2 * c + 1)
-    redis.call('HINCRBY', skey, 'nc', n)
-    if long_tail(item) then redis.call('HINCRBY', skey, 'tail_c', 1) end
+    redis.call('HINCRBY', skey, 'c2' .. at, 2 * c + 1)
+    redis.call('HINCRBY', skey, 'nc' .. at, n)
+    if long_tail(item) then redis.call('HINCRBY', skey, 'tail_c' .. at, 1) end
   else
     redis.call('HSET', ukey, 'v', var, 'n', n + 1)
-    redis.call('HINCRBY', skey, 'n2', 2 * n + 1)
-    redis.call('HINCRBY', skey, 'nc', c); redis.call('HINCRBY', skey, 'nb', b)
+    redis.call('HINCRBY', skey, 'n2' .. at, 2 * n + 1)
+    redis.call('HINCRBY', skey, 'nc' .. at, c); redis.call('HINCRBY', skey, 'nb' .. at, b)
   end
-  redis.call('HINCRBY', skey, what, 1); redis.call('HINCRBY', skey, 'x' .. what, x)
+  redis.call('HINCRBY', skey, what .. at, 1); redis.call('HINCRBY', skey, 'x' .. what .. at, x)
   if user_ttl > 0 then redis.call('EXPIRE', ukey, user_ttl); redis.call('EXPIRE', exposed, user_ttl) end
 end
 local function float(v) return string.format('%.17g', v) end  -- tostring keeps 14 digits only
@@ -197,11 +203,12 @@ local function convert(user, kind, value)
     else
       local skey = prefix .. ':ab:' .. exp .. ':v:' .. state[1]
       local x = tonumber(state[5] or '0')
+      local at = '@' .. segment(x)
       redis.call('HSET', ukey, what, done + 1)
-      redis.call('HINCRBY', skey, what, 1); redis.call('HINCRBY', skey, what .. '2', 2 * done + 1)
-      redis.call('HINCRBY', skey, 'x' .. what, x)
+      redis.call('HINCRBY', skey, what .. at, 1); redis.call('HINCRBY', skey, what .. '2' .. at, 2 * done + 1)
+      redis.call('HINCRBY', skey, 'x' .. what .. at, x)
       if what == 'b' then
-        redis.call('HINCRBY', skey, 'nb', tonumber(state[2] or '0'))
+        redis.call('HINCRBY', skey, 'nb' .. at, tonumber(state[2] or '0'))
         if value > 0 then
           local val = tonumber(state[4] or '0')
           local room = ab_value_cap - val
@@ -210,9 +217,9 @@ local function convert(user, kind, value)
             value = math.max(room, 0)
           end
           redis.call('HSET', ukey, 'val', float(val + value))
-          redis.call('HINCRBYFLOAT', skey, 'val', float(value))
-          redis.call('HINCRBYFLOAT', skey, 'val2', float(2 * val * value + value * value))
-          redis.call('HINCRBYFLOAT', skey, 'xval', float(x * value))
+          redis.call('HINCRBYFLOAT', skey, 'val' .. at, float(value))
+          redis.call('HINCRBYFLOAT', skey, 'val2' .. at, float(2 * val * value + value * value))
+          redis.call('HINCRBYFLOAT', skey, 'xval' .. at, float(x * value))
         end
       end
     end
@@ -329,6 +336,12 @@ if behaviours > 0 then redis.call('INCRBY', prefix .. ':applied', behaviours) en
 return {1, applied}
 """
 
+def _segment_function() -> str:
+    """Lua's ``segment(x)``: feature_store.features.segment_of, written out from the same bounds."""
+    lines = [f"  if x >= {least} then return '{name}' end" for name, least in reversed(SEGMENTS)]
+    return "local function segment(x)\n" + "\n".join(lines) + "\nend"
+
+
 # KEYS: a shard's catalog hash and order list; ARGV: item, category, item, category, ... (a trusted feed's items)
 _ADMIT_SCRIPT = r"""
 local joined = 0
@@ -396,7 +409,8 @@ class RedisStore(OnlineStore):
                     except REDIS_ERRORS as exc:
                         raise StoreUnavailable(f"redis not reachable ({self._url}): {exc}") from exc
                     self._script = self._r_client.register_script(
-                        _WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE)))
+                        _WRITE_SCRIPT.replace("HEAD_SHARE", repr(HEAD_SHARE))
+                        .replace("SEGMENT_FUNCTION", _segment_function()))
                     self._admit_script = self._r_client.register_script(_ADMIT_SCRIPT)
         return self._r_client
 
@@ -642,7 +656,8 @@ class RedisStore(OnlineStore):
 
     # -------------------------------------------------------------- experiment counters (experiments.state_redis)
     def experiment_sums(self, experiment: str) -> dict[str, dict[str, float]]:
-        """Per variant, the script's counters summed over the shards (fields: users n c n2 c2 nc tail_c)."""
+        """Per variant, the script's counters summed over the shards (online.base.AB_SUM_FIELDS, each per
+        segment: ``field@segment``)."""
         sets = self._read(lambda pipe: [pipe.smembers(f"{self._base(s)}:ab:{experiment}:variants")
                                         for s in self._shards()])
         pairs = sorted((s, v) for s, vs in enumerate(sets) for v in vs)

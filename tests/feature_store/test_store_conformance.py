@@ -704,3 +704,19 @@ def test_a_users_ab_state_expires_with_its_other_keys(bounded_store, clock):
         r = store.client
         keys = [k for k in r.scan_iter(f"{store.prefix}:*") if k.endswith((":ab:exp1:u:u1", ":ab:ue:u1"))]
         assert len(keys) == 2 and all(0 < r.ttl(k) <= 7200 for k in keys)
+
+
+def test_experiment_counts_are_kept_per_segment_of_user_and_add_up(store):
+    """Each user's counts land in their segment by the behaviours they had before their first exposure (none:
+    new; 1-9: light; 10+: heavy — the history cap, 5 here, keeps this store's users below heavy)."""
+    state = open_state(store)
+    store.write([ev("old", f"h{j}", float(j)) for j in range(3)])  # 3 behaviours, then exposed
+    store.write([imp("old", "x", "r1", "A"), imp("fresh", "x", "r2", "A"), imp("fresh", "y", "r2", "A"),
+                 click("fresh", "y", "r2"), conversion("old", "z", value=5.0)])
+    segments = state.segments("exp1")
+    assert set(segments) == {"new", "light"}
+    new, light = segments["new"]["A"], segments["light"]["A"]
+    assert (new.users, new.impressions, new.clicks, new.buys, new.pre) == (1, 2, 1, 0, 0)
+    assert (light.users, light.impressions, light.clicks, light.buys, light.pre, light.pre_buys) == (1, 1, 0, 1, 3, 3)
+    total = state.sums("exp1")["A"]
+    assert (total.users, total.impressions, total.clicks, total.buys, total.value) == (2, 3, 1, 1, 5.0)

@@ -115,6 +115,14 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             stopped_row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.metrics tr[data-metric="ctr"]'
                                                                 f'[data-variant="bad"]')
             assert "as stopped" in stopped_row.find_element(By.CSS_SELECTOR, 'td[data-field="decision"]').text
+            # The breakdown, folded away and marked exploratory: only new users here, the stopped arm left out.
+            segments = {g["segment"]: g for g in want["results"]["breakdown"]["segments"]}
+            assert segments["new"]["users"] == {"control": 300, "same": 300} and segments["light"]["users"]["same"] == 0
+            folded = browser.find_elements(By.CSS_SELECTOR, f"{RISKY} table.breakdown tbody tr")
+            assert [(r.get_attribute("data-segment"), r.get_attribute("data-metric"), r.get_attribute("data-variant"))
+                    for r in folded] == [("new", m, "same") for m in ("ctr", "conversions_per_user", "value_per_user")]
+            summary = browser.find_element(By.CSS_SELECTOR, f"{RISKY} details.breakdown summary").text
+            assert "exploratory" in summary
             # The power calculator: its answer is the plan endpoint's, and a new lift changes it.
             def days() -> str | None:
                 return browser.find_element(By.CSS_SELECTOR, '[data-field="days_needed"]').get_attribute("data-days")

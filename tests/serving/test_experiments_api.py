@@ -40,6 +40,7 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         again = c.get("/recommend", params={"user_id": users[0], "k": 4}).json()
         assert again["variant"] == answers[users[0]]["variant"]  # sticky
 
+        first = {u: len(store.history(u, 50)) for u in users}  # each user's history when first served
         shown = sum(len(a["items"]) for a in answers.values()) + len(again["items"])
         wait_until(lambda: sum(s.impressions for s in open_state(store).sums("baseline").values()) == shown,
                    what="every shown item logged as an impression")
@@ -60,6 +61,14 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         assert r["unattributed"]["orphan_clicks"] == 1
         assert [x["variant"] for x in r["results"]["comparisons"]] == ["popular"]
         assert 0 <= r["results"]["srm"]["p_value"] <= 1
+        # The breakdown: every user in the segment of the history they had when first served (the store's).
+        breakdown = r["results"]["breakdown"]
+        assert breakdown["exploratory"] and [g["segment"] for g in breakdown["segments"]] == ["new", "light", "heavy"]
+        for v in got:
+            assert sum(g["users"][v] for g in breakdown["segments"]) == got[v]["users"]
+        heavy = [g for g in breakdown["segments"] if g["segment"] == "heavy"][0]
+        assert sum(heavy["users"].values()) == sum(1 for n in first.values() if n >= 10) > 0
+        assert set(heavy["metrics"]) == {"ctr", "conversions_per_user", "value_per_user"}
         assert c.get("/experiments/nope/results").status_code == 404
         assert [e["name"] for e in c.get("/experiments").json()["experiments"]] == ["baseline"]
         listed = c.get("/experiments").json()["experiments"][0]
