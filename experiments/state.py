@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 
+from experiments.served import Tally
 from experiments.stats import VariantSums
 
 RECENT_S = 86_400.0  # the last day's snapshots are kept at the guardrail's interval
@@ -62,6 +63,15 @@ class ExperimentState(ABC):
         """Clicks not joined to an impression (``orphan_clicks``: the request has no logged impression of
         the item for that user, or its click was counted already), and
         experiment events of a user already counted under another variant (``variant_conflicts``)."""
+
+    @abstractmethod
+    def add_served(self, experiment: str, tallies: dict[str, Tally]) -> None:
+        """Add what each variant of ``experiment`` served in a batch (experiments.served) to the shared totals."""
+
+    @abstractmethod
+    def served(self, experiment: str, variants: list[str]) -> dict[str, tuple[dict[str, float], int]]:
+        """Per variant of ``variants``: the served-list counters so far, and how many distinct items it served
+        (Redis: a HyperLogLog's estimate, within about 1 %)."""
 
     @abstractmethod
     def _put_first(self, table: str, experiment: str, key: str, doc: dict) -> bool:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+from collections import Counter
 
+from experiments.served import Tally
 from experiments.state import ExperimentState
 from feature_store.online.memory import MemoryStore
 
@@ -14,6 +16,7 @@ class MemoryExperimentState(ExperimentState):
     def __init__(self, store: MemoryStore) -> None:
         self.store = store
         self._ledger: dict[tuple[str, str], dict[str, dict]] = {}  # (table, experiment) -> key -> document
+        self._served: dict[tuple[str, str], tuple[Counter[str], set[str]]] = {}  # (experiment, variant) -> tallies
         self._lock = threading.Lock()
 
     def _counts(self, experiment: str) -> dict[str, dict[str, float]]:
@@ -21,6 +24,18 @@ class MemoryExperimentState(ExperimentState):
 
     def unattributed(self) -> dict[str, int]:
         return self.store.unattributed_counts()
+
+    def add_served(self, experiment: str, tallies: dict[str, Tally]) -> None:
+        with self._lock:
+            for variant, t in tallies.items():
+                counts, items = self._served.setdefault((experiment, variant), (Counter(), set()))
+                counts.update(t.counts)
+                items.update(t.items)
+
+    def served(self, experiment: str, variants: list[str]) -> dict[str, tuple[dict[str, float], int]]:
+        with self._lock:
+            held = {v: self._served.get((experiment, v)) for v in variants}
+            return {v: (dict(t[0]), len(t[1])) if t else ({}, 0) for v, t in held.items()}
 
     def _put_first(self, table: str, experiment: str, key: str, doc: dict) -> bool:
         with self._lock:  # the first writer wins, as HSETNX in Redis

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from experiments.served import Tally
 from experiments.state import ExperimentState
 from feature_store.errors import StoreUnavailable
 from feature_store.online.redis_store import REDIS_ERRORS, RedisStore
@@ -29,6 +30,32 @@ class RedisExperimentState(ExperimentState):
 
     def unattributed(self) -> dict[str, int]:
         return self.store.unattributed_counts()
+
+    def add_served(self, experiment: str, tallies: dict[str, Tally]) -> None:
+        base = self.store.experiment_key(experiment)
+        try:  # single keys per experiment and variant (one node each in a cluster), one round trip
+            pipe = self._r.pipeline(transaction=False)
+            for variant, t in tallies.items():
+                for name, n in t.counts.items():
+                    pipe.hincrby(f"{base}:served:{variant}", name, n)
+                if t.items:
+                    pipe.pfadd(f"{base}:served_items:{variant}", *t.items)
+            pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise self._unavailable("write", exc) from exc
+
+    def served(self, experiment: str, variants: list[str]) -> dict[str, tuple[dict[str, float], int]]:
+        base = self.store.experiment_key(experiment)
+        try:
+            pipe = self._r.pipeline(transaction=False)
+            for v in variants:
+                pipe.hgetall(f"{base}:served:{v}")
+                pipe.pfcount(f"{base}:served_items:{v}")
+            rows = pipe.execute()
+        except REDIS_ERRORS as exc:
+            raise self._unavailable("read", exc) from exc
+        return {v: ({f: float(x) for f, x in rows[2 * j].items()}, int(rows[2 * j + 1]))
+                for j, v in enumerate(variants)}
 
     def _put_first(self, table: str, experiment: str, key: str, doc: dict) -> bool:
         try:  # HSETNX: of several replicas writing at once, exactly one records it

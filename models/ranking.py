@@ -418,6 +418,14 @@ class Recommender:
     def knows(self, item_id: str) -> bool:
         return item_id in self._item_idx
 
+    def long_tail(self, item_id: str) -> bool:
+        """Whether ``item_id`` is in the long tail of this model's popularity (an item it does not know —
+        a cold one — is; a bundle without tail flags: nothing is)."""
+        if self._tail is None:
+            return False
+        idx = self._item_idx.get(item_id)
+        return bool(self._tail[idx]) if idx is not None else True
+
     def category_of(self, item_id: str) -> str:
         idx = self._item_idx.get(item_id)
         if idx:

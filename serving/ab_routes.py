@@ -13,6 +13,7 @@ from starlette.exceptions import HTTPException
 
 from experiments.metrics import METRICS, analyse_metric
 from experiments.power import plan, still_needed
+from experiments.served import summary as served_summary
 from experiments.spec import Experiment
 from experiments.stats import VariantSums, analyse, intersect, verdict
 from experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
@@ -20,6 +21,7 @@ from feature_store.features import SEGMENTS
 from serving.admin import bearer, is_admin
 from serving.deps import ServiceState, State
 from serving.errors import InvalidRequest
+from serving.models import NoModelYet
 from serving.settings import is_loopback
 
 router = APIRouter()
@@ -102,6 +104,8 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
                                     higher_is_better=use.direction == "higher", as_stopped=as_stopped)}
         for use in exp.metrics}
     results["breakdown"] = _breakdown(state, exp, sums, stopped, results["alpha"])
+    results["served"] = {v: served_summary(counts, distinct, _catalog_size(state)) for v, (counts, distinct)
+                         in state.experiment_state.served(name, list(sums)).items()}
     for metric, rows, higher in [("ctr", results["comparisons"], True)] + [
             (m, r["comparisons"], r["direction"] == "higher") for m, r in results["metrics"].items()]:
         for row in rows:  # a decision once reached stands: its sequence is intersected in
@@ -124,6 +128,14 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
             "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
             "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"],
             "frozen_at": None}
+
+
+def _catalog_size(state: ServiceState) -> int | None:
+    """The items the serving model knows (what coverage is a share of); None while no model serves."""
+    try:
+        return len(state.recommender.bundle.vocab.items)
+    except NoModelYet:
+        return None
 
 
 def _breakdown(state: ServiceState, exp: Experiment, sums: dict[str, VariantSums], stopped: dict, alpha: float) -> dict:

@@ -115,7 +115,8 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
         state.threads["dinrec-outbox"] = lambda: state.outbox.sender_alive
     sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
             else state.store.write)
-    state.impressions = ImpressionLog(sink, on_drop=metrics.impressions_dropped.inc)
+    state.impressions = ImpressionLog(sink, on_drop=metrics.impressions_dropped.inc,
+                                      on_served=state.experiment_state.add_served)
     parts.callback(state.impressions.close)  # into the outbox (or store) before the outbox drains
     state.threads["dinrec-impressions"] = lambda: state.impressions.alive
     metrics.watch_threads(state.threads)

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from experiments.served import Tally
 from feature_store.schema import BehaviourEvent, describe
 
 log = logging.getLogger(__name__)
@@ -36,6 +37,9 @@ class ServedList:
     variant: str | None
     model_version: str
     ts: float
+    degraded: bool = False  # answered in a degraded mode (serving.degraded)
+    latency_ms: float = 0.0  # from the request's start to its list
+    tail_items: int = 0  # of ``items``, how many are long-tail (the model's popularity)
 
     def events(self) -> list[BehaviourEvent]:
         return [BehaviourEvent(event_id=f"imp-{self.request_id}-{pos}", user_id=self.user_id, item_id=item,
@@ -47,8 +51,11 @@ class ServedList:
 
 class ImpressionLog:
     def __init__(self, sink: Callable[[list[BehaviourEvent]], None], *, max_pending: int = 20_000,
-                 batch: int = 200, on_drop: Callable[[int], None] = lambda n: None) -> None:
-        self._sink, self._batch, self._on_drop = sink, batch, on_drop
+                 batch: int = 200, on_drop: Callable[[int], None] = lambda n: None,
+                 on_served: Callable[[str, dict[str, Tally]], None] | None = None) -> None:
+        """``on_served(experiment, tallies)``: each batch's lists of an experiment, tallied per variant
+        (experiments.served), e.g. into the shared experiment state."""
+        self._sink, self._batch, self._on_drop, self._on_served = sink, batch, on_drop, on_served
         self._queue: queue.Queue[ServedList | None] = queue.Queue(max_pending)
         self._thread = threading.Thread(target=self._run, name="dinrec-impressions", daemon=True)
         self._thread.start()
@@ -80,6 +87,24 @@ class ImpressionLog:
             except Exception:  # noqa: BLE001 - a bug in one batch must not end logging for the worker's life
                 log.exception("impression batch of %d lists lost", len(lists))
                 self._on_drop(sum(len(s.items) for s in lists if s is not None))
+            self._tally([s for s in lists if s is not None])
+
+    def _tally(self, lists: list[ServedList]) -> None:
+        """What each arm served in this batch, added to the shared totals (a failure loses this batch's
+        tallies only: they are figures to watch, not counts anything is decided on)."""
+        if self._on_served is None:
+            return
+        by_experiment: dict[str, dict[str, Tally]] = {}
+        for s in lists:
+            if s.experiment and s.variant:
+                tally = by_experiment.setdefault(s.experiment, {}).setdefault(s.variant, Tally())
+                tally.add((item for item, _ in s.items), degraded=s.degraded, latency_ms=s.latency_ms,
+                          tail_items=s.tail_items)
+        for experiment, tallies in by_experiment.items():
+            try:
+                self._on_served(experiment, tallies)
+            except Exception as exc:  # noqa: BLE001 - the store may be down; the next batch tries again
+                log.warning("served-list figures of %s not recorded: %s", experiment, exc)
 
     def _events(self, served: ServedList) -> list[BehaviourEvent]:
         try:

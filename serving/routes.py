@@ -73,7 +73,9 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, o
     if state.impressions is not None and (exp_name or state.outbox is not None):  # the store keeps only A/B ones
         state.impressions.log(ServedList(request.state.request_id, user_id,
                                          [(x.item_id, x.category_id) for x in ranking.items], exp_name,
-                                         variant_name, rec.model_version, time.time()))
+                                         variant_name, rec.model_version, time.time(), degraded=bool(reasons),
+                                         latency_ms=1000 * (time.perf_counter() - started),
+                                         tail_items=sum(rec.long_tail(x.item_id) for x in ranking.items)))
     for reason in reasons:
         state.metrics.degraded.labels(reason).inc()
     c4 = time.thread_time()

@@ -720,3 +720,23 @@ def test_experiment_counts_are_kept_per_segment_of_user_and_add_up(store):
     assert (light.users, light.impressions, light.clicks, light.buys, light.pre, light.pre_buys) == (1, 1, 0, 1, 3, 3)
     total = state.sums("exp1")["A"]
     assert (total.users, total.impressions, total.clicks, total.buys, total.value) == (2, 3, 1, 1, 5.0)
+
+
+def test_what_each_arm_served_adds_up_across_batches_and_replicas(store):
+    """The served-list tallies (experiments.served) of two batches — as two replicas' impression logs send
+    them — add up in the shared state; the distinct items are a set's (Redis: a HyperLogLog's estimate)."""
+    from experiments.served import Tally
+
+    state = open_state(store)
+    for batch in range(2):
+        t = Tally()
+        for j in range(50):
+            t.add([f"i{(batch * 50 + j) % 80}", "common"], degraded=j % 10 == 0, latency_ms=3.0 + j, tail_items=1)
+        state.add_served("exp1", {"A": t})
+    served = state.served("exp1", ["A", "B"])
+    counts, distinct = served["A"]
+    assert (counts["lists"], counts["degraded"], counts["items"], counts["tail_items"]) == (100, 10, 200, 100)
+    assert counts["lat_le_5"] + counts["lat_le_10"] + counts["lat_le_25"] + counts["lat_le_50"] + \
+        counts["lat_le_100"] == 100
+    assert distinct == pytest.approx(81, abs=2)  # 80 items and "common"
+    assert served["B"] == ({}, 0)

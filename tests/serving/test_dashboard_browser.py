@@ -186,7 +186,13 @@ def test_the_dashboard_takes_the_results_token_once_from_its_address(tiny_run, t
     path.write_text(json.dumps({"experiments": [EXPERIMENT]}))
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store", host="0.0.0.0",
                                anonymous_users=True, results_token=SecretStr(RESULTS_TOKEN), score_precision="fp32")
+    auth = {"authorization": f"Bearer {RESULTS_TOKEN}"}
     with live_server(settings, FeatureStoreSettings(), store=MemoryStore(), stream=InProcessStream()) as c:
+        for u in range(30):  # served lists: what each arm served shows under the metrics
+            assert c.get("/recommend", params={"user_id": f"web-{u}", "k": 5}).status_code == 200
+        wait_until(lambda: sum(x["lists"] for x in c.get("/experiments/risky/results", headers=auth).json()[
+            "results"]["served"].values()) == 30, what="the 30 lists tallied")
+        served = c.get("/experiments/risky/results", headers=auth).json()["results"]["served"]
         browser = _browser()
         try:
             browser.get(f"{c.base_url}/dashboard")
@@ -198,5 +204,12 @@ def test_the_dashboard_takes_the_results_token_once_from_its_address(tiny_run, t
             WebDriverWait(browser, 20).until(lambda b: b.find_element(By.TAG_NAME, "body").get_attribute("data-loaded"))
             assert browser.find_elements(By.CSS_SELECTOR, RISKY)
             assert "token" not in browser.current_url
+            for variant, x in served.items():
+                row = browser.find_element(By.CSS_SELECTOR, f'{RISKY} table.served tr[data-variant="{variant}"]')
+                assert int(row.find_element(By.CSS_SELECTOR, 'td[data-field="lists"]').text) == x["lists"]
+                assert row.find_element(By.CSS_SELECTOR, 'td[data-field="latency_p95_ms"]').text == \
+                    f"{x['latency_p95_ms']:.1f} ms"
+                assert int(row.find_element(By.CSS_SELECTOR, 'td[data-field="distinct_items"]').text) == \
+                    x["distinct_items"] > 0
         finally:
             browser.quit()

@@ -61,6 +61,18 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         assert r["unattributed"]["orphan_clicks"] == 1
         assert [x["variant"] for x in r["results"]["comparisons"]] == ["popular"]
         assert 0 <= r["results"]["srm"]["p_value"] <= 1
+        # What each arm served, as a set (every request's list; the tally lands after its impressions).
+        requests = {v: len(us) + (v == again["variant"]) for v, us in by_variant.items()}
+        wait_until(lambda: {v: x["lists"] for v, x in c.get("/experiments/baseline/results").json()["results"][
+            "served"].items()} == requests, what="every served list tallied")
+        served = c.get("/experiments/baseline/results").json()["results"]["served"]
+        for v, x in served.items():
+            shown_v = sum(len(answers[u]["items"]) for u in by_variant[v]) + (len(again["items"]) if v ==
+                                                                             again["variant"] else 0)
+            distinct = {i["item_id"] for u in by_variant[v] for i in answers[u]["items"]}
+            assert x["distinct_items"] == len(distinct) and 0 < x["coverage"] < 1
+            assert x["degraded_rate"] == 0 and x["latency_p95_ms"] > 0 and 0 <= x["long_tail_share"] <= 1
+            assert round(x["long_tail_share"] * shown_v) == pytest.approx(x["long_tail_share"] * shown_v, abs=1e-6)
         # The breakdown: every user in the segment of the history they had when first served (the store's).
         breakdown = r["results"]["breakdown"]
         assert breakdown["exploratory"] and [g["segment"] for g in breakdown["segments"]] == ["new", "light", "heavy"]
