@@ -177,7 +177,8 @@ class Guardrail:
             judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
             judgeable = [v for v in exp.variants if v.name != exp.control_name and v.name in sums
                          and min(control.users, sums[v.name].users) >= self.min_users]
-            for use in (m for m in exp.metrics if m.role != "secondary"):
+            # Guardrail metrics first: an arm worse on one is stopped before the goal could promote it.
+            for use in sorted((m for m in exp.metrics if m.role != "secondary"), key=lambda m: m.role == "goal"):
                 metric = METRICS[use.name]
                 # Several treatments: each acts only at Holm's level over all of them (experiments.stats.corrected).
                 results = corrected([compare_metric(metric, control, sums[v.name], v.name, alpha=self.alpha)[0]

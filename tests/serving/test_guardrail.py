@@ -220,6 +220,22 @@ def test_an_arm_that_lifts_ctr_but_loses_buys_is_stopped_on_the_conversion_guard
     assert results["bad"].clicks > 1.6 * results["control"].clicks  # its CTR did rise
 
 
+def test_an_arm_that_wins_on_the_goal_but_loses_on_a_guardrail_is_stopped_not_promoted():
+    """Guardrails are judged first: a challenger far better on CTR (the goal, with ``promote``) and worse on
+    buys is stopped, and its model never takes the alias."""
+    exp = {"name": "risky", "status": "running", "seed": "g", "promote": "champion",
+           "variants": [{"name": "control"}, {"name": "bad", "model": "challenger"}]}
+    store, moved = MemoryStore(), []
+    guard = Guardrail(open_state(store), Experiments([Experiment.model_validate(exp)]), min_users=100,
+                      promote=lambda alias, model: moved.append((alias, model)) or "v2")
+    store.write(traffic("control", 400, 10, 1) + traffic("bad", 400, 10, 4))
+    store.write(buys("control", 200, 1) + buys("bad", 40, 1))
+    made = guard.check()
+    assert [(d["variant"], d["reason"], d["metric"]) for d in made] == [("bad", "guardrail", "conversions_per_user")]
+    assert moved == [] and open_state(store).conclusion("risky") is None
+    assert guard.check() == [] and moved == []  # and stays so
+
+
 @pytest.mark.parametrize("forgery", ["an undeclared variant", "a skewed split", "bots clicking in one arm",
                                      "bots buying in one arm"])
 def test_counts_that_do_not_add_up_hold_the_guardrail_instead_of_stopping(forgery):
