@@ -50,12 +50,13 @@ class RedisExperimentState(ExperimentState):
             pipe = self._r.pipeline(transaction=False)
             for v in variants:
                 pipe.hgetall(f"{base}:served:{v}")
-                pipe.pfcount(f"{base}:served_items:{v}")
             rows = pipe.execute()
+            # One key each, outside the pipeline: redis-py's cluster pipeline refuses PFCOUNT.
+            distinct = [int(self._r.pfcount(f"{base}:served_items:{v}")) for v in variants]
         except REDIS_ERRORS as exc:
             raise self._unavailable("read", exc) from exc
-        return {v: ({f: float(x) for f, x in rows[2 * j].items()}, int(rows[2 * j + 1]))
-                for j, v in enumerate(variants)}
+        return {v: ({f: float(x) for f, x in row.items()}, n) for v, row, n in zip(variants, rows, distinct,
+                                                                                      strict=True)}
 
     def _put_first(self, table: str, experiment: str, key: str, doc: dict) -> bool:
         try:  # HSETNX: of several replicas writing at once, exactly one records it
