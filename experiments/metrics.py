@@ -145,8 +145,11 @@ def analyse_metric(metric: Metric, sums: dict[str, VariantSums], control: str, *
             t, base, mine = as_stopped[v]
             c, applied = compare_metric(metric, base, mine, v, alpha=alpha, tuning_users=tuning_users, cuped=cuped)
         else:
+            base, mine = sums[control], sums[v]
             c, applied = corrected_rows[v], pairs[v][1]
         row = {k: (None if isinstance(x, float) and math.isnan(x) else x) for k, x in asdict(c).items()}
+        # the two means compared (unadjusted): a stopped arm's and control's both as of its stop
+        row["control_mean"], row["variant_mean"] = _figures(metric, base)["mean"], _figures(metric, mine)["mean"]
         if not higher_is_better and row["sequential"] != "inconclusive":
             row["sequential"] = "worse" if row["sequential"] == "better" else "better"
         row["cuped"] = applied
