@@ -177,6 +177,7 @@ class Guardrail:
             judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
             judgeable = [v for v in exp.variants if v.name != exp.control_name and v.name in sums
                          and min(control.users, sums[v.name].users) >= self.min_users]
+            stopping = set(stopped)  # and those this check stops
             # Guardrail metrics first: an arm worse on one is stopped before the goal could promote it.
             for use in sorted((m for m in exp.metrics if m.role != "secondary"), key=lambda m: m.role == "goal"):
                 metric = METRICS[use.name]
@@ -184,8 +185,8 @@ class Guardrail:
                 results = corrected([compare_metric(metric, control, sums[v.name], v.name, alpha=self.alpha)[0]
                                      for v in judgeable], self.alpha)
                 for variant, r in zip(judgeable, results, strict=True):
-                    if variant.name in self.state.stopped(exp.name):
-                        continue  # stopped on an earlier metric of this check
+                    if variant.name in stopping:
+                        continue  # stopped before, or on an earlier metric of this check
                     treated = sums[variant.name]
                     low, high = self._sequences[(exp.name, variant.name, use.name)] = intersect(
                         self._sequences.get((exp.name, variant.name, use.name)), r.cs_low, r.cs_high)
@@ -196,6 +197,7 @@ class Guardrail:
                     if sequential == "worse":
                         decision = {"experiment": exp.name, "variant": variant.name, "at": now,
                                     "reason": "guardrail", **evidence}
+                        stopping.add(variant.name)  # by this call, or by another replica's first
                         if self.state.stop(exp.name, variant.name, decision):
                             log.warning("guardrail stopped %s/%s: %s lift %+.1f%% (always-valid CI %+.1f%% .. "
                                         "%+.1f%%)", exp.name, variant.name, use.name, 100 * r.lift, 100 * low,

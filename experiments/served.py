@@ -2,8 +2,8 @@
 long tail — the guardrail metrics that are not per-user sums. Reported beside the per-user metrics, not held
 to parity and given no interval: a list is not the unit of randomisation, a user is.
 
-The service tallies its served lists per (experiment, variant) off the request path (serving.impressions hands
-each batch to :func:`tally`) and adds the tallies to the shared experiment state (experiments.state:
+The service tallies its served lists per (experiment, variant) off the request path (serving.impressions adds
+each batch's lists to a :class:`Tally` per arm) and adds the tallies to the shared experiment state (experiments.state:
 ``add_served``), so the figures are every replica's. Latency goes into fixed buckets, so its p95 is read the
 way Prometheus' ``histogram_quantile`` reads one (linear within the bucket it falls in).
 """
@@ -34,7 +34,7 @@ class Tally:
 
 
 def _bucket(latency_ms: float) -> str:
-    return next((f"lat_le_{b}" for b in LATENCY_BUCKETS_MS if latency_ms <= b), "lat_inf")
+    return next((_bucket_name(b) for b in LATENCY_BUCKETS_MS if latency_ms <= b), "lat_inf")
 
 
 def p95_ms(counts: dict[str, float]) -> float | None:

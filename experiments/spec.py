@@ -148,10 +148,6 @@ class Experiment(BaseModel):
         return self.control or self.variants[0].name
 
     @property
-    def goal(self) -> MetricUse:
-        return next(m for m in self.metrics if m.role == "goal")
-
-    @property
     def weights(self) -> dict[str, float]:
         """Normalised to sum to 1."""
         total = sum(v.weight for v in self.variants)
