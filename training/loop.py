@@ -53,7 +53,7 @@ RESUME_KEYS = ("batch_size", "lr", "seq_len", "negatives", "item_dim", "cat_dim"
                "attention_activation", "mlp_activation", "seed", "precision", "mba_l2", "warmup_steps",
                "sparse_embeddings", "embeddings", "embedding_sharding", "embedding_optimizer", "embedding_lr",
                "objective", "list_negatives", "hard_negative_share", "popular_negative_power", "guard_folds",
-               "din_context")
+               "din_context", "dropout")
 
 
 class TrainingInterrupted(Exception):
@@ -198,7 +198,7 @@ def model_config_for(samples: SampleSet, s: TrainSettings) -> DINConfig:
     return DINConfig(n_items=samples.vocab.n_items, n_categories=samples.vocab.n_categories,
                      item_dim=s.item_dim, cat_dim=s.cat_dim, mlp_hidden=tuple(s.mlp_hidden),
                      attention_hidden=tuple(s.attention_hidden), attention_activation=s.attention_activation,
-                     mlp_activation=s.mlp_activation, sparse_embeddings=s.sparse_embeddings,
+                     mlp_activation=s.mlp_activation, sparse_embeddings=s.sparse_embeddings, dropout=s.dropout,
                      positions=min(s.seq_len, samples.seq_len) if "position" in ctx else 0,
                      time_buckets=GAP_BUCKETS if "time" in ctx else 0, pair_inputs=int("covisit" in ctx),
                      candidate_inputs=len(CANDIDATE_FEATURES) if "candidate" in ctx else 0,

@@ -53,6 +53,9 @@ class TrainSettings(BaseSettings):
     item_dim: int = Field(16, ge=1, le=4096, description="item embedding size")
     cat_dim: int = Field(16, ge=1, le=4096, description="category embedding size")
     mlp_hidden: tuple[int, ...] = Field((200, 80), description="DIN's MLP hidden layers (JSON list)")
+    dropout: float = Field(0.0, ge=0, lt=1, description=(
+        "dropout after each of DIN's MLP layers while training (its draws are part of an exact resume); "
+        "0.2 measured no better on ml-100k over three seeds (docs/benchmarks.md)"))
     attention_hidden: tuple[int, ...] = Field((16,), description=(
         "the activation unit's hidden layers (JSON list): it runs once per (candidate, behaviour), so listwise "
         "training and serving pay for its width; the DIN paper's is [80, 40]"))

@@ -178,11 +178,12 @@ def test_sparse_embeddings_train_and_resume_exactly(samples, tmp_path):
 
 def test_listwise_interrupted_mid_epoch_and_resumed_equals_uninterrupted_bitwise(samples, tmp_path):
     """The listwise objective (the default): towers, lanes and DIN through the pipeline, stopped at a step
-    of DIN's second epoch (the negatives a step draws come from (seed, epoch, step): nothing else to keep)."""
+    of DIN's second epoch (the negatives a step draws come from (seed, epoch, step); the MLP's dropout draws
+    from torch's generator, which the checkpoint keeps)."""
     from training.pipeline import train_bundle
 
     kw = dict(epochs=3, batch_size=64, item_dim=8, cat_dim=4, progress=False, patience=0, recall_epochs=2,
-              recall_dim=8, list_negatives=8, guard_folds=2, attention_hidden=(8,), mlp_hidden=(16,))
+              recall_dim=8, list_negatives=8, guard_folds=2, attention_hidden=(8,), mlp_hidden=(16,), dropout=0.2)
     full = train_bundle(samples, TrainSettings(**kw), tmp_path / "x", run_dir=tmp_path / "a", export=False)
     assert full.result.metrics["objective"] == "listwise" and full.result.metrics["fused_kernel"]
     steps = full.result.metrics["global_step"]
