@@ -135,10 +135,16 @@ def bench_serve_cmd(
     cluster_url: Annotated[str | None, typer.Option(
         envvar="DINREC_REDIS_CLUSTER_URL", help="a node of the Redis Cluster (for --store redis-cluster)")] = None,
     partitions: Annotated[int, typer.Option(help="shards of the store on the cluster (DINREC_STORE_PARTITIONS)")] = 8,
+    vs: Annotated[str | None, typer.Option(help=(
+        "fastapi: also the highest rate dinrec holds (p99 within --p99-ms, no errors) and the same search against "
+        "a bare FastAPI app answering the same shape with the same workers: fraction_of_fastapi"))] = None,
+    probe_seconds: Annotated[float, typer.Option(help="with --vs: seconds of load per probed rate")] = 5.0,
+    p99_ms: Annotated[float, typer.Option("--p99-ms", help="with --vs: the p99 a held rate stays within")] = 25.0,
     progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
-    """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL)."""
+    """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL); with
+    --vs fastapi, the rate it holds against the framework's own ceiling on this box."""
     from benchmarks.serve_bench import bench_serve
     from feature_store.settings import FeatureStoreSettings
 
@@ -146,10 +152,12 @@ def bench_serve_cmd(
         raise typer.BadParameter(f"--store {store!r}: redis or redis-cluster")
     if store == "redis-cluster" and not cluster_url:
         raise typer.BadParameter("--store redis-cluster needs --cluster-url (or DINREC_REDIS_CLUSTER_URL)")
+    if vs not in (None, "fastapi"):
+        raise typer.BadParameter(f"--vs {vs!r}: fastapi")
     result = bench_serve(FeatureStoreSettings().redis_url, rps=rps, seconds=seconds, items=items, users=users,
                          seq_len=seq_len, workers=workers, index=index,
                          cluster_url=cluster_url if store == "redis-cluster" else None, partitions=partitions,
-                         progress=progress)
+                         vs=vs, probe_seconds=probe_seconds, p99_ms=p99_ms, progress=progress)
     _print(result, as_json)
 
 

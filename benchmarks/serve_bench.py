@@ -10,6 +10,11 @@ Errors are non-200 answers and requests that took longer than ``timeout_s``.
 
 With ``cluster_url`` the same load runs a second time, in the same run, against a Redis Cluster
 (``DINREC_STORE=redis-cluster``, the store sharded by ``partitions``): both results and their ratio.
+
+With ``vs="fastapi"`` the bench also searches the highest rate the service holds (p99 ≤ 25 ms, no errors;
+benchmarks.held_rate), then the same search, same generator, same worker count, against a bare FastAPI app
+answering a body of the same shape (benchmarks.fastapi_ceiling): the framework's ceiling on this box, and
+dinrec's held rate as a fraction of it.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import numpy as np
 import torch
 
 from benchmarks import loadgen
+from benchmarks.held_rate import held_rate
 from benchmarks.loadgen import request_bytes
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
@@ -136,15 +142,26 @@ def _p(values: list[float], q: float) -> float | None:
 def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
                 categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
                 timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto", cluster_url: str | None = None,
-                partitions: int = 8, progress: bool | None = None) -> dict:
+                partitions: int = 8, vs: str | None = None, probe_seconds: float = 5.0, p99_ms: float = 25.0,
+                progress: bool | None = None) -> dict:
     """The service on one Redis server; with ``cluster_url``, then on the cluster under the same load:
-    its result under ``redis_cluster`` and cluster/single ratios under ``cluster_vs_single``. ``progress``:
+    its result under ``redis_cluster`` and cluster/single ratios under ``cluster_vs_single``. With ``vs``
+    "fastapi": the rate the service holds (``held_rps``, p99 ≤ ``p99_ms`` and no errors, each probe
+    ``probe_seconds``), the bare FastAPI app's under ``fastapi``, and ``fraction_of_fastapi``. ``progress``:
     a line per stage on stderr (default: when stderr is a terminal)."""
+    if vs not in (None, "fastapi"):
+        raise ValueError(f"vs {vs!r}: fastapi or None")
     say = Stages(showing(progress))
     shape = {"rps": rps, "seconds": seconds, "items": items, "categories": categories, "users": users,
              "seq_len": seq_len, "workers": workers, "timeout_s": timeout_s, "warmup_s": warmup_s, "index": index}
     single_spec = StoreSpec(redis_url)
-    single = {"store": single_spec.kind, **_serve_once(single_spec, say=say, **shape)}
+    search = {"probe_s": probe_seconds, "timeout_s": timeout_s, "p99_ms": p99_ms} if vs else None
+    single = {"store": single_spec.kind, **_serve_once(single_spec, say=say, search=search, **shape)}
+    if search is not None:
+        ceiling = _fastapi_ceiling(users, single["workers"], warmup_s, search, say)
+        single["fastapi"] = ceiling
+        single["fraction_of_fastapi"] = (round(single["held_rps"] / ceiling["held_rps"], 3) if ceiling["held_rps"]
+                                         else None)
     if cluster_url is None:
         return single
     cluster_spec = StoreSpec(cluster_url, cluster=True, partitions=partitions)
@@ -161,7 +178,9 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
 
 def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, categories: int, users: int,
                 seq_len: int, workers: int | None, timeout_s: float, warmup_s: float, index: str,
-                say: Callable[[str], None]) -> dict:
+                say: Callable[[str], None], search: dict | None = None) -> dict:
+    """The fixed-rate run; with ``search`` (held_rate's bounds), then the held-rate search on the same
+    service: its figure under ``held_rps``, the probes under ``held``."""
     def stage(what: str) -> None:
         say(f"{spec.kind}: {what}")
 
@@ -176,6 +195,8 @@ def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, cate
         wall = time.perf_counter() - t0
         cpu = _tree_cpu_s(index_info["pid"]) - cpu0
         stages = _stage_cpu_ms(f"http://127.0.0.1:{port}")
+        held = (held_rate(port, requests, cpu_s=lambda: _tree_cpu_s(index_info["pid"]), say=stage, **search)
+                if search is not None else None)
     ok = [r for r in results if r.status == 200 and r.latency_s <= timeout_s]
     answered = sum(r.status in (200, 503) for r in results) or 1
     per_request = cpu * 1000 / answered
@@ -195,7 +216,37 @@ def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, cate
             # The service's processes' CPU (workers, their threads, the supervisor) over the measured run, per
             # answered request; by stage from the workers' own accounting (the mean over a worker's life,
             # warm-up included); other: HTTP, middleware, the framework and background threads.
-            "server_cpu_ms_per_request": round(per_request, 3), "cpu_ms_by_stage": by_stage}
+            "server_cpu_ms_per_request": round(per_request, 3), "cpu_ms_by_stage": by_stage,
+            **({"held_rps": held["held_rps"], "held": held} if held is not None else {})}
+
+
+def _fastapi_ceiling(users: int, workers: int, warmup_s: float, search: dict, say: Callable[[str], None]) -> dict:
+    """The held-rate search against benchmarks.fastapi_ceiling under stock uvicorn with ``workers``."""
+    import fastapi
+    import uvicorn
+
+    port = free_port()
+    folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-ceiling-"))
+    log = (folder / "uvicorn.log").open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.fastapi_ceiling:create_app", "--factory",
+                             "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
+                             "--http", "httptools", "--no-access-log", "--log-level", "warning"],
+                            stdout=log, stderr=subprocess.STDOUT)
+
+    def stage(what: str) -> None:
+        say(f"fastapi ceiling: {what}")
+
+    try:
+        _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "uvicorn.log")
+        requests = _requests(port, users)
+        loadgen.run("127.0.0.1", port, requests, 100, warmup_s, search["timeout_s"])  # warm-up, not measured
+        held = held_rate(port, requests, cpu_s=lambda: _tree_cpu_s(proc.pid), say=stage, **search)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+    return {**held, "workers": workers, "app": "benchmarks.fastapi_ceiling", "fastapi": fastapi.__version__,
+            "uvicorn": uvicorn.__version__}
 
 
 def _overloaded(port: int, health_port: int, requests: list[bytes], rps: float, seconds: float,

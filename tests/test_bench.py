@@ -108,7 +108,8 @@ def test_bench_serve_drives_the_service_open_loop(redis_url, redis_cluster_url):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url, "DINREC_REDIS_CLUSTER_URL": redis_cluster_url}
     out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "serve", "--rps", "40", "--seconds", "2",
                           "--items", "3000", "--users", "100", "--store", "redis-cluster", "--partitions", "4",
-                          "--json"], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                          "--vs", "fastapi", "--probe-seconds", "1", "--json"],
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
     assert result["store"] == "redis" and result["redis_cluster"]["store"] == "redis-cluster"
@@ -123,6 +124,17 @@ def test_bench_serve_drives_the_service_open_loop(redis_url, redis_cluster_url):
     assert {"assign", "features", "recall", "score", "select", "log", "encode", "other"} == set(stages)
     assert stages["score"] > 0 and stages["recall"] > 0
     assert sum(stages.values()) == pytest.approx(result["server_cpu_ms_per_request"], abs=0.01)
+    # --vs fastapi: the rate dinrec holds and the bare FastAPI app's, each searched the same way in this run
+    ceiling = result["fastapi"]
+    assert ceiling["workers"] == result["workers"] and ceiling["fastapi"] and ceiling["uvicorn"]
+    for held in (result["held"], ceiling):
+        assert held["held_rps"] > 0 and held["p99_bound_ms"] == 25
+        assert any(not p["held"] for p in held["probes"]), "the search stops at a rate that does not hold"
+        assert all(p["errors"] == 0 and p["p99_ms"] <= 25 for p in held["probes"] if p["held"])
+        assert held["held_offered_rps"] == max(p["offered_rps"] for p in held["probes"] if p["held"])
+        assert held["server_cpu_ms_per_request"] > 0
+    assert result["held_rps"] == result["held"]["held_rps"]
+    assert result["fraction_of_fastapi"] == pytest.approx(result["held_rps"] / ceiling["held_rps"], abs=1e-3)
 
 
 @pytest.mark.redis
