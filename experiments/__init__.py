@@ -27,7 +27,7 @@ def open_state(store: OnlineStore) -> ExperimentState:
 
 
 def _build(store: OnlineStore) -> ExperimentState:
-    backend = getattr(store, "backend", None)
+    backend = store.backend
     if backend == "memory":
         from experiments.state_memory import MemoryExperimentState
 

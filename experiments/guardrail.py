@@ -41,7 +41,6 @@ from experiments.state import ExperimentState
 from experiments.stats import VariantSums, corrected, intersect, srm_p_value, verdict
 
 log = logging.getLogger(__name__)
-_EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
 
 
 @dataclass(frozen=True)
@@ -95,10 +94,10 @@ def integrity_problems(exp: Experiment, sums: dict[str, VariantSums], stopped: f
                             f"{s.buys_sq / s.buys:.0f} buys on average)")
     live = [v.name for v in exp.variants if v.name not in stopped]
     weights = exp.weights
-    p = srm_p_value([sums.get(v, _EMPTY).users for v in live], [weights[v] for v in live])
+    p = srm_p_value([sums.get(v, VariantSums.empty()).users for v in live], [weights[v] for v in live])
     if p < srm_alpha:
         problems.append(f"sample ratio mismatch (p={p:.2g}): users per arm "
-                        + ", ".join(f"{v} {sums.get(v, _EMPTY).users}" for v in live))
+                        + ", ".join(f"{v} {sums.get(v, VariantSums.empty()).users}" for v in live))
     return problems
 
 
@@ -172,9 +171,10 @@ class Guardrail:
                 coverage = self._ramp(exp, now, green=False, made=made) if exp.ramp else None  # no step up
                 standing[exp.name] = Standing(stopped, coverage, held=tuple(held))
                 continue
-            control = sums.get(exp.control_name, _EMPTY)
+            control = sums.get(exp.control_name, VariantSums.empty())
             concluded = False
-            judged = min((sums.get(v.name, _EMPTY).users for v in exp.variants), default=0) >= self.min_users
+            judged = min((sums.get(v.name, VariantSums.empty()).users for v in exp.variants),
+                         default=0) >= self.min_users
             judgeable = [v for v in exp.variants if v.name != exp.control_name and v.name in sums
                          and min(control.users, sums[v.name].users) >= self.min_users]
             stopping = set(stopped)  # and those this check stops

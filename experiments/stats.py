@@ -59,6 +59,11 @@ class VariantSums:
     pre_value: float = 0.0
 
     @classmethod
+    def empty(cls) -> VariantSums:
+        """A variant nobody has been counted in yet."""
+        return cls(0, 0, 0, 0, 0, 0)
+
+    @classmethod
     def from_fields(cls, row: dict[str, float]) -> VariantSums:
         """From a store's sums by their short names (absent: 0 — counts kept before a field existed)."""
         # AB_SUM_FIELDS lists them in this class's field order.

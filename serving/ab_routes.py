@@ -49,7 +49,6 @@ def dashboard() -> HTMLResponse:
     return HTMLResponse(_DASHBOARD.read_text(encoding="utf-8"))
 
 
-_EMPTY = VariantSums(0, 0, 0, 0, 0, 0)
 # The seed is left out: with it anyone could compute which arm any user id lands in.
 _NOT_PUBLIC = {"seed"}
 
@@ -92,7 +91,7 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
     """The results of ``exp`` from its counters and the guardrail's records, as the results call shows them."""
     name = exp.name
     counted = state.experiment_state.sums(name)  # StoreUnavailable → 503 in the one error shape
-    sums = {v.name: counted.get(v.name, _EMPTY) for v in exp.variants}  # nobody seen yet: still a row
+    sums = {v.name: counted.get(v.name, VariantSums.empty()) for v in exp.variants}  # nobody seen yet: still a row
     results = analyse(sums, exp.control_name, exp.weights)
     stopped, winner = state.experiment_state.stopped(name), state.experiment_state.conclusion(name)
     decided = {**stopped, **({winner["variant"]: winner} if winner else {})}
@@ -147,7 +146,7 @@ def _breakdown(state: ServiceState, exp: Experiment, sums: dict[str, VariantSums
     out = []
     for segment, least in SEGMENTS:
         counted = by_segment.get(segment, {})
-        arms = {v: counted.get(v, _EMPTY) for v in running}
+        arms = {v: counted.get(v, VariantSums.empty()) for v in running}
         out.append({"segment": segment, "least_behaviours": least, "users": {v: s.users for v, s in arms.items()},
                     "metrics": {use.name: analyse_metric(METRICS[use.name], arms, exp.control_name, alpha=alpha,
                                                          higher_is_better=use.direction == "higher")

@@ -137,6 +137,9 @@ class OnlineStore(ABC):
     # Shards of the store's data, one per stream partition (feature_store.partitioning); a write is
     # atomic within a shard. 1: one atomic step for everything, whatever the topic's partition count.
     partitions: int = 1
+    # The backend's type string (DINREC_STORE's values: memory, redis, redis-cluster): what picks the parts
+    # kept beside the store's data, such as an experiment's state (experiments.open_state).
+    backend: str
 
     def __init__(self, history_cap: int, dedup_window_s: float = DEFAULT_DEDUP_WINDOW_S,
                  clock: Callable[[], float] | None = None, interacted_cap: int = DEFAULT_INTERACTED_CAP,
