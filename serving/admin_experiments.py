@@ -28,7 +28,7 @@ from experiments.spec import Experiment, ExperimentFile
 from serving.ab_routes import results_document
 from serving.admin import _authorize, audit
 from serving.deps import ServiceState, State
-from serving.loops import every
+from storage.loops import every
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])

@@ -33,13 +33,13 @@ from serving.errors import install_error_handlers
 from serving.http_timeouts import READ_TIMEOUT_KEY
 from serving.impressions import ImpressionLog
 from serving.liveness import start_liveness
-from serving.loops import every, supervise
 from serving.metrics import ServiceMetrics
 from serving.middleware import RequestContext
 from serving.models import ModelManager
 from serving.replica import ReplicaLead
 from serving.routes import router
 from serving.settings import ServingSettings, is_loopback
+from storage.loops import every, supervise
 
 log = logging.getLogger(__name__)
 

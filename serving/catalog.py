@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 from feature_store.online import OnlineStore
 from feature_store.online.base import CatalogCursor
-from serving.loops import every
+from storage.loops import every
 
 if TYPE_CHECKING:
     from serving.models import ModelManager

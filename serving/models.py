@@ -28,8 +28,8 @@ from models.bundle import load_bundle
 from models.ranking import Recommender
 from registry.store import UnknownAlias, open_registry
 from retrieval.index import FaissIndex, IndexSpec, set_search_threads
-from serving.loops import every
 from serving.settings import ServingSettings
+from storage.loops import every
 
 log = logging.getLogger(__name__)
 

@@ -15,6 +15,8 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from storage.loops import every
+
 log = logging.getLogger(__name__)
 
 DEFAULT_IMDS = "http://169.254.169.254"
@@ -97,15 +99,16 @@ class InterruptionWatcher:
         self.rebalanced = False
         self.errors = 0  # polls that failed (logged; polling goes on)
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="spot-watcher", daemon=True)
+        self._thread: threading.Thread | None = None
 
     def start(self) -> InterruptionWatcher:
-        self._thread.start()
+        self._thread = every(self.poll_s, self._stop, self._poll, name="spot-watcher", first_now=True)
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=self.poll_s + 5)
+        if self._thread is not None:
+            self._thread.join(timeout=self.poll_s + 5)
 
     def poll_once(self) -> None:
         if self.on_rebalance is not None and not self.rebalanced and self.imds.rebalance_recommended():
@@ -119,13 +122,14 @@ class InterruptionWatcher:
                 log.warning("spot interruption notice: %s at %s", notice.action, notice.time)
                 self.on_interruption(notice)
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.poll_once()
-            except ImdsError as exc:
-                self.errors += 1
-                log.warning("%s", exc)
+    def _poll(self) -> None:
+        """One round of the watcher's loop (storage.loops.every: anything else that raises — a callback,
+        say — is logged there and the next round runs); the notice ends the loop."""
+        try:
+            self.poll_once()
+        except ImdsError as exc:
+            self.errors += 1
+            log.warning("%s", exc)
+        finally:
             if self.notice is not None:
-                return
-            self._stop.wait(self.poll_s)
+                self._stop.set()

@@ -32,6 +32,7 @@ from collections.abc import Callable
 
 from storage.aws import CloudError
 from storage.base import Storage, WriteConflict, json_bytes
+from storage.loops import every
 
 log = logging.getLogger(__name__)
 
@@ -157,22 +158,18 @@ class Lease:
 
     def keep(self) -> Lease:
         """Renew from a background thread every ``ttl_s / 3`` until :meth:`release`. A renewal that fails
-        for storage reasons is retried at the next beat; one that finds the lease taken ends the thread
-        and :meth:`check` raises from then on."""
+        for storage reasons is logged and retried at the next beat (storage.loops.every); one that finds
+        the lease taken ends the thread and :meth:`check` raises from then on."""
         def beat() -> None:
-            while not self._stop.wait(self.ttl_s / 3):
-                try:
-                    self.renew()
-                except LeaseLost as exc:
-                    self._lost = str(exc)
-                    log.error("lease lost: %s", exc)
-                    return
-                except Exception as exc:  # noqa: BLE001 - storage down: the next beat tries again
-                    log.warning("lease %s: renewal failed, retrying: %s", self.where, exc)
+            try:
+                self.renew()
+            except LeaseLost as exc:
+                self._lost = str(exc)
+                log.error("lease lost: %s", exc)
+                self._stop.set()  # nothing left to renew
 
         self._stop.clear()
-        self._renewer = threading.Thread(target=beat, name="dinrec-lease", daemon=True)
-        self._renewer.start()
+        self._renewer = every(self.ttl_s / 3, self._stop, beat, name=f"dinrec-lease {self.where}")
         return self
 
     def __enter__(self) -> Lease:

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import torch
 
+from storage.loops import every
+
 
 def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
@@ -37,13 +39,13 @@ class GpuMonitor:
         except Exception:  # noqa: BLE001 - no NVML: report nothing rather than fail training
             self._handle = None
             return
-        self._thread = threading.Thread(target=self._loop, args=(interval_s,), daemon=True, name="dinrec-nvml")
-        self._thread.start()
+        # An NVML read that fails (a driver hiccup) is logged and the next one runs: the sampler must not
+        # end silently and leave the run's GPU figures stale.
+        self._thread = every(interval_s, self._stop, self._sample, name="dinrec-nvml")
 
-    def _loop(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
-            u = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
-            self._samples.append((u.gpu, u.memory))
+    def _sample(self) -> None:
+        u = self._nvml.nvmlDeviceGetUtilizationRates(self._handle)
+        self._samples.append((u.gpu, u.memory))
 
     def read(self) -> dict[str, float]:
         if self._handle is None or not self._samples:

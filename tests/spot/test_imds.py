@@ -53,3 +53,22 @@ def test_unreachable_imds_is_a_clear_error_and_the_watcher_keeps_polling():
     wait_until(lambda: watcher.errors >= 3, timeout_s=30, what="three failed polls")
     assert watcher._thread.is_alive()  # errors are logged, not fatal: IMDS may come back
     watcher.stop()
+
+
+def test_a_callback_that_raises_is_logged_and_the_watcher_still_sees_the_notice(metadata_mock, caplog):
+    """The watcher's loop is storage.loops.every: before it, an exception from anything but IMDS (here the
+    rebalance callback) ended the thread, and the interruption notice two minutes before the instance
+    went away was never seen."""
+    imds = Imds(metadata_mock("spot", "--mock-delay-sec", "1", "--rebalance-delay-sec", "0"))
+    notices, done = [], threading.Event()
+
+    def on_rebalance() -> None:
+        raise RuntimeError("checkpoint request failed")
+
+    watcher = InterruptionWatcher(imds, on_rebalance=on_rebalance,
+                                  on_interruption=lambda n: (notices.append(n), done.set()), poll_s=0.2).start()
+    assert done.wait(15), "the watcher ended at the callback's error"
+    watcher.stop()
+    assert len(notices) == 1 and watcher.rebalanced
+    assert any("spot-watcher failed" in r.getMessage() and "checkpoint request failed" in r.getMessage()
+               for r in caplog.records if r.name == "dinrec.loops")

@@ -1,8 +1,10 @@
-"""The service's background threads: the pollers' loop and the consumers' supervisor, each written once.
+"""Background threads, each shape written once, at the bottom so every room uses the same two.
 
-Each poller (model alias, guardrail, catalog, experiments file) is "on a daemon thread, call this every
-so often until the service stops; an error is logged and the next round tries again" — a poller that
-died on one bad read would leave the service silently stale.
+* :func:`every` — "on a daemon thread, call this every so often until told to stop; an error is logged and
+  the next round tries again": the service's pollers (model alias, guardrail, catalog, experiments file),
+  the lease's renewals, the spot interruption watcher, the GPU sampler. A poller that died on one bad read
+  would leave its owner silently stale.
+* :func:`supervise` — a long-running body (a consumer) restarted with backoff when it raises.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-log = logging.getLogger("dinrec.serving")
+log = logging.getLogger("dinrec.loops")
 
 
 def every(interval_s: float, stop: threading.Event, fn: Callable[[], None], *, name: str,

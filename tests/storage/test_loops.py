@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from serving.loops import every
+from storage.loops import every
 
 
 def test_a_failing_round_is_reported_and_the_loop_goes_on_until_stopped(caplog):
@@ -24,7 +24,7 @@ def test_a_failing_round_is_reported_and_the_loop_goes_on_until_stopped(caplog):
     stop.set()
     thread.join(10)
     assert not thread.is_alive()
-    failures = [r.getMessage() for r in caplog.records if r.name == "dinrec.serving"]
+    failures = [r.getMessage() for r in caplog.records if r.name == "dinrec.loops"]
     assert failures == ["test-poller failed; will retry: store down"] and len(calls) >= 3
 
 
