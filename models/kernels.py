@@ -156,7 +156,11 @@ def build_all() -> dict[str, bool]:
 def main(argv: list[str]) -> int:
     """``python models/kernels.py [ISA …]``: build every unit for each ISA (default: this CPU's and
     AVX2, which covers the machines an image is likely to meet), each in a fresh process, since torch
-    reads its vector unit once. Prints {isa: {unit: built}}; exit 1 where nothing built for this CPU."""
+    reads its vector unit once. Prints {isa: {unit: built}}; exit 1 where nothing built for this CPU.
+    ``--env ISA``: print the shell ``export`` lines of :func:`isa_environment` (CONTRIBUTING.md: the AVX2 tier)."""
+    if argv[:1] == ["--env"] and len(argv) == 2:
+        print("\n".join(f"export {k}={v}" for k, v in isa_environment(argv[1]).items()))
+        return 0
     if argv[:1] == ["--here"]:
         print(json.dumps(build_all()))
         return 0

@@ -59,3 +59,11 @@ def test_a_unit_neither_shipped_nor_buildable_falls_back_with_a_warning(tmp_path
     assert code == 0, err
     assert json.loads(out) == {"score": False, "lists": False, "dice": False}
     assert "fused listwise unit unavailable" in err and "fused Dice kernel unavailable" in err
+
+
+def test_env_prints_the_exports_that_limit_a_process_to_an_isa():
+    """CONTRIBUTING.md's AVX2 tier evals this: the same variables isa_environment gives a benchmark's process."""
+    code, out, err = _units(dict(os.environ), "--env", "avx2")
+    assert code == 0, err
+    assert out.strip().splitlines() == [f"export {k}={v}" for k, v in kernels.isa_environment("avx2").items()]
+    assert "export ATEN_CPU_CAPABILITY=avx2" in out and "export DINREC_CPU_ISA=avx2" in out

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import copy
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
 
 from models.din import DIN, DINConfig
+from tests.conftest import REPO
 from training import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="the fused kernel could not be built here (see the log)")
@@ -53,8 +57,9 @@ def test_fused_unit_equals_pytorch_ops(hidden):
         torch.testing.assert_close(b_fused, b_ref, rtol=1e-5, atol=1e-6, msg=name)  # BN running statistics
 
 
-def test_fused_unit_is_deterministic_and_independent_of_threads():
-    # The kernel's own outputs (PyTorch's ops around it, e.g. the MLP's, do depend on the thread count).
+def check_independent_of_threads() -> None:
+    """The kernel's own outputs and gradients, bitwise, at the default thread count, at 1, and at the default
+    again (PyTorch's ops around it, e.g. the MLP's, do depend on the thread count)."""
     _, model = _models((80, 40))
     hist_items, hist_cats, target_item, target_cat = _batch(b=200, length=40, n_items=400)
     rows, cols = (hist_items != 0).nonzero(as_tuple=True)
@@ -79,6 +84,18 @@ def test_fused_unit_is_deterministic_and_independent_of_threads():
     assert len(results[0]) > 5
     for other in results[1:]:
         assert all(torch.equal(a, b) for a, b in zip(results[0], other, strict=True))
+
+
+def test_fused_unit_is_deterministic_and_independent_of_threads():
+    """What the kernel promises: its chunks depend only on the row count and their partial sums are reduced
+    in chunk order, so its results do not depend on the thread count. The matrix products inside each chunk
+    are MKL's, whose AVX2 code path rounds differently with the thread count (its AVX-512 path does not):
+    the check runs with MKL's strict reproducibility mode (MKL_CBWR), in a fresh process since MKL reads it
+    once, so what is asserted is the kernel's own order, on every ISA."""
+    code = "from tests.training.test_kernels import check_independent_of_threads as c; c()"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "MKL_CBWR": "AUTO,STRICT"},
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
 
 
 def test_eval_mode_and_empty_batches_use_the_pytorch_ops():
