@@ -52,6 +52,7 @@ from benchmarks.machine import machine
 from feature_store.datasets import load_dataset
 from feature_store.datasets.base import Interactions
 from retrieval.baselines import Popularity, tune_item_cf
+from retrieval.hits import hit_at, ndcg_at, ranks
 from training.samples import SampleSet, training_sequences
 
 K = 10
@@ -167,13 +168,9 @@ def _in_process_agrees(state, test: Sequence[Case], lists: Sequence[list[str]], 
 
 def _per_user(lists: Sequence[Sequence[int]], test: Sequence[Case]) -> dict[str, np.ndarray]:
     """Each user's HR@10, NDCG@10 and HR@50 of ``lists`` (item indices, best first; 0 = unknown)."""
-    hit10, ndcg10, hit50 = [], [], []
-    for lst, c in zip(lists, test, strict=True):
-        where = [j for j, i in enumerate(lst[:DEEP]) if i == c.target]
-        hit50.append(float(bool(where)))
-        hit10.append(float(bool(where) and where[0] < K))
-        ndcg10.append(1.0 / math.log2(where[0] + 2) if where and where[0] < K else 0.0)
-    return {"hr@10": np.asarray(hit10), "ndcg@10": np.asarray(ndcg10), "hr@50": np.asarray(hit50)}
+    rank = ranks((lst[:DEEP] for lst in lists), (c.target for c in test))
+    return {"hr@10": hit_at(rank, K).astype(float), "ndcg@10": ndcg_at(rank, K),
+            "hr@50": hit_at(rank, DEEP).astype(float)}
 
 
 def _list_shape(lists: Sequence[Sequence[int]], test: Sequence[Case], n_items: int, tail: np.ndarray) -> dict:

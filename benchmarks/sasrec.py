@@ -19,6 +19,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from retrieval.hits import row_ranks
+
 
 @dataclass(frozen=True)
 class SASRecConfig:
@@ -101,7 +103,7 @@ def _hit_rate(model: SASRec, cases, k: int = 10, batch: int = 256) -> float:
         for r, c in enumerate(chunk):
             scores[r, torch.as_tensor(c.history, dtype=torch.long)] = -torch.inf
         top = scores.topk(k, dim=1).indices
-        hits += sum(int(c.target in top[r].tolist()) for r, c in enumerate(chunk))
+        hits += int((row_ranks(top.numpy(), np.asarray([c.target for c in chunk])) >= 0).sum())
     return hits / max(len(cases), 1)
 
 

@@ -13,6 +13,7 @@ import torch
 
 from models.din import DIN
 from models.towers import Towers
+from retrieval.hits import row_ranks
 
 
 class RecallSpace:
@@ -65,4 +66,5 @@ def top_unseen(scores: torch.Tensor, history: torch.Tensor, k: int) -> torch.Ten
 def target_found(top: torch.Tensor, target: torch.Tensor) -> np.ndarray:
     """(B,) bool: whether each row's ``target`` (B,) is among its ``top`` (B, k); a target of 0 (an
     item the model cannot recall) never is."""
-    return ((top == target.unsqueeze(1)) & (target.unsqueeze(1) != 0)).any(dim=1).numpy()
+    target = target.numpy()
+    return (row_ranks(top.numpy(), target) >= 0) & (target != 0)

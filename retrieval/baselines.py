@@ -20,6 +20,7 @@ import numpy as np
 from scipy import sparse
 
 from feature_store.long_tail import long_tail_mask
+from retrieval.hits import hit_at, ranks
 
 Recall = Callable[[Sequence[int], int], np.ndarray]  # (history, n) -> up to n item ids, best first
 
@@ -122,14 +123,9 @@ def hit_rate(recall: Recall, cases: Sequence[tuple[Sequence[int], int]], ns: Seq
              ndigits: int | None = 4) -> dict[str, float]:
     """HR@N for each N: ``cases`` are (history, held-out item); the history is excluded from recall.
     Rounded to ``ndigits`` (None: not rounded, to compare close configurations)."""
-    hits = dict.fromkeys(ns, 0)
     top = max(ns)
-    for history, target in cases:
-        got = recall(history, top)
-        where = np.flatnonzero(got == target)
-        for n in ns:
-            hits[n] += bool(len(where) and where[0] < n)
-    rates = {f"hr@{n}": hits[n] / max(len(cases), 1) for n in ns}
+    rank = ranks((recall(history, top) for history, _ in cases), (target for _, target in cases))
+    rates = {f"hr@{n}": float(hit_at(rank, n).sum()) / max(len(cases), 1) for n in ns}
     return rates if ndigits is None else {name: round(v, ndigits) for name, v in rates.items()}
 
 

@@ -45,6 +45,7 @@ from models.bundle import Bundle
 from models.ranking_settings import RankingSettings
 from models.recall import RecallSpace, target_found, top_unseen
 from retrieval.covisit import CoVisitation
+from retrieval.hits import ranks
 from training.data import gather_history
 from training.export import item_counts
 from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
@@ -157,9 +158,8 @@ def _served(bundle: Bundle, samples: SampleSet, positives: np.ndarray, units: di
     """HR@k of the list the ranking stage serves (models.ranking, with the served configuration:
     models.ranking_settings) to each held-out positive's user, from everything they did before it: the
     same lanes, scores, re-ranking, fill and seen-item policy as ``GET /recommend``."""
-    hit = np.asarray([target in listed for target, listed in zip(
-        (samples.vocab.items[t] for t in samples.test.target_item[positives]),
-        served_lists(bundle, samples, samples.test, positives, k), strict=True)], dtype=bool)
+    hit = ranks(served_lists(bundle, samples, samples.test, positives, k),
+                (samples.vocab.items[t] for t in samples.test.target_item[positives])) >= 0
     if units is not None:
         units["served_hr"] = (hit, None)
     return {"served_hr": int(hit.sum()) / max(len(hit), 1), "served_k": k}
@@ -214,8 +214,7 @@ def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K,
               "item_cf": lambda h: lane.recall(h, k, excluded=set(h))[0]}
     out, hits = {}, {}
     for name, fn in recall.items():
-        hit = np.asarray([t in fn([i for i in h if i]).tolist() for h, t in
-                          zip(hist, split.target_item[positives].tolist(), strict=True)], dtype=bool)
+        hit = ranks((fn([i for i in h if i]) for h in hist), split.target_item[positives].tolist()) >= 0
         hits[name] = hit
         out[name] = {"served_hr": round(int(hit.sum()) / max(len(hit), 1), 5), "users": len(hit)}
     return out, hits
