@@ -120,19 +120,29 @@ def _service(spec: StoreSpec, *, items: int, categories: int, users: int, seq_le
            **(env or {})}
     if workers:
         env["DINREC_WORKERS"] = str(workers)
-    log = (folder / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     try:
-        _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
-        say("service ready")
-        yield port, {**index_info, **_served_paths(f"http://127.0.0.1:{port}"), "pid": proc.pid}
+        with running_process([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
+                              "--port", str(port)], port, folder / "serve.log", env) as proc:
+            say("service ready")
+            yield port, {**index_info, **_served_paths(f"http://127.0.0.1:{port}"), "pid": proc.pid}
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
         store.flush_prefix()
         store.close()
+
+
+@contextlib.contextmanager
+def running_process(args: list[str], port: int, log: Path, env: dict[str, str] | None = None
+                    ) -> Iterator[subprocess.Popen]:
+    """``args`` as a process writing to ``log``, yielded once its ``/readyz`` on ``port`` answers 200 (its
+    log's tail in the error if it exits first); terminated on the way out."""
+    with log.open("w") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            _wait_ready(f"http://127.0.0.1:{port}", proc, log)
+            yield proc
+        finally:
+            proc.terminate()
+            proc.wait(timeout=60)
 
 
 def _p(values: list[float], q: float) -> float | None:
@@ -226,25 +236,17 @@ def _fastapi_ceiling(users: int, workers: int, warmup_s: float, search: dict, sa
     import uvicorn
 
     port = free_port()
-    folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-ceiling-"))
-    log = (folder / "uvicorn.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "benchmarks.fastapi_ceiling:create_app", "--factory",
-                             "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers),
-                             "--http", "httptools", "--no-access-log", "--log-level", "warning"],
-                            stdout=log, stderr=subprocess.STDOUT)
+    log = Path(tempfile.mkdtemp(prefix="dinrec-bench-ceiling-")) / "uvicorn.log"
 
     def stage(what: str) -> None:
         say(f"fastapi ceiling: {what}")
 
-    try:
-        _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "uvicorn.log")
+    with running_process([sys.executable, "-m", "uvicorn", "benchmarks.fastapi_ceiling:create_app", "--factory",
+                          "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--http",
+                          "httptools", "--no-access-log", "--log-level", "warning"], port, log) as proc:
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, warmup_s, search["timeout_s"])  # warm-up, not measured
         held = held_rate(port, requests, cpu_s=lambda: _tree_cpu_s(proc.pid), say=stage, **search)
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
     return {**held, "workers": workers, "app": "benchmarks.fastapi_ceiling", "fastapi": fastapi.__version__,
             "uvicorn": uvicorn.__version__}
 

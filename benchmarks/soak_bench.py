@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +24,7 @@ import numpy as np
 
 from benchmarks import loadgen
 from benchmarks.loadgen import request_bytes
-from benchmarks.serve_bench import _p, _wait_ready, process_tree_stats, synthetic_bundle
+from benchmarks.serve_bench import _p, process_tree_stats, running_process, synthetic_bundle
 from retrieval.index import IndexSpec
 from serving.server import free_port
 from training.progress import Stages, showing
@@ -77,33 +76,29 @@ def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: f
         env["DINREC_WORKERS"] = "1"  # the embedded store lives in one process
     r = redis.Redis.from_url(redis_url) if kind == "redis" else None
     used = (lambda: round(r.info("memory")["used_memory"] / 2**20, 1)) if r is not None else (lambda: None)
-    log = (folder / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
-                             "--port", str(port)], env=env, stdout=log, stderr=subprocess.STDOUT)
     rng = np.random.default_rng(seed)
     windows = []
     try:
-        _wait_ready(f"http://127.0.0.1:{port}", proc, folder / "serve.log")
-        say(f"{kind}: service ready")
-        probe = _fresh_requests(port, 4000, "probe", categories, rng)
-        closed = loadgen.closed_loop("127.0.0.1", port, probe, concurrency=8, seconds=5)
-        capacity = round(sum(o.status in (200, 202) for o in closed) / 5, 1)
-        offered = rate or round(0.8 * capacity, 1)
-        start_rss, start_used = _rss_mb(proc.pid), used()
-        say(f"{kind}: capacity {capacity} rps, offering {offered}")
-        n_windows = max(1, round(minutes * 60 / window_s))
-        for w in range(n_windows):
-            requests = _fresh_requests(port, int(offered * window_s) + 1, f"w{w}", categories, rng)
-            outcomes = loadgen.run("127.0.0.1", port, requests, offered, window_s, timeout_s=2.0)
-            ok = [o.latency_s * 1000 for o in outcomes if o.status in (200, 202)]
-            windows.append({"t_s": round((w + 1) * window_s), "rss_mb": _rss_mb(proc.pid), "redis_used_mb": used(),
-                            "p99_ms": _p(ok, 99), "ok_share": round(len(ok) / max(len(outcomes), 1), 3),
-                            "errors": dict(_kinds(outcomes))})
-            say(f"{kind}: window {w + 1}/{n_windows} (rss {windows[-1]['rss_mb']} MB, p99 {windows[-1]['p99_ms']} ms)")
+        with running_process([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
+                              "--port", str(port)], port, folder / "serve.log", env) as proc:
+            say(f"{kind}: service ready")
+            probe = _fresh_requests(port, 4000, "probe", categories, rng)
+            closed = loadgen.closed_loop("127.0.0.1", port, probe, concurrency=8, seconds=5)
+            capacity = round(sum(o.status in (200, 202) for o in closed) / 5, 1)
+            offered = rate or round(0.8 * capacity, 1)
+            start_rss, start_used = _rss_mb(proc.pid), used()
+            say(f"{kind}: capacity {capacity} rps, offering {offered}")
+            n_windows = max(1, round(minutes * 60 / window_s))
+            for w in range(n_windows):
+                requests = _fresh_requests(port, int(offered * window_s) + 1, f"w{w}", categories, rng)
+                outcomes = loadgen.run("127.0.0.1", port, requests, offered, window_s, timeout_s=2.0)
+                ok = [o.latency_s * 1000 for o in outcomes if o.status in (200, 202)]
+                windows.append({"t_s": round((w + 1) * window_s), "rss_mb": _rss_mb(proc.pid), "redis_used_mb": used(),
+                                "p99_ms": _p(ok, 99), "ok_share": round(len(ok) / max(len(outcomes), 1), 3),
+                                "errors": dict(_kinds(outcomes))})
+                last = windows[-1]
+                say(f"{kind}: window {w + 1}/{n_windows} (rss {last['rss_mb']} MB, p99 {last['p99_ms']} ms)")
     finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
         if r is not None:
             for key in r.scan_iter(f"{prefix}:*", count=1000):
                 r.delete(key)
