@@ -12,13 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-import numpy as np
-
 from benchmarks import loadgen
-
-
-def _p99(values: list[float]) -> float | None:
-    return round(float(np.percentile(values, 99)), 2) if values else None
 
 
 def held_rate(port: int, requests: Sequence[bytes], *, cpu_s: Callable[[], float], probe_s: float = 5.0,
@@ -32,7 +26,7 @@ def held_rate(port: int, requests: Sequence[bytes], *, cpu_s: Callable[[], float
     def probe(rps: float) -> dict:
         results = loadgen.run("127.0.0.1", port, requests, rps, probe_s, timeout_s)
         ok = [r for r in results if r.status == 200 and r.latency_s <= timeout_s]
-        p99 = _p99([r.latency_s * 1000 for r in results])
+        p99 = loadgen.percentile([r.latency_s * 1000 for r in results], 99)
         row = {"offered_rps": round(rps, 1), "ok_rps": round(len(ok) / probe_s, 1), "p99_ms": p99,
                "errors": len(results) - len(ok), "answered": sum(r.status in (200, 503) for r in results)}
         row["held"] = row["errors"] == 0 and p99 is not None and p99 <= p99_ms

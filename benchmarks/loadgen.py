@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -25,6 +27,11 @@ class Outcome:
     status: int       # 0: no answer (see ``failure``)
     degraded: bool    # the answer said "degraded": true
     failure: str = ""  # why there was no answer: timeout, connect, connection limit, …
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile of latencies (numpy's linear interpolation), to 0.01; None when there are none."""
+    return round(float(np.percentile(values, q)), 2) if len(values) else None
 
 
 def request_bytes(host: str, port: int, path: str) -> bytes:

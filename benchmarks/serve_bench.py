@@ -36,7 +36,7 @@ import torch
 
 from benchmarks import loadgen
 from benchmarks.held_rate import held_rate
-from benchmarks.loadgen import request_bytes
+from benchmarks.loadgen import percentile, request_bytes
 from feature_store.online.redis_store import RedisStore
 from feature_store.schema import BehaviourEvent
 from models.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
@@ -145,10 +145,6 @@ def running_process(args: list[str], port: int, log: Path, env: dict[str, str] |
             proc.wait(timeout=60)
 
 
-def _p(values: list[float], q: float) -> float | None:
-    return round(float(np.percentile(values, q)), 2) if values else None
-
-
 def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items: int = 100_000,
                 categories: int = 1000, users: int = 2000, seq_len: int = 50, workers: int | None = None,
                 timeout_s: float = 1.0, warmup_s: float = 3.0, index: str = "auto", cluster_url: str | None = None,
@@ -212,9 +208,10 @@ def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, cate
     per_request = cpu * 1000 / answered
     by_stage = {**stages, "other": round(per_request - sum(stages.values()), 3)} if stages else {}
     ms = [r.latency_s * 1000 for r in results]
-    stage(f"load done ({len(ok) / wall:.1f} rps, p99 {_p(ms, 99)} ms, {len(results) - len(ok)} errors)")
+    stage(f"load done ({len(ok) / wall:.1f} rps, p99 {percentile(ms, 99)} ms, {len(results) - len(ok)} errors)")
     return {"rps_target": rps, "rps": round(len(ok) / wall, 1), "requests": len(results),
-            "p50_ms": _p(ms, 50), "p95_ms": _p(ms, 95), "p99_ms": _p(ms, 99), "errors": len(results) - len(ok),
+            "p50_ms": percentile(ms, 50), "p95_ms": percentile(ms, 95), "p99_ms": percentile(ms, 99),
+            "errors": len(results) - len(ok),
             "degraded": sum(r.degraded for r in results),
             "error_kinds": dict(Counter(
                 r.failure or (f"status {r.status}" if r.status != 200 else "late") for r in results
@@ -261,9 +258,9 @@ def _overloaded(port: int, health_port: int, requests: list[bytes], rps: float, 
     ok = [r.latency_s * 1000 for r in results if r.status == 200 and r.latency_s <= timeout_s]
     shed = [r.latency_s * 1000 for r in results if r.status == 503]
     return {"offered_rps": rps, "requests": len(results), "ok_rps": round(len(ok) / seconds, 1),
-            "accepted_p50_ms": _p(ok, 50), "accepted_p99_ms": _p(ok, 99), "shed": len(shed),
-            "shed_p99_ms": _p(shed, 99), "healthz_p99_ms": _p(probe.latencies_ms, 99),
-            "healthz_failed": probe.failed, "healthz_request_port_p99_ms": _p(on_loop.latencies_ms, 99),
+            "accepted_p50_ms": percentile(ok, 50), "accepted_p99_ms": percentile(ok, 99), "shed": len(shed),
+            "shed_p99_ms": percentile(shed, 99), "healthz_p99_ms": percentile(probe.latencies_ms, 99),
+            "healthz_failed": probe.failed, "healthz_request_port_p99_ms": percentile(on_loop.latencies_ms, 99),
             "other_errors": dict(Counter(r.failure or f"status {r.status}" for r in results
                                          if r.status not in (200, 503) or r.latency_s > timeout_s))}
 
@@ -301,8 +298,8 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
         say(f"capped: overload beside {slow_n} slow clients done ({beside_slow['ok_rps']} ok rps)")
         after = loadgen.run("127.0.0.1", port, requests, capacity / 2, 5, timeout_s)
         after_ms = [r.latency_s * 1000 for r in after]
-        recovered = all(r.status == 200 for r in after) and (_p(after_ms, 99) or 0) <= 2 * deadline_ms
-        say(f"capped: recovery {'seen' if recovered else 'not seen'} (p99 {_p(after_ms, 99)} ms)")
+        recovered = all(r.status == 200 for r in after) and (percentile(after_ms, 99) or 0) <= 2 * deadline_ms
+        say(f"capped: recovery {'seen' if recovered else 'not seen'} (p99 {percentile(after_ms, 99)} ms)")
     with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": "0"},
                   say=lambda what: say(f"uncapped peer: {what}"), **shape) as (port, _):
         requests = _requests(port, users)
@@ -317,7 +314,7 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
             "ok_share_of_capacity": round(capped["ok_rps"] / capacity, 3) if capacity else None,
             "accepted_p99_ms": capped["accepted_p99_ms"], "shed_p99_ms": capped["shed_p99_ms"],
             "healthz_p99_ms": capped["healthz_p99_ms"], "recovered": recovered,
-            "recovery_p99_ms": _p(after_ms, 99), "cap": cap, "deadline_ms": deadline_ms, "seconds": seconds,
+            "recovery_p99_ms": percentile(after_ms, 99), "cap": cap, "deadline_ms": deadline_ms, "seconds": seconds,
             "capped": capped, "capped_beside_slow_clients": beside_slow, "peer_uncapped": uncapped,
             "ok_rps_vs_peer": round(capped["ok_rps"] / uncapped["ok_rps"], 2) if uncapped["ok_rps"] else None,
             "workers": n_workers, "scorer": served["scorer"], "machine": machine()}

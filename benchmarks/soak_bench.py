@@ -23,8 +23,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks import loadgen
-from benchmarks.loadgen import request_bytes
-from benchmarks.serve_bench import _p, process_tree_stats, running_process, synthetic_bundle
+from benchmarks.loadgen import percentile, request_bytes
+from benchmarks.serve_bench import process_tree_stats, running_process, synthetic_bundle
 from retrieval.index import IndexSpec
 from serving.server import free_port
 from training.progress import Stages, showing
@@ -94,7 +94,7 @@ def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: f
                 outcomes = loadgen.run("127.0.0.1", port, requests, offered, window_s, timeout_s=2.0)
                 ok = [o.latency_s * 1000 for o in outcomes if o.status in (200, 202)]
                 windows.append({"t_s": round((w + 1) * window_s), "rss_mb": _rss_mb(proc.pid), "redis_used_mb": used(),
-                                "p99_ms": _p(ok, 99), "ok_share": round(len(ok) / max(len(outcomes), 1), 3),
+                                "p99_ms": percentile(ok, 99), "ok_share": round(len(ok) / max(len(outcomes), 1), 3),
                                 "errors": dict(_kinds(outcomes))})
                 last = windows[-1]
                 say(f"{kind}: window {w + 1}/{n_windows} (rss {last['rss_mb']} MB, p99 {last['p99_ms']} ms)")
