@@ -28,7 +28,9 @@ GBSTATS_PINS := tests/reference/gbstats/requirements.txt
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[dev,bench,sharded-cpu]'
+	# strict: the package is a tree of links under build/ (dinrec.serving -> serving/...), which lint-imports
+	# reads; a new module file needs `make install` again (CONTRIBUTING.md)
+	$(PY) -m pip install -q -e '.[dev,bench,sharded-cpu]' --config-settings editable_mode=strict
 	$(PY) -m pip install -q --no-deps '$(TORCHREC)'
 	touch $(STAMP)
 
@@ -81,4 +83,4 @@ services-stop:
 	deploy/local/services.sh stop
 
 clean:
-	rm -rf build *.egg-info .pytest_cache
+	rm -rf build *.egg-info .pytest_cache $(STAMP)  # build/ holds the editable install's link tree

@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from experiments.stats import CupedMeanStat, CupedRatioStat, MeanStat, Moments, RatioStat, relative_effect
-from training.progress import Stages, showing
+from dinrec.experiments.stats import CupedMeanStat, CupedRatioStat, MeanStat, Moments, RatioStat, relative_effect
+from dinrec.training.progress import Stages, showing
 
 
 @dataclass(frozen=True)
@@ -180,14 +180,14 @@ def results_ms_two_weeks(interval_s: float = 30.0, users_per_day: int = 20_000, 
     the embedded store's experiment state, then the results call through a live service: its median time."""
     import httpx
 
-    from experiments import open_state
-    from experiments.stats import VariantSums
-    from feature_store.online.memory import MemoryStore
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams.inprocess import InProcessStream
-    from serving.app import create_app
-    from serving.server import free_port, serve_in_thread
-    from serving.settings import ServingSettings
+    from dinrec.experiments import open_state
+    from dinrec.experiments.stats import VariantSums
+    from dinrec.feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.streams.inprocess import InProcessStream
+    from dinrec.serving.app import create_app
+    from dinrec.serving.server import free_port, serve_in_thread
+    from dinrec.serving.settings import ServingSettings
 
     rng = np.random.default_rng(seed)
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-ab-"))

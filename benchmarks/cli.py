@@ -25,7 +25,7 @@ def bench_options(
     import os
     import sys
 
-    from models.kernels import ISA_LIMIT_ENV, isa_environment
+    from dinrec.models.kernels import ISA_LIMIT_ENV, isa_environment
 
     try:
         env = isa_environment(isa)
@@ -36,12 +36,12 @@ def bench_options(
         # starts with them (and passes them on to the services it starts).
         argv = [a for i, a in enumerate(sys.argv) if not (a.startswith("--isa") or
                                                            (i > 0 and sys.argv[i - 1] == "--isa"))]
-        os.execve(sys.executable, [sys.executable, "-m", "dinrec_cli.main", *argv[1:]], {**os.environ, **env})
+        os.execve(sys.executable, [sys.executable, "-m", "dinrec.cli.main", *argv[1:]], {**os.environ, **env})
 
 
 def _print(result: dict, as_json: bool) -> None:
     """The result as JSON, naming the machine it ran on (benches that measure more of it say so)."""
-    from benchmarks.machine import machine
+    from dinrec.benchmarks.machine import machine
 
     result.setdefault("machine", machine())
     typer.echo(json.dumps(result, indent=None if as_json else 1))
@@ -70,7 +70,7 @@ def bench_train_cmd(
 ) -> None:
     """Train DIN on a dataset and report samples/s (a sample: a positive with its negatives), candidates/s,
     memory, test AUC/GAUC and, listwise, the training time to the peer's test GAUC (and the peer's)."""
-    from benchmarks.train_bench import bench_train
+    from dinrec.benchmarks.train_bench import bench_train
 
     if objective not in ("listwise", "pointwise"):
         raise typer.BadParameter("listwise or pointwise", param_hint="--objective")
@@ -93,8 +93,8 @@ def bench_ingest_cmd(
 ) -> None:
     """Kafka → Redis: dinrec's exactly-once ingestor vs. the plain redis-py pipelined consumer
     (DINREC_KAFKA_BOOTSTRAP, DINREC_REDIS_URL; start them with deploy/local/services.sh)."""
-    from benchmarks.ingest_bench import bench_ingest
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.benchmarks.ingest_bench import bench_ingest
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     fs = FeatureStoreSettings()
     result = bench_ingest(fs.kafka_bootstrap, fs.redis_url, events=events, users=users, items=items,
@@ -114,7 +114,7 @@ def bench_score_cmd(
 ) -> None:
     """Latency of scoring one request (one history vs N candidates) on one thread: dinrec's scorer,
     the training model's forward, and DeepCTR-Torch's DIN predict, in one run."""
-    from benchmarks.score_bench import bench_score
+    from dinrec.benchmarks.score_bench import bench_score
 
     result = bench_score(candidates=candidates, seq_len=seq_len, items=items, item_dim=item_dim, cat_dim=cat_dim,
                          attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
@@ -145,8 +145,8 @@ def bench_serve_cmd(
 ) -> None:
     """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL); with
     --vs fastapi, the rate it holds against the framework's own ceiling on this box."""
-    from benchmarks.serve_bench import bench_serve
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.benchmarks.serve_bench import bench_serve
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     if store not in ("redis", "redis-cluster"):
         raise typer.BadParameter(f"--store {store!r}: redis or redis-cluster")
@@ -174,8 +174,8 @@ def bench_store_size_cmd(
 ) -> None:
     """Redis memory per user and per item (MEMORY USAGE of real keys, DINREC_REDIS_URL), and the cluster
     that 1M / 10M / 100M users with 1M items need."""
-    from benchmarks.store_size import measure, project
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.benchmarks.store_size import measure, project
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     measured = measure(FeatureStoreSettings().redis_url, users=users, behaviours=behaviours, items=items,
                        impressions=impressions, progress=progress)
@@ -200,8 +200,8 @@ def bench_overload_cmd(
 ) -> None:
     """The service past its capacity: good answers/s, accepted and shed p99, /healthz, recovery, and what
     slow clients cost it (Redis)."""
-    from benchmarks.serve_bench import bench_overload
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.benchmarks.serve_bench import bench_overload
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     result = bench_overload(FeatureStoreSettings().redis_url, seconds=seconds, overload=overload, cap=cap,
                             items=items, users=users, workers=workers, peer_seconds=peer_seconds,
@@ -220,8 +220,8 @@ def bench_soak_cmd(
 ) -> None:
     """Random new user and item ids at a steady rate: memory (service RSS, Redis used_memory) and p99 over
     time, on the embedded store and on Redis."""
-    from benchmarks.soak_bench import bench_soak
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.benchmarks.soak_bench import bench_soak
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     stores = tuple(store or ("memory", "redis"))
     if set(stores) - {"memory", "redis"}:
@@ -241,7 +241,7 @@ def bench_ab_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
     """False-positive rates of the A/B tests (fixed, fixed with peeking, sequential) and their power."""
-    from benchmarks.ab_bench import bench_ab
+    from dinrec.benchmarks.ab_bench import bench_ab
 
     result = bench_ab(runs=runs, users=users, looks=looks, lift=lift, alpha=alpha, seed=seed, progress=progress)
     _print(result, as_json)
@@ -270,8 +270,8 @@ def bench_e2e_cmd(
     library peers (RecTools' SASRec, BERT4Rec and EASE; `make peers`), and the ranking stage taken apart,
     on the same leave-last-out split: HR@10, NDCG@10, HR@50, coverage, long-tail share, seen items in the
     list, per-user paired differences (vs dinrec and vs item-CF) with standard errors, pooled over seeds."""
-    from benchmarks.e2e_bench import bench_e2e
-    from benchmarks.peers import LIBRARY_PEERS
+    from dinrec.benchmarks.e2e_bench import bench_e2e
+    from dinrec.benchmarks.peers import LIBRARY_PEERS
 
     chosen = [p.strip() for p in peers.split(",") if p.strip()]
     unknown = sorted(set(chosen) - set(LIBRARY_PEERS))
@@ -295,7 +295,7 @@ def bench_recall_cmd(
 ) -> None:
     """HR@50/200/1000 of the FAISS recall stage beside item-to-item CF and popularity on the dataset's
     leave-one-out test split, and the long-tail share of the final recommendations."""
-    from benchmarks.recall_bench import bench_recall, bench_recall_scale
+    from dinrec.benchmarks.recall_bench import bench_recall, bench_recall_scale
 
     if synthetic_items:
         result = bench_recall_scale(synthetic_items, seed=seed, progress=progress)
@@ -323,11 +323,11 @@ def bench_retrain_cmd(
     """Scheduled retraining on a replayed log: the retrained candidate vs the stale champion on the
     gate's holdout, warm start vs training from scratch (the peer, same run), and the gate drills."""
     if archive_span is not None:
-        from benchmarks.window_bench import bench_window
+        from dinrec.benchmarks.window_bench import bench_window
 
         _print(bench_window(data, span=archive_span, progress=progress), as_json)
         return
-    from benchmarks.retrain_bench import bench_retrain
+    from dinrec.benchmarks.retrain_bench import bench_retrain
 
     result = bench_retrain(data, cut=cut, epochs=epochs, recall_epochs=recall_epochs, seq_len=seq_len, seed=seed,
                            progress=progress)

@@ -14,8 +14,8 @@ import time
 import numpy as np
 import torch
 
-from training.data import SplitTensors
-from training.samples import SampleSet, Split
+from dinrec.training.data import SplitTensors
+from dinrec.training.samples import SampleSet, Split
 
 
 def _inputs(samples: SampleSet, split: Split, seq_len: int) -> dict[str, np.ndarray]:

@@ -48,12 +48,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.machine import machine
-from feature_store.datasets import load_dataset
-from feature_store.datasets.base import Interactions
-from retrieval.baselines import Popularity, tune_item_cf
-from retrieval.hits import hit_at, ndcg_at, ranks
-from training.samples import SampleSet, training_sequences
+from dinrec.benchmarks.machine import machine
+from dinrec.feature_store.datasets import load_dataset
+from dinrec.feature_store.datasets.base import Interactions
+from dinrec.retrieval.baselines import Popularity, tune_item_cf
+from dinrec.retrieval.hits import hit_at, ndcg_at, ranks
+from dinrec.training.samples import SampleSet, training_sequences
 
 K = 10
 DEEP = 50
@@ -103,11 +103,11 @@ def _served_lists(bundle: Path, events: Interactions, test: Sequence[Case], n: i
     import httpx
 
     # The deadline is a latency guard; a bench of quality on a busy 2-core box must not fall into it.
-    from feature_store.online.memory import MemoryStore
-    from feature_store.settings import FeatureStoreSettings
-    from serving.app import create_app
-    from serving.server import free_port, serve_in_thread
-    from serving.settings import ServingSettings
+    from dinrec.feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.serving.app import create_app
+    from dinrec.serving.server import free_port, serve_in_thread
+    from dinrec.serving.settings import ServingSettings
 
     token = secrets.token_urlsafe(32)  # the bench is the operator: its answers say which strategy served them
     settings = ServingSettings(bundle_dir=bundle, request_deadline_ms=60_000, catalog_poll_s=0, log_format="text",
@@ -255,7 +255,7 @@ def _catalog_lists(rec, samples: SampleSet, test: Sequence[Case]) -> list[list[i
     which a model reading the training count would find by their count of 0 (taobao-sample's 0.254)."""
     import torch
 
-    from training.evaluation import served_history
+    from dinrec.training.evaluation import served_history
 
     every = np.flatnonzero(rec._counts > 0)  # (I',) item indices, never 0 (padding)
     every = every[(every > 0) & (every < rec.scorer.n_items)]
@@ -274,11 +274,11 @@ def _catalog_lists(rec, samples: SampleSet, test: Sequence[Case]) -> list[list[i
 def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[dict[str, list[list[str]]], dict]:
     """The ranking stage taken apart (each variant through the same stage, in-process, fp32): the gate's
     list, DIN alone, the blend refitted without each signal, DIN over the catalog; and the ceiling."""
-    from models.blend import Blend
-    from models.ranking import Recommender
-    from models.ranking_settings import RankingSettings
-    from retrieval.index import FaissIndex
-    from training.evaluation import served_history, served_lists
+    from dinrec.models.blend import Blend
+    from dinrec.models.ranking import Recommender
+    from dinrec.models.ranking_settings import RankingSettings
+    from dinrec.retrieval.index import FaissIndex
+    from dinrec.training.evaluation import served_history, served_lists
 
     index = FaissIndex.load(bundle.item_index_path)
     rows = np.asarray([c.row for c in test])
@@ -326,12 +326,12 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
     — the defaults are what is measured); ``progress``: a line per stage on stderr (stdout is the JSON;
     default: when stderr is a terminal); ``partial``: after each seed but the last, the result so far is
     written there (``seeds_done`` says which), so a run stopped midway keeps what it measured."""
-    from benchmarks.peers import PeerUnavailable, run_library_peer
-    from models.bundle import load_bundle
-    from storage.files import write_atomically
-    from training.pipeline import samples_for, train_bundle
-    from training.progress import Stages, showing
-    from training.settings import TrainSettings
+    from dinrec.benchmarks.peers import PeerUnavailable, run_library_peer
+    from dinrec.models.bundle import load_bundle
+    from dinrec.storage.files import write_atomically
+    from dinrec.training.pipeline import samples_for, train_bundle
+    from dinrec.training.progress import Stages, showing
+    from dinrec.training.settings import TrainSettings
 
     seeds = list(seeds)
     if not seeds:
@@ -351,8 +351,8 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
                     "seeds": seeds, "holdout": "each user's last behaviour on an item new to them (test), the one "
                     "before (val); the split is the same for every seed", "k": K,
                     "train_settings": {k: v for k, v in base.model_dump().items() if k in (train_overrides or {})}}
-    from feature_store.long_tail import long_tail_mask
-    from training.export import item_counts
+    from dinrec.feature_store.long_tail import long_tail_mask
+    from dinrec.training.export import item_counts
 
     tail = long_tail_mask(item_counts(samples))
     runs = Runs(test, n_items, tail)
@@ -383,8 +383,8 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
             dinrec_info["model_version"].append(bundle.model_version)
             # What the ranking stage learned: each signal's validation HR@10 alone, the blend's, its weights.
             dinrec_info["ranking_blend"].append(bundle.metrics.get("ranking", {}).get("blend"))
-            from models.ranking import Recommender
-            from retrieval.index import FaissIndex
+            from dinrec.models.ranking import Recommender
+            from dinrec.retrieval.index import FaissIndex
 
             rec = Recommender(bundle, FaissIndex.load(bundle.item_index_path), precision="fp32")
             runs.add("towers", _towers_lists(rec, test))
@@ -413,7 +413,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
             if name in ONE_SEED_PEERS:
                 runs.info[name]["note"] = "run on the first seed only (the slowest peer)"
         if own_sasrec:
-            from benchmarks.sasrec import train_sasrec
+            from dinrec.benchmarks.sasrec import train_sasrec
 
             sas, sas_info = train_sasrec(seqs, n_items, val, seed=seed)
             runs.add("sasrec_own", [sas.recommend(c.history, DEEP).tolist() for c in test])

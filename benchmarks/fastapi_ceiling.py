@@ -17,7 +17,7 @@ from typing import Annotated
 
 from fastapi import FastAPI, Query
 
-from serving.schemas import RecommendedItem, RecommendResponse
+from dinrec.serving.schemas import RecommendedItem, RecommendResponse
 
 
 def create_app() -> FastAPI:

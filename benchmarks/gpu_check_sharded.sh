@@ -19,8 +19,8 @@ DATA="$OUT/synthetic-1m"
 if [[ ! -f "$DATA/events.jsonl" ]]; then
   mkdir -p "$DATA"
   "$PY" -c "
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.schema import dumps_many
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.feature_store.schema import dumps_many
 cfg = SyntheticConfig(n_users=100_000, n_items=1_000_000, n_categories=2_000, mean_events_per_user=20, seed=7)
 open('$DATA/events.jsonl', 'w').write(dumps_many(list(generate(cfg).events())))
 "
@@ -29,7 +29,7 @@ COMMON=(DINREC_TRAIN_OBJECTIVE=pointwise DINREC_TRAIN_RECALL_EPOCHS=0 DINREC_TRA
         DINREC_TRAIN_BATCH_SIZE=$((4096 * NGPU)) DINREC_TRAIN_ATTENTION_ACTIVATION=prelu)
 run() {  # name, extra environment...
   local name=$1; shift
-  env "${COMMON[@]}" "$@" timeout 170 "$PY" -m dinrec_cli.main train --ranks gpus \
+  env "${COMMON[@]}" "$@" timeout 170 "$PY" -m dinrec.cli.main train --ranks gpus \
     --data "$DATA" --out "$OUT/$name" --epochs 1 --device cuda --no-progress \
     > "$OUT/$name.out" 2> "$OUT/$name.err"
   local rc=$?
@@ -44,9 +44,9 @@ print(json.dumps({'run': '$name', 'gpus': $NGPU, **{k: v for k, v in d.items() i
 }
 run replicated-adam
 run replicated-rowwise DINREC_TRAIN_EMBEDDING_OPTIMIZER=rowwise_adagrad DINREC_TRAIN_EMBEDDING_LR=0.05
-if "$PY" -c "from training.sharded import torchrec_missing as m; import sys; sys.exit(1 if m() else 0)"; then
+if "$PY" -c "from dinrec.training.sharded import torchrec_missing as m; import sys; sys.exit(1 if m() else 0)"; then
   run sharded DINREC_TRAIN_EMBEDDINGS=sharded DINREC_TRAIN_EMBEDDING_LR=0.05
 else
-  "$PY" -c "import json; from training.sharded import torchrec_missing as m; \
+  "$PY" -c "import json; from dinrec.training.sharded import torchrec_missing as m; \
 print(json.dumps({'run': 'sharded', 'skipped': m()}))" | tee -a "$OUT/sharded.jsonl"
 fi

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from benchmarks import loadgen
+from dinrec.benchmarks import loadgen
 
 
 def held_rate(port: int, requests: Sequence[bytes], *, cpu_s: Callable[[], float], probe_s: float = 5.0,

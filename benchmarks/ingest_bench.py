@@ -24,13 +24,13 @@ import time
 
 import redis
 
-from feature_store.features import is_behaviour
-from feature_store.ingest import Ingestor
-from feature_store.online.redis_store import SEP, RedisStore
-from feature_store.schema import BehaviourEvent
-from feature_store.streams.base import OutgoingRecord, Record, event_record
-from feature_store.streams.kafka_stream import KafkaStream
-from training.progress import Stages, showing
+from dinrec.feature_store.features import is_behaviour
+from dinrec.feature_store.ingest import Ingestor
+from dinrec.feature_store.online.redis_store import SEP, RedisStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.streams.base import OutgoingRecord, Record, event_record
+from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.training.progress import Stages, showing
 
 
 def synthetic_records(n: int, users: int, items: int, seed: int = 0, start_ts: float = 1.7e9) -> list[OutgoingRecord]:

@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from models.kernels import cpu_flag_present, cpu_has, isa_limit
+from dinrec.models.kernels import cpu_flag_present, cpu_has, isa_limit
 
 # The vector units that change which code path runs (the fused kernels need avx512_bf16; oneDNN's bf16
 # products are fastest with amx_bf16).

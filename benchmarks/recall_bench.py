@@ -25,19 +25,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from feature_store.datasets import load_dataset
-from models.ranking_settings import RankingSettings
-from models.recall import RecallSpace
-from models.rerank import Reranker
-from models.scorer import Scorer
-from retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_mask, long_tail_share
-from retrieval.index import FaissIndex
-from training.export import build_item_index, item_counts
-from training.loop import train
-from training.progress import Stages, showing
-from training.samples import SampleSet, Split, build_samples, training_sequences
-from training.settings import TrainSettings
-from training.towers_train import towers_settings, train_towers
+from dinrec.feature_store.datasets import load_dataset
+from dinrec.models.ranking_settings import RankingSettings
+from dinrec.models.recall import RecallSpace
+from dinrec.models.rerank import Reranker
+from dinrec.models.scorer import Scorer
+from dinrec.retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_mask, long_tail_share
+from dinrec.retrieval.index import FaissIndex
+from dinrec.training.export import build_item_index, item_counts
+from dinrec.training.loop import train
+from dinrec.training.progress import Stages, showing
+from dinrec.training.samples import SampleSet, Split, build_samples, training_sequences
+from dinrec.training.settings import TrainSettings
+from dinrec.training.towers_train import towers_settings, train_towers
 
 NS = (50, 200, 1000)
 
@@ -150,7 +150,7 @@ def bench_recall_scale(items: int = 1_000_000, dim: int = 64, categories: int = 
     The build uses every core. ``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
     import faiss
 
-    from retrieval.index import IndexSpec, recall_at_k, tune_ef_search
+    from dinrec.retrieval.index import IndexSpec, recall_at_k, tune_ef_search
 
     say = Stages(showing(progress))
     rng = np.random.default_rng(seed)

@@ -23,13 +23,13 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.archive import archive_events
-from feature_store.datasets import load_dataset
-from registry.store import Registry
-from retrain.job import RetrainJob
-from retrain.settings import RetrainSettings
-from training.progress import Stages, showing
-from training.settings import TrainSettings
+from dinrec.feature_store.archive import archive_events
+from dinrec.feature_store.datasets import load_dataset
+from dinrec.registry.store import Registry
+from dinrec.retrain.job import RetrainJob
+from dinrec.retrain.settings import RetrainSettings
+from dinrec.training.progress import Stages, showing
+from dinrec.training.settings import TrainSettings
 
 KEEP = ("auc", "gauc", "logloss", "calibration_error", "recall_hr", "recall_tail_share", "recall_tail_hr",
         "tail_positives", "users")

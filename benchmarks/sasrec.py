@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from retrieval.hits import row_ranks
+from dinrec.retrieval.hits import row_ranks
 
 
 @dataclass(frozen=True)

@@ -24,10 +24,10 @@ import time
 import numpy as np
 import torch
 
-from benchmarks.machine import machine_with_ceiling
-from models.din import DIN, DINConfig
-from models.scorer import candidate_scorers, choose_scorer
-from training.progress import Stages, showing
+from dinrec.benchmarks.machine import machine_with_ceiling
+from dinrec.models.din import DIN, DINConfig
+from dinrec.models.scorer import candidate_scorers, choose_scorer
+from dinrec.training.progress import Stages, showing
 
 
 def _timed(fn, requests: list, warmup: int = 20) -> dict:
@@ -121,7 +121,7 @@ def score_macs(candidates: int, seq_len: int, dim: int, attention_hidden: tuple[
 
 def _deepctr(reqs, item_cat, items, categories, seq_len, item_dim, cat_dim, attention_hidden, mlp_hidden,
              attention_activation, mlp_activation, seed) -> dict:
-    from benchmarks.deepctr_peer import build_deepctr_din
+    from dinrec.benchmarks.deepctr_peer import build_deepctr_din
 
     model = build_deepctr_din(items, categories, seq_len=seq_len, item_dim=item_dim, cat_dim=cat_dim,
                               attention_hidden=attention_hidden, mlp_hidden=mlp_hidden,

@@ -34,20 +34,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from benchmarks import loadgen
-from benchmarks.held_rate import held_rate
-from benchmarks.loadgen import percentile, request_bytes
-from feature_store.online.redis_store import RedisStore
-from feature_store.schema import BehaviourEvent
-from models.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
-from models.din import DIN, DINConfig
-from models.recall import RecallSpace
-from models.towers import Towers, TowersConfig
-from models.vocab import Vocab
-from retrieval.index import IndexSpec
-from serving.server import free_port
-from training.export import build_item_index
-from training.progress import Stages, showing
+from dinrec.benchmarks import loadgen
+from dinrec.benchmarks.held_rate import held_rate
+from dinrec.benchmarks.loadgen import percentile, request_bytes
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.models.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
+from dinrec.models.din import DIN, DINConfig
+from dinrec.models.recall import RecallSpace
+from dinrec.models.towers import Towers, TowersConfig
+from dinrec.models.vocab import Vocab
+from dinrec.retrieval.index import IndexSpec
+from dinrec.serving.server import free_port
+from dinrec.training.export import build_item_index
+from dinrec.training.progress import Stages, showing
 
 
 def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0,
@@ -121,7 +121,7 @@ def _service(spec: StoreSpec, *, items: int, categories: int, users: int, seq_le
     if workers:
         env["DINREC_WORKERS"] = str(workers)
     try:
-        with running_process([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
+        with running_process([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(bundle),
                               "--port", str(port)], port, folder / "serve.log", env) as proc:
             say("service ready")
             yield port, {**index_info, **_served_paths(f"http://127.0.0.1:{port}"), "pid": proc.pid}
@@ -238,13 +238,13 @@ def _fastapi_ceiling(users: int, workers: int, warmup_s: float, search: dict, sa
     def stage(what: str) -> None:
         say(f"fastapi ceiling: {what}")
 
-    with running_process([sys.executable, "-m", "uvicorn", "benchmarks.fastapi_ceiling:create_app", "--factory",
+    with running_process([sys.executable, "-m", "uvicorn", "dinrec.benchmarks.fastapi_ceiling:create_app", "--factory",
                           "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--http",
                           "httptools", "--no-access-log", "--log-level", "warning"], port, log) as proc:
         requests = _requests(port, users)
         loadgen.run("127.0.0.1", port, requests, 100, warmup_s, search["timeout_s"])  # warm-up, not measured
         held = held_rate(port, requests, cpu_s=lambda: _tree_cpu_s(proc.pid), say=stage, **search)
-    return {**held, "workers": workers, "app": "benchmarks.fastapi_ceiling", "fastapi": fastapi.__version__,
+    return {**held, "workers": workers, "app": "dinrec.benchmarks.fastapi_ceiling", "fastapi": fastapi.__version__,
             "uvicorn": uvicorn.__version__}
 
 
@@ -274,7 +274,7 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
     send a POST's headers and then nothing, from other loopback addresses than the load — then half the
     capacity to see it recover; the peer is the same overload without the cap (DINREC_MAX_IN_FLIGHT=0), in
     the same run. ``progress``: a line per stage on stderr (default: when stderr is a terminal)."""
-    from benchmarks.machine import machine
+    from dinrec.benchmarks.machine import machine
 
     say = Stages(showing(progress))
     shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}

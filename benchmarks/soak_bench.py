@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks import loadgen
-from benchmarks.loadgen import percentile, request_bytes
-from benchmarks.serve_bench import process_tree_stats, running_process, synthetic_bundle
-from retrieval.index import IndexSpec
-from serving.server import free_port
-from training.progress import Stages, showing
+from dinrec.benchmarks import loadgen
+from dinrec.benchmarks.loadgen import percentile, request_bytes
+from dinrec.benchmarks.serve_bench import process_tree_stats, running_process, synthetic_bundle
+from dinrec.retrieval.index import IndexSpec
+from dinrec.serving.server import free_port
+from dinrec.training.progress import Stages, showing
 
 # Short windows, so that what invented ids make the store hold expires within the run.
 SHORT_WINDOWS = {"DINREC_DEDUP_WINDOW_S": "60", "DINREC_ATTRIBUTION_WINDOW_S": "60",
@@ -79,7 +79,7 @@ def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: f
     rng = np.random.default_rng(seed)
     windows = []
     try:
-        with running_process([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(bundle),
+        with running_process([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(bundle),
                               "--port", str(port)], port, folder / "serve.log", env) as proc:
             say(f"{kind}: service ready")
             probe = _fresh_requests(port, 4000, "probe", categories, rng)
@@ -131,7 +131,7 @@ def bench_soak(redis_url: str, *, minutes: float = 10, window_s: float = 30,
                stores: tuple[str, ...] = ("memory", "redis"), rate: float | None = None, items: int = 20_000,
                categories: int = 200, seed: int = 0, progress: bool | None = None) -> dict:
     """``progress``: a line per stage and per window on stderr (default: when stderr is a terminal)."""
-    from benchmarks.machine import machine
+    from dinrec.benchmarks.machine import machine
 
     say = Stages(showing(progress))
     runs = {kind: _soak(kind, redis_url, minutes=minutes, window_s=window_s, rate=rate, items=items,

@@ -26,9 +26,9 @@ import time
 
 import numpy as np
 
-from feature_store.online.redis_store import RedisStore
-from feature_store.schema import BehaviourEvent
-from training.progress import Stages, showing
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.training.progress import Stages, showing
 
 USER_FAMILIES = ("hist", "seen", "items")
 ITEM_FAMILIES = ("pop", "catalog", "catalog:order")

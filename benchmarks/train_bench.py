@@ -25,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from feature_store.datasets import load_dataset
-from training.loop import train
-from training.metrics import auc, gauc, logloss
-from training.progress import Stages, showing
-from training.samples import SampleSet, build_samples
-from training.settings import TrainSettings
-from training.telemetry import peak_rss_mb
+from dinrec.feature_store.datasets import load_dataset
+from dinrec.training.loop import train
+from dinrec.training.metrics import auc, gauc, logloss
+from dinrec.training.progress import Stages, showing
+from dinrec.training.samples import SampleSet, build_samples
+from dinrec.training.settings import TrainSettings
+from dinrec.training.telemetry import peak_rss_mb
 
 _REPORTED = ("samples_per_s", "candidates_per_s", "test_auc", "test_gauc", "test_logloss", "val_gauc")
 
@@ -42,10 +42,10 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings, peer_gauc: float |
     probes: list[dict] = []
     lists, towers_s = None, 0.0
     if settings.objective == "listwise":
-        from training.export import fit_covisitation
-        from training.lists import ListData
-        from training.pipeline import list_settings
-        from training.towers_train import towers_settings, train_towers
+        from dinrec.training.export import fit_covisitation
+        from dinrec.training.lists import ListData
+        from dinrec.training.pipeline import list_settings
+        from dinrec.training.towers_train import towers_settings, train_towers
 
         t0 = time.perf_counter()
         towers = train_towers(samples, towers_settings(settings)).model
@@ -54,7 +54,7 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings, peer_gauc: float |
         towers_s = time.perf_counter() - t0
 
     def probe(trainer) -> None:  # the test split after each epoch: when the peer's GAUC is reached
-        from training.loop import evaluate_lists
+        from dinrec.training.loop import evaluate_lists
 
         test = evaluate_lists(trainer.model, trainer.lists, trainer.test_t, "test", trainer.precision)
         probes.append({"epoch": trainer.progress.epoch, "train_seconds": round(trainer.progress.train_seconds, 2),
@@ -80,7 +80,7 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings, peer_gauc: float |
 
 
 def _deepctr_once(samples: SampleSet, settings: TrainSettings) -> dict:
-    from benchmarks.deepctr_peer import run_deepctr
+    from dinrec.benchmarks.deepctr_peer import run_deepctr
 
     s = settings
     p = run_deepctr(samples, seq_len=s.seq_len, epochs=s.epochs, batch_size=s.batch_size, item_dim=s.item_dim,

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.machine import machine
-from feature_store.archive import archive_events
-from feature_store.datasets import load_dataset
-from training.progress import Stages, showing
+from dinrec.benchmarks.machine import machine
+from dinrec.feature_store.archive import archive_events
+from dinrec.feature_store.datasets import load_dataset
+from dinrec.training.progress import Stages, showing
 
 TOPIC = "dinrec.events"
 
@@ -35,10 +35,10 @@ TOPIC = "dinrec.events"
 def read_once(archive: Path, start: float, end: float, scan: bool = False) -> dict:
     """The data phase, timed: in the process that measures its peak memory. ``scan``: the way it read
     before (the peer): every file of the topic into memory, then the window's events filtered out."""
-    from feature_store.archive import read_archive
-    from retrain.events import read_window, window_of
-    from training.pipeline import samples_for
-    from training.settings import TrainSettings
+    from dinrec.feature_store.archive import read_archive
+    from dinrec.retrain.events import read_window, window_of
+    from dinrec.training.pipeline import samples_for
+    from dinrec.training.settings import TrainSettings
 
     settings = TrainSettings(progress=False)
     tracemalloc.start()  # what the phase allocates (Python and numpy), past the interpreter and its libraries
@@ -56,7 +56,7 @@ def read_once(archive: Path, start: float, end: float, scan: bool = False) -> di
 
 
 def _measure(archive: Path, start: float, end: float, scan: bool = False) -> dict:
-    out = subprocess.run([sys.executable, "-m", "benchmarks.window_bench", str(archive), str(start), str(end),
+    out = subprocess.run([sys.executable, "-m", "dinrec.benchmarks.window_bench", str(archive), str(start), str(end),
                           "scan" if scan else "window"], capture_output=True, text=True, timeout=1800, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -8,8 +8,8 @@ import weakref
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from experiments.state import ExperimentState
-    from feature_store.online import OnlineStore
+    from dinrec.experiments.state import ExperimentState
+    from dinrec.feature_store.online import OnlineStore
 
 _states: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
@@ -29,11 +29,11 @@ def open_state(store: OnlineStore) -> ExperimentState:
 def _build(store: OnlineStore) -> ExperimentState:
     backend = store.backend
     if backend == "memory":
-        from experiments.state_memory import MemoryExperimentState
+        from dinrec.experiments.state_memory import MemoryExperimentState
 
         return MemoryExperimentState(store)  # type: ignore[arg-type]
     if backend in ("redis", "redis-cluster"):
-        from experiments.state_redis import RedisExperimentState
+        from dinrec.experiments.state_redis import RedisExperimentState
 
         return RedisExperimentState(store)  # type: ignore[arg-type]
     raise ValueError(f"no experiment state for a {type(store).__name__} (backend {backend!r})")

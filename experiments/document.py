@@ -18,8 +18,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from experiments.spec import Experiment, ExperimentFile
-from storage import Storage, WriteConflict, open_storage
+from dinrec.experiments.spec import Experiment, ExperimentFile
+from dinrec.storage import Storage, WriteConflict, open_storage
 
 
 class DocumentConflict(RuntimeError):

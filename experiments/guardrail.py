@@ -34,11 +34,11 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from experiments.metrics import METRICS, compare_metric
-from experiments.running import Experiments
-from experiments.spec import Experiment, Variant
-from experiments.state import ExperimentState
-from experiments.stats import VariantSums, corrected, intersect, srm_p_value, verdict
+from dinrec.experiments.metrics import METRICS, compare_metric
+from dinrec.experiments.running import Experiments
+from dinrec.experiments.spec import Experiment, Variant
+from dinrec.experiments.state import ExperimentState
+from dinrec.experiments.stats import VariantSums, corrected, intersect, srm_p_value, verdict
 
 log = logging.getLogger(__name__)
 

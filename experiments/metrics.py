@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 
-from experiments.stats import (
+from dinrec.experiments.stats import (
     Comparison,
     CupedMeanStat,
     CupedRatioStat,

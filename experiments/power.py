@@ -19,7 +19,7 @@ import math
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from experiments.stats import best_rho2, conjmix_margin
+from dinrec.experiments.stats import best_rho2, conjmix_margin
 
 
 def _norm():

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from experiments.document import ExperimentsDocument
-from experiments.spec import Experiment, ExperimentFile, Variant
+from dinrec.experiments.document import ExperimentsDocument
+from dinrec.experiments.spec import Experiment, ExperimentFile, Variant
 
 
 class Experiments:

@@ -14,8 +14,8 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 
-from experiments.served import Tally
-from experiments.stats import VariantSums
+from dinrec.experiments.served import Tally
+from dinrec.experiments.stats import VariantSums
 
 RECENT_S = 86_400.0  # the last day's snapshots are kept at the guardrail's interval
 HOURLY_S = 3_600.0  # older ones, one an hour

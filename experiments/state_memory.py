@@ -5,9 +5,9 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
-from experiments.served import Tally
-from experiments.state import ExperimentState
-from feature_store.online.memory import MemoryStore
+from dinrec.experiments.served import Tally
+from dinrec.experiments.state import ExperimentState
+from dinrec.feature_store.online.memory import MemoryStore
 
 
 class MemoryExperimentState(ExperimentState):

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from experiments.served import Tally
-from experiments.state import ExperimentState
-from feature_store.errors import StoreUnavailable
-from feature_store.online.redis_store import REDIS_ERRORS, RedisStore
+from dinrec.experiments.served import Tally
+from dinrec.experiments.state import ExperimentState
+from dinrec.feature_store.errors import StoreUnavailable
+from dinrec.feature_store.online.redis_store import REDIS_ERRORS, RedisStore
 
 
 class RedisExperimentState(ExperimentState):

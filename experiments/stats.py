@@ -26,7 +26,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 
-from feature_store.online.base import AB_SUM_FIELDS
+from dinrec.feature_store.online.base import AB_SUM_FIELDS
 
 
 @dataclass(frozen=True)

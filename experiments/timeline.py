@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 
-from experiments.stats import VariantSums, compare
+from dinrec.experiments.stats import VariantSums, compare
 
 DAY_S, HOUR_S = 86_400.0, 3_600.0
 

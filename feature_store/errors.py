@@ -4,7 +4,7 @@ Backends (redis, kafka) map their client's errors into these once, at the adapte
 callers never catch a third-party exception type.
 """
 
-from storage.outage import DependencyUnavailable
+from dinrec.storage.outage import DependencyUnavailable
 
 
 class FeatureStoreError(Exception):

@@ -35,12 +35,18 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from feature_store.errors import InvalidEvent, OffsetConflict, StoreLayoutError, StoreUnavailable, StreamUnavailable
-from feature_store.ingest_stats import IngestStats
-from feature_store.online.base import OnlineStore, StreamOffsets
-from feature_store.partitioning import partition_of
-from feature_store.schema import BehaviourEvent
-from feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
+from dinrec.feature_store.errors import (
+    InvalidEvent,
+    OffsetConflict,
+    StoreLayoutError,
+    StoreUnavailable,
+    StreamUnavailable,
+)
+from dinrec.feature_store.ingest_stats import IngestStats
+from dinrec.feature_store.online.base import OnlineStore, StreamOffsets
+from dinrec.feature_store.partitioning import partition_of
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ ingest_app = typer.Typer(help="Consume behaviour events from Kafka into the onli
 
 
 def _kafka_settings():
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     settings = FeatureStoreSettings()
     if settings.stream == "inprocess":
@@ -37,9 +37,9 @@ def ingest(
     failure with backoff. Run more of these with the same DINREC_CONSUMER_GROUP to scale out."""
     if ctx.invoked_subcommand is not None:
         return
-    from feature_store.ingest import Ingestor
-    from feature_store.online import open_store
-    from feature_store.streams import open_stream
+    from dinrec.feature_store.ingest import Ingestor
+    from dinrec.feature_store.online import open_store
+    from dinrec.feature_store.streams import open_stream
 
     logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     settings = _kafka_settings()
@@ -58,7 +58,7 @@ def ingest(
     ingestor = Ingestor(stream, store, settings.consumer_group, batch_size=settings.ingest_batch)
     server = None
     if settings.ingest_metrics_port is not None:
-        from feature_store.ingest_http import serve_stats
+        from dinrec.feature_store.ingest_http import serve_stats
 
         server = serve_stats(ingestor.stats, settings.ingest_metrics_port, settings.ingest_metrics_host)
     # What start-up made (~70k objects: the CLI, pydantic, the clients) moves out of the collector's
@@ -85,8 +85,8 @@ def status(
 ) -> None:
     """Lag per partition (the topic's end vs. what the store has applied), dead letters, and
     optionally a running consumer's counters."""
-    from feature_store.online import open_store
-    from feature_store.streams import open_stream
+    from dinrec.feature_store.online import open_store
+    from dinrec.feature_store.streams import open_stream
 
     settings = _kafka_settings()
     store, stream = open_store(settings), open_stream(settings)
@@ -124,9 +124,9 @@ def dlq(
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per dead letter")] = False,
 ) -> None:
     """Show the dead-letter topic (reason, source, original bytes), or replay it."""
-    from feature_store.ingest import ERROR_HEADER, SOURCE_HEADER
-    from feature_store.streams import open_stream
-    from feature_store.streams.base import OutgoingRecord
+    from dinrec.feature_store.ingest import ERROR_HEADER, SOURCE_HEADER
+    from dinrec.feature_store.streams import open_stream
+    from dinrec.feature_store.streams.base import OutgoingRecord
 
     settings = _kafka_settings()
     stream = open_stream(settings)
@@ -176,10 +176,10 @@ def backfill(
     dataset and row, so running it again applies nothing twice (within the dedup window)."""
     from tqdm import tqdm
 
-    from feature_store.datasets import load_dataset
-    from feature_store.online import open_store
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams import open_stream
+    from dinrec.feature_store.datasets import load_dataset
+    from dinrec.feature_store.online import open_store
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.streams import open_stream
 
     settings = _kafka_settings() if to == "stream" else FeatureStoreSettings()
     if to == "store" and settings.store == "memory":
@@ -229,8 +229,8 @@ def archive(
 ) -> None:
     """Write the stream (behaviours, impressions, clicks) to time-partitioned JSON-lines files,
     each record exactly once: the training data of record, beyond Kafka's retention."""
-    from feature_store.archive import Archiver
-    from feature_store.streams import open_stream
+    from dinrec.feature_store.archive import Archiver
+    from dinrec.feature_store.streams import open_stream
 
     logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     settings = _kafka_settings()

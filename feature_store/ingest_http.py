@@ -6,7 +6,7 @@ import json
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-from feature_store.ingest_stats import IngestStats
+from dinrec.feature_store.ingest_stats import IngestStats
 
 
 def serve_stats(stats: IngestStats, port: int, host: str = "127.0.0.1") -> ThreadingHTTPServer:

@@ -29,13 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from feature_store.errors import FeatureStoreError, StreamUnavailable
-from feature_store.ingest import Backoff
-from feature_store.streams.base import EventStream, OutgoingRecord
-from storage import fsync_dir, write_atomically
+from dinrec.feature_store.errors import FeatureStoreError, StreamUnavailable
+from dinrec.feature_store.ingest import Backoff
+from dinrec.feature_store.streams.base import EventStream, OutgoingRecord
+from dinrec.storage import fsync_dir, write_atomically
 
 if TYPE_CHECKING:
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
 log = logging.getLogger(__name__)
 

@@ -8,18 +8,18 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import SettingsConfigDict
 
-from feature_store.features import (
+from dinrec.feature_store.features import (
     DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_HISTORY_LEN,
     DEFAULT_INTERACTED_CAP,
 )
-from storage.settings import SharedSettings
+from dinrec.storage.settings import SharedSettings
 
 
 class FeatureStoreSettings(SharedSettings):
     # extra="forbid": a mistyped keyword raises; other packages' DINREC_* variables are not read as
-    # fields (dinrec_cli.config reports the ones no settings class knows).
+    # fields (dinrec.cli.config reports the ones no settings class knows).
     model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True,
                                       populate_by_name=True)
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 if TYPE_CHECKING:
-    from retrieval.covisit import CoVisitation
+    from dinrec.retrieval.covisit import CoVisitation
 
 FEATURES = ("din", "towers", "covisit", "covisit_newest", "recent_category", "popularity")
 RECENT = 10  # behaviours the recent-category share reads

@@ -32,15 +32,15 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from feature_store.long_tail import long_tail_mask
-from feature_store.schema import SCHEMA_VERSION
-from models.blend import Blend
-from models.din import DIN, DINConfig
-from models.errors import BundleError
-from models.towers import Towers, TowersConfig
-from models.vocab import Vocab
-from retrieval.covisit import CoVisitation, PairTable
-from storage import file_sha256, folder_written_atomically
+from dinrec.feature_store.long_tail import long_tail_mask
+from dinrec.feature_store.schema import SCHEMA_VERSION
+from dinrec.models.blend import Blend
+from dinrec.models.din import DIN, DINConfig
+from dinrec.models.errors import BundleError
+from dinrec.models.towers import Towers, TowersConfig
+from dinrec.models.vocab import Vocab
+from dinrec.retrieval.covisit import CoVisitation, PairTable
+from dinrec.storage import file_sha256, folder_written_atomically
 
 BUNDLE_FORMAT = "dinrec-bundle"
 BUNDLE_FORMAT_VERSION = 1

@@ -53,7 +53,7 @@ def served_context(cfg, pairs, counts: torch.Tensor, hist_items: torch.Tensor, h
     (B, L) histories (known behaviours last: :func:`known_last`) with their times and (B, N) candidates
     with their categories: co-visitation from ``pairs`` (retrieval.covisit.PairTable of the served lane),
     training ``counts`` (I,) (a candidate past them — a cold item — counts 0)."""
-    from models.din import ListContext
+    from dinrec.models.din import ListContext
 
     gaps = gap_buckets(ts, hist_items != 0) if cfg.time_buckets else None
     pair = pairs.lookup(hist_items, cand).unsqueeze(-1) if cfg.pair_inputs else None  # (B, N, L, 1)

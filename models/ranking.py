@@ -16,16 +16,16 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from feature_store.features import HistoryItem
-from models.blend import FEATURES, candidate_signals
-from models.bundle import Bundle
-from models.context import served_context
-from models.din import ListContext
-from models.ranking_settings import RankingSettings
-from models.recall import RecallSpace
-from models.rows import AppendOnlyRows
-from models.scorer import Scorer, choose_scorer
-from retrieval.index import FaissIndex, choose_search_index, exact_search
+from dinrec.feature_store.features import HistoryItem
+from dinrec.models.blend import FEATURES, candidate_signals
+from dinrec.models.bundle import Bundle
+from dinrec.models.context import served_context
+from dinrec.models.din import ListContext
+from dinrec.models.ranking_settings import RankingSettings
+from dinrec.models.recall import RecallSpace
+from dinrec.models.rows import AppendOnlyRows
+from dinrec.models.scorer import Scorer, choose_scorer
+from dinrec.retrieval.index import FaissIndex, choose_search_index, exact_search
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from typing import Literal
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from models.rerank import Reranker
+from dinrec.models.rerank import Reranker
 
 
 class RankingSettings(BaseSettings):

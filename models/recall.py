@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.din import DIN
-from models.towers import Towers
-from retrieval.hits import row_ranks
+from dinrec.models.din import DIN
+from dinrec.models.towers import Towers
+from dinrec.retrieval.hits import row_ranks
 
 
 class RecallSpace:

@@ -27,8 +27,8 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
-from models.din import DIN, Dice, ListContext, PReLU
-from models.rows import AppendOnlyRows
+from dinrec.models.din import DIN, Dice, ListContext, PReLU
+from dinrec.models.rows import AppendOnlyRows
 
 ScorePrecision = Literal["fp32", "bf16"]
 
@@ -47,7 +47,7 @@ def _linear_fn(layer: torch.nn.Linear, dtype: torch.dtype):
 
 def bf16_supported() -> bool:
     """Whether this CPU multiplies bfloat16 natively (AVX-512 BF16 or AMX); otherwise bf16 is slower."""
-    from models.kernels import cpu_has
+    from dinrec.models.kernels import cpu_has
 
     return cpu_has("avx512_bf16") or cpu_has("amx_bf16")
 
@@ -107,7 +107,7 @@ class Scorer:
         if self.lists and precision != "fp32":
             raise ValueError("a DIN with context is scored in fp32")
         if self.lists and fused and model.list_unit is None:
-            from models.kernels import list_unit, load_lists
+            from dinrec.models.kernels import list_unit, load_lists
 
             if load_lists():
                 model.list_unit = list_unit  # the same function, fused (models.kernels)
@@ -177,7 +177,7 @@ class Scorer:
         h2p = -(-h2 // 16) * 16
         if self.dim % 32 or self.dim > 256 or (h1 // 16, h2p // 16) not in {(5, 3), (4, 2), (2, 1), (8, 4)} or h1 % 16:
             return None
-        from models.kernels import load_score
+        from dinrec.models.kernels import load_score
 
         if not load_score():
             return None

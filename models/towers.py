@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.din import table_rows
+from dinrec.models.din import table_rows
 
 
 @dataclass(frozen=True)

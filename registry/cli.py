@@ -21,7 +21,7 @@ def publish(bundle: Path, registry: Root, version: Annotated[str | None, typer.O
         help="version name (default: the bundle's model version)")] = None,
             alias: Annotated[str | None, typer.Option(help="then point this alias at it")] = None) -> None:
     """Copy a verified bundle into the registry as a new, immutable version."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     reg = open_registry(registry)
     name = reg.publish(bundle, version)
@@ -47,7 +47,7 @@ def _summary(reg, version: str) -> dict:
 @models_app.command("list")
 def models_list(registry: Root) -> None:
     """Every version with its offline metrics, and where each alias points."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     reg = open_registry(registry)
     typer.echo(json.dumps({"versions": [_summary(reg, v) for v in reg.versions()], "aliases": reg.aliases()}))
@@ -57,7 +57,7 @@ def models_list(registry: Root) -> None:
 def models_describe(version: str, registry: Root) -> None:
     """One version: its manifest, metrics, the aliases pointing at it, and every retrain gate's
     evaluation of it (its served HR@10 beside the champion's and the baselines')."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     reg = open_registry(registry)
     metrics_path = Path(reg.bundle_dir(version)) / "metrics.json"
@@ -70,7 +70,7 @@ def models_describe(version: str, registry: Root) -> None:
 @models_app.command("promote")
 def models_promote(version: str, registry: Root, alias: Alias = "champion") -> None:
     """Point the alias at a version (recorded in its history); serving replicas hot-reload it."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     reg = open_registry(registry)
     reg.set_alias(alias, version, reason="promote")
@@ -80,7 +80,7 @@ def models_promote(version: str, registry: Root, alias: Alias = "champion") -> N
 @models_app.command("rollback")
 def models_rollback(registry: Root, alias: Alias = "champion") -> None:
     """Point the alias back at the version it held before the current one."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     reg = open_registry(registry)
     was = reg.resolve(alias)
@@ -91,6 +91,6 @@ def models_rollback(registry: Root, alias: Alias = "champion") -> None:
 @models_app.command("history")
 def models_history(registry: Root, alias: Alias = "champion") -> None:
     """Every move of the alias, oldest first."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     typer.echo(json.dumps({"alias": alias, "history": open_registry(registry).history(alias)}))

@@ -33,9 +33,9 @@ import re
 import time
 from pathlib import Path
 
-from models.bundle import MANIFEST_FILE as MANIFEST
-from models.bundle import BundleError, listed_files, read_manifest, verify_bundle
-from storage import (
+from dinrec.models.bundle import MANIFEST_FILE as MANIFEST
+from dinrec.models.bundle import BundleError, listed_files, read_manifest, verify_bundle
+from dinrec.storage import (
     LocalStorage,
     S3Storage,
     Storage,

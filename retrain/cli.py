@@ -67,9 +67,9 @@ def retrain(
 ) -> None:
     """Retrain DIN and the recall towers on archived events, compare with the champion on the same
     recent holdout, promote only a model that is not worse; print the report as JSON."""
-    from retrain.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RetrainJob
-    from retrain.settings import RetrainSettings
-    from training.settings import TrainSettings
+    from dinrec.retrain.job import EXIT_BAD_INPUT, EXIT_INTERRUPTED, RetrainJob
+    from dinrec.retrain.settings import RetrainSettings
+    from dinrec.training.settings import TrainSettings
 
     logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     overrides = {k: v for k, v in {"rollout": rollout, "registry": registry, "archive_dir": archive_dir,

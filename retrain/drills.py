@@ -23,9 +23,9 @@ from typing import Literal
 import numpy as np
 import torch
 
-from models.din import DIN
-from models.vocab import PAD
-from training.samples import SampleSet
+from dinrec.models.din import DIN
+from dinrec.models.vocab import PAD
+from dinrec.training.samples import SampleSet
 
 Drill = Literal["shuffled-labels", "miscalibrated"]
 DRILLS: tuple[str, ...] = ("shuffled-labels", "miscalibrated")

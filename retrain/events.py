@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.archive import read_hours
-from feature_store.datasets.base import Interactions
-from feature_store.errors import InvalidEvent
-from feature_store.schema import BehaviourEvent
+from dinrec.feature_store.archive import read_hours
+from dinrec.feature_store.datasets.base import Interactions
+from dinrec.feature_store.errors import InvalidEvent
+from dinrec.feature_store.schema import BehaviourEvent
 
 
 @dataclass

@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 
-from retrain.settings import RetrainSettings
+from dinrec.retrain.settings import RetrainSettings
 
 
 @dataclass(frozen=True)

@@ -28,19 +28,19 @@ from datetime import UTC, datetime
 
 import numpy as np
 
-from models.bundle import Bundle, code_version, load_bundle
-from registry.store import ANY, AliasConflict, UnknownAlias, open_registry
-from retrain.drills import DRILLS, degrade_model, degrade_samples
-from retrain.events import read_window
-from retrain.gate import checks_json, decide
-from retrain.settings import RetrainSettings
-from retrain.spot import SpotFailed, train_on_spot
-from spot.protocol import EXIT_INTERRUPTED
-from storage import Lease, LeaseHeld, LeaseLost, LocalStorage, folder_written_atomically
-from training.evaluation import baseline_differences, baselines, holdout_rows, measure, paired_differences
-from training.pipeline import samples_for
-from training.samples import SampleSet, is_sample_dir
-from training.settings import TrainSettings
+from dinrec.models.bundle import Bundle, code_version, load_bundle
+from dinrec.registry.store import ANY, AliasConflict, UnknownAlias, open_registry
+from dinrec.retrain.drills import DRILLS, degrade_model, degrade_samples
+from dinrec.retrain.events import read_window
+from dinrec.retrain.gate import checks_json, decide
+from dinrec.retrain.settings import RetrainSettings
+from dinrec.retrain.spot import SpotFailed, train_on_spot
+from dinrec.spot.protocol import EXIT_INTERRUPTED
+from dinrec.storage import Lease, LeaseHeld, LeaseLost, LocalStorage, folder_written_atomically
+from dinrec.training.evaluation import baseline_differences, baselines, holdout_rows, measure, paired_differences
+from dinrec.training.pipeline import samples_for
+from dinrec.training.samples import SampleSet, is_sample_dir
+from dinrec.training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class RetrainJob:
         if drill and spot:
             raise ValueError("gate drills run locally: drop --spot")
         if spot:  # a job runs one rank per GPU and resumes on as many: its candidate types must agree
-            from spot.wiring import same_rank_count
+            from dinrec.spot.wiring import same_rank_count
 
             same_rank_count(settings.spot_instance_types, "gpus")
         if settings.registry is None:
@@ -234,10 +234,10 @@ class RetrainJob:
                    data_stats: dict) -> Bundle | None:
         """Train DIN (resuming from this run's checkpoints) and the recall towers, warm-started from
         the champion, and export them as one bundle; None when stopped first."""
-        from training.checkpoint import open_checkpoint_store
-        from training.loop import TrainingInterrupted
-        from training.pipeline import train_bundle
-        from training.progress import Stages, showing
+        from dinrec.training.checkpoint import open_checkpoint_store
+        from dinrec.training.loop import TrainingInterrupted
+        from dinrec.training.pipeline import train_bundle
+        from dinrec.training.progress import Stages, showing
 
         out = self.run_dir / "candidate"
         if (out / "manifest.json").is_file():
@@ -299,7 +299,7 @@ class RetrainJob:
             self._move("champion", version, reason, expected=champion)
             return {"alias": "champion", "version": version}
         self._move("challenger", version, reason)
-        from retrain.rollout import start_challenger_experiment
+        from dinrec.retrain.rollout import start_challenger_experiment
 
         name = start_challenger_experiment(self.s, version)
         return {"alias": "challenger", "version": version, "experiment": name}

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from experiments.document import DocumentConflict, ExperimentsDocument
-from experiments.spec import Experiment, Variant
-from retrain.settings import RetrainSettings
+from dinrec.experiments.document import DocumentConflict, ExperimentsDocument
+from dinrec.experiments.spec import Experiment, Variant
+from dinrec.retrain.settings import RetrainSettings
 
 PREFIX = "retrain-"
 _TRIES = 5  # another writer between our read and write: read again and redo the change, a few times

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from storage.settings import SharedSettings
+from dinrec.storage.settings import SharedSettings
 
 
 class RetrainSettings(SharedSettings):

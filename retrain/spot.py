@@ -14,9 +14,9 @@ import json
 import shutil
 from pathlib import Path
 
-from models.bundle import Bundle, load_bundle, verify_bundle
-from storage import LocalStorage, folder_written_atomically
-from training.settings import TrainSettings
+from dinrec.models.bundle import Bundle, load_bundle, verify_bundle
+from dinrec.storage import LocalStorage, folder_written_atomically
+from dinrec.training.settings import TrainSettings
 
 TRAIN_SETTINGS = "train-settings.json"  # in the job's data folder
 
@@ -30,11 +30,11 @@ class SpotFailed(RuntimeError):
 def train_on_spot(run_dir: Path, samples_dir: Path, champion: Bundle | None, t: TrainSettings,
                   instance_types: list[str], lineage: dict, towers: bool = False) -> tuple[Bundle, dict]:
     """(the candidate bundle, the job's cost report). ``towers``: warm-start the towers too."""
-    from spot.agent import fetch_data
-    from spot.settings import SpotSettings
-    from spot.signing import SIGNATURE, ResultsRejected, check_results, job_key
-    from spot.supervisor import cost_report
-    from spot.wiring import create_job, job_supervisor, results_master
+    from dinrec.spot.agent import fetch_data
+    from dinrec.spot.settings import SpotSettings
+    from dinrec.spot.signing import SIGNATURE, ResultsRejected, check_results, job_key
+    from dinrec.spot.supervisor import cost_report
+    from dinrec.spot.wiring import create_job, job_supervisor, results_master
 
     settings, files = SpotSettings(), LocalStorage(run_dir)
     known = files.get_json("spot-job.json")

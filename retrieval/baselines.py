@@ -19,8 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
-from feature_store.long_tail import long_tail_mask
-from retrieval.hits import hit_at, ranks
+from dinrec.feature_store.long_tail import long_tail_mask
+from dinrec.retrieval.hits import hit_at, ranks
 
 Recall = Callable[[Sequence[int], int], np.ndarray]  # (history, n) -> up to n item ids, best first
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retrieval.baselines import ItemCF
+from dinrec.retrieval.baselines import ItemCF
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Literal
 
 import numpy as np
 
-from retrieval.errors import IndexFormatError
+from dinrec.retrieval.errors import IndexFormatError
 
 Exclude = Sequence[set[int] | frozenset[int]] | None
 

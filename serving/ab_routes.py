@@ -11,18 +11,18 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
-from experiments.metrics import METRICS, analyse_metric
-from experiments.power import plan, still_needed
-from experiments.served import summary as served_summary
-from experiments.spec import Experiment
-from experiments.stats import VariantSums, analyse, intersect, verdict
-from experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
-from feature_store.features import SEGMENTS
-from serving.admin import bearer, is_admin
-from serving.deps import ServiceState, State
-from serving.errors import InvalidRequest
-from serving.models import NoModelYet
-from serving.settings import is_loopback
+from dinrec.experiments.metrics import METRICS, analyse_metric
+from dinrec.experiments.power import plan, still_needed
+from dinrec.experiments.served import summary as served_summary
+from dinrec.experiments.spec import Experiment
+from dinrec.experiments.stats import VariantSums, analyse, intersect, verdict
+from dinrec.experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
+from dinrec.feature_store.features import SEGMENTS
+from dinrec.serving.admin import bearer, is_admin
+from dinrec.serving.deps import ServiceState, State
+from dinrec.serving.errors import InvalidRequest
+from dinrec.serving.models import NoModelYet
+from dinrec.serving.settings import is_loopback
 
 router = APIRouter()
 

@@ -18,10 +18,10 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.exceptions import HTTPException
 
-from registry.store import AliasConflict, RegistryError
-from serving.deps import ServiceState, State
-from serving.models import ReloadFailed
-from storage import outage
+from dinrec.registry.store import AliasConflict, RegistryError
+from dinrec.serving.deps import ServiceState, State
+from dinrec.serving.models import ReloadFailed
+from dinrec.storage import outage
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 # One line per change an operator made (which route, from where, what changed): kept apart, so it can

@@ -12,9 +12,9 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from feature_store.schema import ExternalId
-from serving.admin import _authorize, audit
-from serving.deps import State
+from dinrec.feature_store.schema import ExternalId
+from dinrec.serving.admin import _authorize, audit
+from dinrec.serving.deps import State
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 

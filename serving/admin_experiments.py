@@ -22,13 +22,13 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
-from experiments.document import DocumentConflict
-from experiments.running import Experiments
-from experiments.spec import Experiment, ExperimentFile
-from serving.ab_routes import results_document
-from serving.admin import _authorize, audit
-from serving.deps import ServiceState, State
-from storage.loops import every
+from dinrec.experiments.document import DocumentConflict
+from dinrec.experiments.running import Experiments
+from dinrec.experiments.spec import Experiment, ExperimentFile
+from dinrec.serving.ab_routes import results_document
+from dinrec.serving.admin import _authorize, audit
+from dinrec.serving.deps import ServiceState, State
+from dinrec.storage.loops import every
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/admin", tags=["admin"])

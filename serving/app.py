@@ -11,35 +11,35 @@ from contextlib import ExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
-from experiments.guardrail import Guardrail
-from experiments.running import Experiments
-from feature_store.errors import StoreUnavailable
-from feature_store.ingest import Ingestor
-from feature_store.online import OnlineStore, open_store
-from feature_store.outbox import open_outbox
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams import EventStream, open_stream
-from feature_store.streams.base import event_record
-from serving import logs
-from serving.ab_routes import router as ab_router
-from serving.admin import router as admin_router
-from serving.admin_catalog import router as admin_catalog_router
-from serving.admin_experiments import router as admin_experiments_router
-from serving.admin_experiments import watch_document
-from serving.allocator import limit_arenas
-from serving.catalog import Catalog
-from serving.deps import ServiceState
-from serving.errors import install_error_handlers
-from serving.http_timeouts import READ_TIMEOUT_KEY
-from serving.impressions import ImpressionLog
-from serving.liveness import start_liveness
-from serving.metrics import ServiceMetrics
-from serving.middleware import RequestContext
-from serving.models import ModelManager
-from serving.replica import ReplicaLead
-from serving.routes import router
-from serving.settings import ServingSettings, is_loopback
-from storage.loops import every, supervise
+from dinrec.experiments.guardrail import Guardrail
+from dinrec.experiments.running import Experiments
+from dinrec.feature_store.errors import StoreUnavailable
+from dinrec.feature_store.ingest import Ingestor
+from dinrec.feature_store.online import OnlineStore, open_store
+from dinrec.feature_store.outbox import open_outbox
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams import EventStream, open_stream
+from dinrec.feature_store.streams.base import event_record
+from dinrec.serving import logs
+from dinrec.serving.ab_routes import router as ab_router
+from dinrec.serving.admin import router as admin_router
+from dinrec.serving.admin_catalog import router as admin_catalog_router
+from dinrec.serving.admin_experiments import router as admin_experiments_router
+from dinrec.serving.admin_experiments import watch_document
+from dinrec.serving.allocator import limit_arenas
+from dinrec.serving.catalog import Catalog
+from dinrec.serving.deps import ServiceState
+from dinrec.serving.errors import install_error_handlers
+from dinrec.serving.http_timeouts import READ_TIMEOUT_KEY
+from dinrec.serving.impressions import ImpressionLog
+from dinrec.serving.liveness import start_liveness
+from dinrec.serving.metrics import ServiceMetrics
+from dinrec.serving.middleware import RequestContext
+from dinrec.serving.models import ModelManager
+from dinrec.serving.replica import ReplicaLead
+from dinrec.serving.routes import router
+from dinrec.serving.settings import ServingSettings, is_loopback
+from dinrec.storage.loops import every, supervise
 
 log = logging.getLogger(__name__)
 

@@ -13,12 +13,12 @@ from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from feature_store.online import OnlineStore
-from feature_store.online.base import CatalogCursor
-from storage.loops import every
+from dinrec.feature_store.online import OnlineStore
+from dinrec.feature_store.online.base import CatalogCursor
+from dinrec.storage.loops import every
 
 if TYPE_CHECKING:
-    from serving.models import ModelManager
+    from dinrec.serving.models import ModelManager
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,15 @@ def serve(
 
     import uvicorn
 
-    from serving.app import app_from_env
-    from serving.http_timeouts import PROTOCOL
+    from dinrec.serving.app import app_from_env
+    from dinrec.serving.http_timeouts import PROTOCOL
 
     # Through the environment, so that every worker process builds the same settings.
     for name, value in {"BUNDLE_DIR": bundle, "HOST": host, "PORT": port, "WORKERS": workers}.items():
         if value is not None:
             os.environ[f"DINREC_{name}"] = str(value)
-    from feature_store.settings import FeatureStoreSettings
-    from serving.settings import ServingSettings
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.serving.settings import ServingSettings
 
     settings = ServingSettings()
     if settings.workers is None:  # a request is CPU work: one process per core, if they can share the store
@@ -40,7 +40,7 @@ def serve(
     else:
         made = _shared_by_workers(settings)
         try:
-            uvicorn.run("serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
+            uvicorn.run("dinrec.serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
                         port=settings.port, log_config=None, http=PROTOCOL)
         finally:
             if made is not None:  # a temporary folder of this run's: nothing in it outlives the workers
@@ -59,7 +59,7 @@ def _shared_by_workers(settings) -> str | None:
     import os
     import tempfile
 
-    from serving.metrics import MULTIPROCESS_ENV
+    from dinrec.serving.metrics import MULTIPROCESS_ENV
 
     folder = str(settings.replica_dir) if settings.replica_dir else tempfile.mkdtemp(prefix="dinrec-replica-")
     metrics = os.path.join(folder, "metrics")

@@ -14,9 +14,9 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from feature_store.errors import StoreUnavailable
-from feature_store.features import HistoryItem
-from feature_store.online import OnlineStore
+from dinrec.feature_store.errors import StoreUnavailable
+from dinrec.feature_store.features import HistoryItem
+from dinrec.feature_store.online import OnlineStore
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -9,23 +9,23 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from experiments import open_state
-from experiments.document import ExperimentsDocument
-from experiments.guardrail import Guardrail
-from experiments.running import Experiments
-from experiments.state import ExperimentState
-from feature_store.online import OnlineStore
-from feature_store.outbox import Outbox
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams import EventStream
-from models.ranking import Recommender
-from serving.catalog import Catalog
-from serving.degraded import GuardedStore
-from serving.impressions import ImpressionLog
-from serving.metrics import ServiceMetrics
-from serving.models import ModelManager
-from serving.quotas import UserQuota
-from serving.settings import ServingSettings
+from dinrec.experiments import open_state
+from dinrec.experiments.document import ExperimentsDocument
+from dinrec.experiments.guardrail import Guardrail
+from dinrec.experiments.running import Experiments
+from dinrec.experiments.state import ExperimentState
+from dinrec.feature_store.online import OnlineStore
+from dinrec.feature_store.outbox import Outbox
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams import EventStream
+from dinrec.models.ranking import Recommender
+from dinrec.serving.catalog import Catalog
+from dinrec.serving.degraded import GuardedStore
+from dinrec.serving.impressions import ImpressionLog
+from dinrec.serving.metrics import ServiceMetrics
+from dinrec.serving.models import ModelManager
+from dinrec.serving.quotas import UserQuota
+from dinrec.serving.settings import ServingSettings
 
 
 @dataclass

@@ -9,10 +9,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
-from feature_store.outbox import OutboxFull
-from feature_store.schema import error_message
-from serving.models import NoModelYet
+from dinrec.feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
+from dinrec.feature_store.outbox import OutboxFull
+from dinrec.feature_store.schema import error_message
+from dinrec.serving.models import NoModelYet
 
 log = logging.getLogger(__name__)
 

@@ -15,14 +15,14 @@ import asyncio
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from serving.settings import ServingSettings
+from dinrec.serving.settings import ServingSettings
 
 READ_TIMEOUT_KEY = "dinrec.request_read_timeout_s"
 # for an app whose lifespan did not say (dinrec's always does): the setting's own default
 DEFAULT_READ_TIMEOUT_S: float = ServingSettings.model_fields["request_read_timeout_s"].default
 
 # what `uvicorn.run(http=...)` takes, also in the workers it spawns
-PROTOCOL = "serving.http_timeouts:ReadTimeoutHttpToolsProtocol"
+PROTOCOL = "dinrec.serving.http_timeouts:ReadTimeoutHttpToolsProtocol"
 
 
 class ReadTimeoutHttpToolsProtocol(HttpToolsProtocol):

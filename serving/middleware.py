@@ -13,8 +13,8 @@ import uuid
 
 import orjson
 
-from serving import logs
-from serving.backlog import ListenBacklog
+from dinrec.serving import logs
+from dinrec.serving.backlog import ListenBacklog
 
 # A client's request id becomes the id of the answer's impressions and is logged: only a plain token
 # is taken (a TAB or a control character would make every impression of the answer invalid).

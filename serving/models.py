@@ -23,13 +23,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from feature_store.features import HistoryItem
-from models.bundle import load_bundle
-from models.ranking import Recommender
-from registry.store import UnknownAlias, open_registry
-from retrieval.index import FaissIndex, IndexSpec, set_search_threads
-from serving.settings import ServingSettings
-from storage.loops import every
+from dinrec.feature_store.features import HistoryItem
+from dinrec.models.bundle import load_bundle
+from dinrec.models.ranking import Recommender
+from dinrec.registry.store import UnknownAlias, open_registry
+from dinrec.retrieval.index import FaissIndex, IndexSpec, set_search_threads
+from dinrec.serving.settings import ServingSettings
+from dinrec.storage.loops import every
 
 log = logging.getLogger(__name__)
 

@@ -18,17 +18,17 @@ import orjson
 from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.exceptions import HTTPException
 
-from experiments.spec import Experiment, Overrides, Variant
-from feature_store.errors import StoreUnavailable
-from feature_store.features import HistoryItem
-from feature_store.schema import BehaviourEvent, ExternalId
-from feature_store.streams.base import event_record
-from models.ranking import Ranking, Recommender
-from serving.admin import is_admin
-from serving.deps import State
-from serving.errors import InvalidRequest, error_response
-from serving.impressions import ServedList
-from serving.schemas import (
+from dinrec.experiments.spec import Experiment, Overrides, Variant
+from dinrec.feature_store.errors import StoreUnavailable
+from dinrec.feature_store.features import HistoryItem
+from dinrec.feature_store.schema import BehaviourEvent, ExternalId
+from dinrec.feature_store.streams.base import event_record
+from dinrec.models.ranking import Ranking, Recommender
+from dinrec.serving.admin import is_admin
+from dinrec.serving.deps import State
+from dinrec.serving.errors import InvalidRequest, error_response
+from dinrec.serving.impressions import ServedList
+from dinrec.serving.schemas import (
     ContextItem,
     EventsRequest,
     EventsResponse,

@@ -21,7 +21,7 @@ def serve_in_thread(app, port: int, *, start_timeout_s: float = 60.0,
                     name: str = "dinrec-server") -> Iterator[threading.Thread]:
     import uvicorn
 
-    from serving.http_timeouts import PROTOCOL
+    from dinrec.serving.http_timeouts import PROTOCOL
 
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", http=PROTOCOL))
     thread = threading.Thread(target=server.run, name=name, daemon=True)

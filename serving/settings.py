@@ -9,8 +9,8 @@ from typing import Literal
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from models.ranking_settings import RankingSettings
-from storage.settings import SharedSettings
+from dinrec.models.ranking_settings import RankingSettings
+from dinrec.storage.settings import SharedSettings
 
 MIN_ADMIN_TOKEN_CHARS = 32
 # Values copied from examples and manifests: a token anyone can read is no token.

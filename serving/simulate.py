@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from experiments.state import ExperimentState
-from feature_store.datasets.synthetic import World
+from dinrec.experiments.state import ExperimentState
+from dinrec.feature_store.datasets.synthetic import World
 
 
 @dataclass(frozen=True)

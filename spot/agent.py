@@ -17,11 +17,11 @@ import signal
 import subprocess
 from pathlib import Path
 
-from spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
-from spot.job import now
-from spot.jobstore import JobStore
-from spot.protocol import EXIT_INTERRUPTED
-from spot.signing import SIGNATURE, signed
+from dinrec.spot.imds import Imds, ImdsError, InterruptionNotice, InterruptionWatcher
+from dinrec.spot.job import now
+from dinrec.spot.jobstore import JobStore
+from dinrec.spot.protocol import EXIT_INTERRUPTED
+from dinrec.spot.signing import SIGNATURE, signed
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ import datetime as dt
 import statistics
 from typing import Any
 
-from storage import aws_client, call
+from dinrec.storage import aws_client, call
 
 __all__ = ["Aws", "live_spot_prices"]
 

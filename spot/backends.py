@@ -16,13 +16,13 @@ from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
 
-from spot.aws import Aws
-from spot.catalog import InstanceType
-from spot.job import Attempt, JobSpec, boot_script, launch_args
-from spot.job_role import JobRole
-from spot.settings import SpotSettings
-from spot.signing import job_key
-from storage import CloudError, call
+from dinrec.spot.aws import Aws
+from dinrec.spot.catalog import InstanceType
+from dinrec.spot.job import Attempt, JobSpec, boot_script, launch_args
+from dinrec.spot.job_role import JobRole
+from dinrec.spot.settings import SpotSettings
+from dinrec.spot.signing import job_key
+from dinrec.storage import CloudError, call
 
 JOB_TAG = "dinrec:job"
 PROFILE_NOT_READY = "InstanceProfileNotReady"  # a new IAM profile EC2 does not see yet: retried like no capacity

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from spot.wiring import aws_for, backend_for, create_job, job_store, job_supervisor, load_spec
+from dinrec.spot.wiring import aws_for, backend_for, create_job, job_store, job_supervisor, load_spec
 
 
 def _duration(hours: float) -> str:
@@ -43,7 +43,7 @@ def _table(options: list, workload) -> str:
 def _read_workload(path: Path):
     from pydantic import ValidationError
 
-    from spot.planner import Workload
+    from dinrec.spot.planner import Workload
 
     try:
         return Workload.model_validate_json(path.read_text())
@@ -55,8 +55,8 @@ def _read_workload(path: Path):
 
 def _spot_prices(settings, instance_types: list[str]) -> dict[str, float]:
     """Live spot prices, or {} (the catalog's fallbacks apply) with a warning when EC2 cannot answer."""
-    from spot.aws import live_spot_prices
-    from storage import CloudError
+    from dinrec.spot.aws import live_spot_prices
+    from dinrec.storage import CloudError
 
     try:
         return live_spot_prices(aws_for(settings), instance_types)
@@ -77,11 +77,11 @@ def plan(
     as_json: Annotated[bool, typer.Option("--json", help="a ranked JSON list instead of a table")] = False,
 ) -> None:
     """Rank GPU instances for a DIN training job: fits?, bound by what, hours, spot and on-demand cost."""
-    from spot.catalog import load_catalog
-    from spot.planner import Efficiency
-    from spot.planner import calibrate as fit
-    from spot.planner import plan as make_plan
-    from spot.settings import SpotSettings
+    from dinrec.spot.catalog import load_catalog
+    from dinrec.spot.planner import Efficiency
+    from dinrec.spot.planner import calibrate as fit
+    from dinrec.spot.planner import plan as make_plan
+    from dinrec.spot.settings import SpotSettings
 
     settings = SpotSettings()
     workload = _read_workload(config)
@@ -114,7 +114,7 @@ def _types_from_plan(plan_file: Path, catalog, top: int = 3) -> tuple[list[str],
     """The plan's best fitting option decides how the job runs (its tables' placement, one rank per GPU);
     its candidates are the next best options that run the same way on as many GPUs (a relaunch resumes
     the same checkpoint)."""
-    from spot.planner import plan as make_plan
+    from dinrec.spot.planner import plan as make_plan
 
     fitting = [o for o in make_plan(_read_workload(plan_file), catalog) if o.fits]
     if not fitting:
@@ -144,9 +144,9 @@ def spot_run(
     """Create (or continue) a spot training job and supervise it to the end; prints its cost report."""
     import shlex
 
-    from spot.catalog import load_catalog
-    from spot.settings import SpotSettings
-    from spot.supervisor import cost_report
+    from dinrec.spot.catalog import load_catalog
+    from dinrec.spot.settings import SpotSettings
+    from dinrec.spot.supervisor import cost_report
 
     settings = SpotSettings(**({"backend": backend} if backend else {}))
     if job_id is None:
@@ -162,7 +162,7 @@ def spot_run(
                                  max_relaunches=max_relaunches, ranks=ranks, embeddings=embeddings)
         typer.echo(json.dumps({"job_id": spec.job_id, "job_uri": store.uri}), err=True)
         job_id = spec.job_id
-    from storage import LeaseHeld
+    from dinrec.storage import LeaseHeld
 
     store, spec, supervisor = job_supervisor(settings, job_id, imds_url)
     try:
@@ -201,8 +201,8 @@ def spot_launch(
 @spot_app.command("status")
 def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     """The job's state, attempts and cost so far (JSON)."""
-    from spot.settings import SpotSettings
-    from spot.supervisor import cost_report, load_state
+    from dinrec.spot.settings import SpotSettings
+    from dinrec.spot.supervisor import cost_report, load_state
 
     store = job_store(SpotSettings(), job_id)
     spec = load_spec(store, job_id)
@@ -214,9 +214,9 @@ def spot_status(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
 @spot_app.command("cancel")
 def spot_cancel(job_id: Annotated[str, typer.Option(help="the job")]) -> None:
     """Stop the job: a running supervisor stops at its next poll; the current attempt is terminated."""
-    from spot.catalog import load_catalog
-    from spot.settings import SpotSettings
-    from spot.supervisor import Supervisor
+    from dinrec.spot.catalog import load_catalog
+    from dinrec.spot.settings import SpotSettings
+    from dinrec.spot.supervisor import Supervisor
 
     settings = SpotSettings()
     store = job_store(settings, job_id)
@@ -237,10 +237,10 @@ def spot_agent(
     """On the instance: run the command after `--` (dinrec train …) under the interruption watcher."""
     import sys
 
-    from spot.agent import fetch_data, run_agent
-    from spot.imds import Imds
-    from spot.jobstore import open_job_store
-    from spot.settings import SpotSettings
+    from dinrec.spot.agent import fetch_data, run_agent
+    from dinrec.spot.imds import Imds
+    from dinrec.spot.jobstore import open_job_store
+    from dinrec.spot.settings import SpotSettings
 
     command = [a for a in ctx.args if a != "--"]
     if not command:

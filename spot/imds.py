@@ -15,7 +15,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from storage.loops import every
+from dinrec.storage.loops import every
 
 log = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spot.protocol import EXIT_INTERRUPTED
+from dinrec.spot.protocol import EXIT_INTERRUPTED
 
 Outcome = Literal["done", "interrupted", "failed", "lost", "cancelled"]
 JobStatus = Literal["pending", "running", "done", "failed", "cancelled", "budget_spent", "retries_exhausted"]

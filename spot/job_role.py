@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from typing import Any
 
-from storage import CloudError, call
+from dinrec.storage import CloudError, call
 
 __all__ = ["JobRole", "job_policy", "role_name"]
 

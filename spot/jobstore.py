@@ -4,8 +4,8 @@ whose writes are atomic per key, so a reader never sees half a document."""
 
 from __future__ import annotations
 
-from spot.aws import Aws
-from storage import LocalStorage, Storage, open_storage
+from dinrec.spot.aws import Aws
+from dinrec.storage import LocalStorage, Storage, open_storage
 
 JobStore = Storage
 LocalJobStore = LocalStorage

@@ -34,7 +34,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from spot.catalog import InstanceType
+from dinrec.spot.catalog import InstanceType
 
 GB = 1e9
 CUDA_CONTEXT_BYTES = 1.0 * GB  # context, cuBLAS workspace, allocator slack

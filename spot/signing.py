@@ -24,7 +24,7 @@ import os
 import secrets
 from pathlib import Path
 
-from storage import file_sha256
+from dinrec.storage import file_sha256
 
 SIGNATURE = "results.sig.json"  # in the job store, beside results/
 KEY_FILE = Path("~/.config/dinrec/spot-results.key")

@@ -18,11 +18,11 @@ import logging
 import time
 from collections.abc import Callable
 
-from spot.backends import PROFILE_NOT_READY, Backend, Liveness
-from spot.catalog import InstanceType
-from spot.job import FINAL, Attempt, JobSpec, JobState, now
-from spot.jobstore import JobStore
-from storage import CloudError, Lease
+from dinrec.spot.backends import PROFILE_NOT_READY, Backend, Liveness
+from dinrec.spot.catalog import InstanceType
+from dinrec.spot.job import FINAL, Attempt, JobSpec, JobState, now
+from dinrec.spot.jobstore import JobStore
+from dinrec.storage import CloudError, Lease
 
 LEASE = "lease.json"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spot.jobstore import open_job_store
+from dinrec.spot.jobstore import open_job_store
 
 
 def aws_for(settings):
-    from spot.aws import Aws
+    from dinrec.spot.aws import Aws
 
     return Aws(settings.region, settings.endpoint_url)
 
@@ -25,13 +25,13 @@ def job_store(settings, job_id: str):
 
 def results_master(settings) -> bytes:
     """The master key the jobs' result keys derive from (spot.signing)."""
-    from spot.signing import master_key
+    from dinrec.spot.signing import master_key
 
     return master_key(settings.results_key.get_secret_value() if settings.results_key else None)
 
 
 def backend_for(name: str, settings, imds_urls: list[str] | None):
-    from spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
+    from dinrec.spot.backends import Ec2Backend, LocalBackend, SageMakerBackend
 
     if name == "ec2":
         return Ec2Backend(aws_for(settings), settings, results_master(settings))
@@ -43,8 +43,8 @@ def backend_for(name: str, settings, imds_urls: list[str] | None):
 
 
 def load_spec(store, job_id: str):
-    from spot.job import JobSpec
-    from spot.supervisor import SPEC
+    from dinrec.spot.job import JobSpec
+    from dinrec.spot.supervisor import SPEC
 
     doc = store.get_json(SPEC)
     if doc is None:
@@ -55,7 +55,7 @@ def load_spec(store, job_id: str):
 def same_rank_count(instance_types: list[str], ranks: str) -> None:
     """A job resumes only on as many ranks as it checkpointed with: with one rank per GPU, every
     candidate type must have the same GPU count (else an interruption could strand the job)."""
-    from spot.catalog import load_catalog
+    from dinrec.spot.catalog import load_catalog
 
     if ranks != "gpus":
         return
@@ -69,9 +69,9 @@ def create_job(settings, data: Path, instance_types: list[str], train_args: list
                budget_usd: float | None = None, max_relaunches: int | None = None, ranks: str = "gpus",
                embeddings: str | None = None):
     """A new job: its spec and data in the job store (what `dinrec retrain --spot` also calls)."""
-    from spot.job import JobSpec, new_job_id
-    from spot.supervisor import SPEC
-    from storage import file_sha256
+    from dinrec.spot.job import JobSpec, new_job_id
+    from dinrec.spot.supervisor import SPEC
+    from dinrec.storage import file_sha256
 
     same_rank_count(instance_types, ranks)
     wheel = settings.wheel.expanduser() if settings.wheel is not None else None
@@ -102,9 +102,9 @@ def create_job(settings, data: Path, instance_types: list[str], train_args: list
 
 def job_supervisor(settings, job_id: str, imds_url: list[str] | None = None):
     """(store, spec, supervisor) of an existing job, ready to start or run to the end."""
-    from spot.aws import live_spot_prices
-    from spot.catalog import load_catalog
-    from spot.supervisor import Supervisor
+    from dinrec.spot.aws import live_spot_prices
+    from dinrec.spot.catalog import load_catalog
+    from dinrec.spot.supervisor import Supervisor
 
     store = job_store(settings, job_id)
     spec = load_spec(store, job_id)

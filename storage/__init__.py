@@ -19,13 +19,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from storage.aws import CloudError, aws_client, call, reraise_as, s3_client
-from storage.base import Storage, Versioned, WriteConflict
-from storage.files import file_sha256, folder_written_atomically, fsync_dir, write_atomically
-from storage.lease import Lease, LeaseHeld, LeaseLost
-from storage.local import LocalStorage
-from storage.outage import DependencyUnavailable, outage
-from storage.s3 import S3Storage
+from dinrec.storage.aws import CloudError, aws_client, call, reraise_as, s3_client
+from dinrec.storage.base import Storage, Versioned, WriteConflict
+from dinrec.storage.files import file_sha256, folder_written_atomically, fsync_dir, write_atomically
+from dinrec.storage.lease import Lease, LeaseHeld, LeaseLost
+from dinrec.storage.local import LocalStorage
+from dinrec.storage.outage import DependencyUnavailable, outage
+from dinrec.storage.s3 import S3Storage
 
 __all__ = ["CloudError", "DependencyUnavailable", "Lease", "LeaseHeld", "LeaseLost", "LocalStorage", "S3Storage",
            "Storage", "Versioned", "WriteConflict", "aws_client", "call", "file_sha256", "folder_written_atomically",

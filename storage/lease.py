@@ -30,9 +30,9 @@ import time
 import uuid
 from collections.abc import Callable
 
-from storage.aws import CloudError
-from storage.base import Storage, WriteConflict, json_bytes
-from storage.loops import every
+from dinrec.storage.aws import CloudError
+from dinrec.storage.base import Storage, WriteConflict, json_bytes
+from dinrec.storage.loops import every
 
 log = logging.getLogger(__name__)
 

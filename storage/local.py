@@ -9,8 +9,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from storage.base import Storage, Versioned, WriteConflict
-from storage.files import write_atomically
+from dinrec.storage.base import Storage, Versioned, WriteConflict
+from dinrec.storage.files import write_atomically
 
 
 def _version(data: bytes) -> str:

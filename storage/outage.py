@@ -5,7 +5,7 @@ usage or configuration error (2), so a scheduler can tell a typo from something 
 
 from __future__ import annotations
 
-from storage.aws import CloudError
+from dinrec.storage.aws import CloudError
 
 
 class DependencyUnavailable(Exception):

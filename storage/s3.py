@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from storage.aws import CloudError, call, s3_client
-from storage.base import Storage, Versioned, WriteConflict
+from dinrec.storage.aws import CloudError, call, s3_client
+from dinrec.storage.base import Storage, Versioned, WriteConflict
 
 
 class S3Storage(Storage):

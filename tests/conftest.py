@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from dinrec_cli.teardown import quiet_triton_teardown
-from serving.server import free_port
+from dinrec.cli.teardown import quiet_triton_teardown
+from dinrec.serving.server import free_port
 
 atexit.register(quiet_triton_teardown)  # after pytest's summary: Triton's leak report is noise
 
@@ -146,8 +146,8 @@ STORE_KINDS = ["memory", "redis", "redis-4", "redis-cluster-4"]
 def online_store(kind: str, request, prefix: str, history_cap: int, **kw):
     """A fresh online store of ``kind`` (one of STORE_KINDS; a Redis one under its own key prefix);
     close it after. ``kw`` goes to the store (dedup_window_s, clock)."""
-    from feature_store.online.memory import MemoryStore
-    from feature_store.online.redis_store import RedisStore
+    from dinrec.feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.online.redis_store import RedisStore
 
     if kind == "memory":
         yield MemoryStore(history_cap=history_cap, **kw)
@@ -163,8 +163,8 @@ def online_store(kind: str, request, prefix: str, history_cap: int, **kw):
 
 def synthetic_dataset_dir(folder: Path, **config) -> Path:
     """Write a synthetic behaviour log as ``folder/events.jsonl`` (a dataset `dinrec train` reads)."""
-    from feature_store.datasets.synthetic import SyntheticConfig, generate
-    from feature_store.schema import dumps_many
+    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+    from dinrec.feature_store.schema import dumps_many
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "events.jsonl").write_text(dumps_many(list(generate(SyntheticConfig(**config)).events())))
@@ -180,11 +180,11 @@ def dinrec_train(data: Path, out: Path, *args: str, env: dict, ranks: int = 1, t
     import subprocess
     import sys
 
-    cmd = [sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
+    cmd = [sys.executable, "-m", "dinrec.cli.main", "train", "--data", str(data), "--out", str(out),
            "--device", "cpu", "--no-progress", *args]
     if ranks > 1 and torchrun:
         cmd[1:3] = ["-m", "torch.distributed.run", f"--nproc_per_node={ranks}", f"--master_port={free_port()}",
-                    "-m", "dinrec_cli.main"]
+                    "-m", "dinrec.cli.main"]
     elif ranks > 1:
         cmd += ["--ranks", str(ranks)]
     p = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **env}, text=True, stdout=subprocess.PIPE,
@@ -201,10 +201,10 @@ def dinrec_train(data: Path, out: Path, *args: str, env: dict, ranks: int = 1, t
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A small synthetic log, trained for two epochs and exported: (data, samples, bundle_dir, metrics)."""
-    from feature_store.datasets.synthetic import SyntheticConfig, generate
-    from training.pipeline import train_bundle
-    from training.samples import build_samples
-    from training.settings import TrainSettings
+    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+    from dinrec.training.pipeline import train_bundle
+    from dinrec.training.samples import build_samples
+    from dinrec.training.settings import TrainSettings
 
     data = generate(SyntheticConfig(n_users=300, n_items=200, n_categories=10, mean_events_per_user=25, seed=11))
     samples = build_samples(data, seq_len=20)

@@ -18,7 +18,7 @@ def test_layers_are_respected():
 
 def test_nothing_heavy_at_import_time():
     # Settings are created at start-up, never at import; torch/faiss load only when used.
-    code = ("import sys, feature_store.cli, dinrec_cli.main; "
+    code = ("import sys, dinrec.feature_store.cli, dinrec.cli.main; "
             "print(sorted(m for m in ('torch', 'faiss', 'redis', 'kafka') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr
@@ -29,7 +29,7 @@ def test_a_command_that_loads_no_model_does_not_import_torch():
     # full garbage collection of its loop (docs/benchmarks.md#ingestion-throughput). Its --help runs the
     # CLI's whole start-up (main(): error mapping, the settings check) without consuming.
     code = ("import sys; sys.argv = ['dinrec', 'ingest', '--help']\n"
-            "import dinrec_cli.main as m\n"
+            "import dinrec.cli.main as m\n"
             "try:\n    m.main()\nexcept SystemExit:\n    pass\n"
             "print('torch' in sys.modules, file=sys.stderr)")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)

@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.schema import dumps_many
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.feature_store.schema import dumps_many
 from tests.conftest import REPO
 
 
@@ -19,7 +19,7 @@ def test_bench_train_vs_deepctr_prints_both_sides(tmp_path):
     pytest.importorskip("deepctr_torch", reason="the peer is in the optional `bench` extra")
     (tmp_path / "events.jsonl").write_text(
         dumps_many(list(generate(SyntheticConfig(n_users=120, n_items=90, n_categories=6, seed=2)).events())))
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "train", "--data", str(tmp_path),
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "train", "--data", str(tmp_path),
                           "--vs", "deepctr", "--epochs", "2", "--seq-len", "20", "--seeds", "0,1", "--also-pointwise",
                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -49,7 +49,7 @@ def test_bench_train_vs_deepctr_prints_both_sides(tmp_path):
 @pytest.mark.redis
 def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, kafka_bootstrap):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url, "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap}
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "ingest", "--events", "6000",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "ingest", "--events", "6000",
                           "--users", "500", "--items", "800", "--rate", "2000", "--seconds", "1", "--json"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -64,7 +64,7 @@ def test_bench_ingest_prints_both_sides_and_counted_every_event_once(redis_url, 
 
 
 def _bench(*args: str, env: dict | None = None) -> dict:
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", *args, "--json"], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", *args, "--json"], cwd=REPO,
                          capture_output=True, text=True, timeout=600, env=env)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
@@ -106,7 +106,7 @@ def test_every_bench_can_run_as_on_an_avx2_only_machine():
 @pytest.mark.slow
 def test_bench_serve_drives_the_service_open_loop(redis_url, redis_cluster_url):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url, "DINREC_REDIS_CLUSTER_URL": redis_cluster_url}
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "serve", "--rps", "40", "--seconds", "2",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "serve", "--rps", "40", "--seconds", "2",
                           "--items", "3000", "--users", "100", "--store", "redis-cluster", "--partitions", "4",
                           "--vs", "fastapi", "--probe-seconds", "1", "--json"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -140,7 +140,7 @@ def test_bench_serve_drives_the_service_open_loop(redis_url, redis_cluster_url):
 @pytest.mark.redis
 def test_bench_store_size_measures_real_keys_and_projects_a_cluster(redis_url):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url}
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "store-size", "--users", "200",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "store-size", "--users", "200",
                           "--behaviours", "20", "--items", "500", "--json"], cwd=REPO, env=env, capture_output=True,
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -158,7 +158,7 @@ def test_bench_store_size_measures_real_keys_and_projects_a_cluster(redis_url):
 @pytest.mark.slow
 def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_without(redis_url):
     env = {**os.environ, "DINREC_REDIS_URL": redis_url}
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "overload", "--seconds", "2",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "overload", "--seconds", "2",
                           "--peer-seconds", "1", "--cap", "4", "--items", "3000", "--users", "100",
                           "--slow-clients", "4", "--json"],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -176,7 +176,7 @@ def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_wit
 
 
 def test_bench_ab_prints_the_error_rates_and_power():
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "ab", "--runs", "100", "--users", "2000",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "ab", "--runs", "100", "--users", "2000",
                           "--looks", "5", "--lift", "0.3", "--json"], cwd=REPO, capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -207,7 +207,7 @@ def test_bench_ab_prints_the_error_rates_and_power():
 def bench_on_synthetic(folder, config: SyntheticConfig, bench: str, *args: str) -> dict:
     """``dinrec bench BENCH --data FOLDER ARGS --json`` on a synthetic log written to ``folder``."""
     (folder / "events.jsonl").write_text(dumps_many(list(generate(config).events())))
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", bench, "--data", str(folder), *args,
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", bench, "--data", str(folder), *args,
                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)
@@ -229,7 +229,7 @@ def test_bench_recall_prints_the_stage_beside_both_baselines(tmp_path):
 
 
 def test_bench_recall_at_scale_reports_build_size_latency_and_recall():
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "recall", "--synthetic-items", "20000"],
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "recall", "--synthetic-items", "20000"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout)
@@ -268,7 +268,7 @@ def test_bench_e2e_serves_through_http_and_measures_every_method(tmp_path):
 
     data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=120, n_categories=6,
                                  mean_events_per_user=20, seed=3)
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "e2e", "--data", str(data),
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "e2e", "--data", str(data),
                           "--seeds", "0,1", "--peers", "sasrec_rectools,ease_rectools", "--progress",
                           "--partial", str(tmp_path / "so-far.json"), "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=1500)
@@ -320,7 +320,7 @@ def test_bench_e2e_pools_a_users_seeds_before_the_standard_error():
     that agree do not halve the standard error, and per-seed noise that cancels within users shrinks it."""
     import numpy as np
 
-    from benchmarks.e2e_bench import Case, Runs
+    from dinrec.benchmarks.e2e_bench import Case, Runs
 
     test = [Case(f"u{i}", i, np.array([1]), np.array([1]), 2 + i % 3, 0.0) for i in range(40)]
     runs = Runs(test, n_items=10, tail=np.zeros(10, dtype=bool))
@@ -346,7 +346,7 @@ def test_bench_e2e_pools_a_users_seeds_before_the_standard_error():
 
 @pytest.mark.slow
 def test_bench_soak_reads_memory_and_p99_over_windows_of_invented_ids():
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", "soak", "--minutes", "0.25",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", "soak", "--minutes", "0.25",
                           "--window-s", "5", "--store", "memory", "--rps", "40", "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]

@@ -10,8 +10,8 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from dinrec_cli.config import COMPONENTS, MUST_SET, RENAMED, known_variables, unknown_variables
-from serving.settings import ServingSettings
+from dinrec.cli.config import COMPONENTS, MUST_SET, RENAMED, known_variables, unknown_variables
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import REPO, variables_the_deployments_set
 
 
@@ -25,7 +25,7 @@ def test_a_mistyped_keyword_raises_in_every_settings_class():
 
 def test_a_mistyped_variable_is_reported_with_the_closest_known_name(tmp_path):
     env = {**os.environ, "DINREC_GUARDRAIL_INTERVL_S": "1", "DINREC_NOTHING_LIKE_IT": "x"}
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(tmp_path / "none")],
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(tmp_path / "none")],
                          cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0  # no bundle there: the warning comes before the failure
     assert ("warning: DINREC_GUARDRAIL_INTERVL_S is not a dinrec setting (did you mean "
@@ -36,8 +36,8 @@ def test_a_mistyped_variable_is_reported_with_the_closest_known_name(tmp_path):
 
 
 def test_a_shared_fact_is_one_variable_for_every_component(monkeypatch):
-    from feature_store.settings import FeatureStoreSettings
-    from retrain.settings import RetrainSettings
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.retrain.settings import RetrainSettings
 
     monkeypatch.setenv("DINREC_REGISTRY", "s3://models/registry")
     monkeypatch.setenv("DINREC_TOPIC", "shop.events")
@@ -53,7 +53,7 @@ def test_a_shared_fact_is_one_variable_for_every_component(monkeypatch):
 
 
 def test_the_checked_in_reference_is_what_dinrec_config_prints():
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "config"], cwd=REPO, capture_output=True,
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "config"], cwd=REPO, capture_output=True,
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == (REPO / "docs" / "configuration.md").read_text(), \

@@ -12,7 +12,7 @@ from tests.conftest import REPO
 
 @pytest.mark.slow
 def test_demo_smoke_runs_the_whole_loop(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "demo", "--smoke", "--out", str(tmp_path)],
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "demo", "--smoke", "--out", str(tmp_path)],
                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     assert '"strategy": "din"' in out.stdout and '"strategy": "popular"' in out.stdout
@@ -50,10 +50,10 @@ def test_demo_smoke_runs_the_whole_loop(tmp_path):
 def test_seed_registry_publishes_a_first_model_once_and_never_replaces_one(tmp_path):
     """`dinrec demo --seed-registry`: the trial stack's seed service. It publishes the demo's model under the
     alias while that names nothing; once it names a model (a seed's, a retrain's), it trains nothing."""
-    from registry.store import open_registry
+    from dinrec.registry.store import open_registry
 
     def seed(run: str) -> tuple[dict, str]:
-        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "demo", "--seed-registry",
+        out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "demo", "--seed-registry",
                               str(tmp_path / "registry"), "--smoke", "--out", str(tmp_path / run)],
                              cwd=REPO, capture_output=True, text=True, timeout=300)
         assert out.returncode == 0, out.stderr[-3000:]

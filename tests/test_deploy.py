@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dinrec_cli.config import known_variables
+from dinrec.cli.config import known_variables
 from tests.conftest import CHART, CHART_ALL_ON, REPO, _need, helm, helm_template, variables_the_deployments_set
 
 COMPOSE = REPO / "deploy" / "docker" / "docker-compose.yml"
@@ -182,7 +182,7 @@ def test_the_retrain_cronjob_never_overlaps_and_fails_only_where_a_retry_cannot_
     job = spec["jobTemplate"]["spec"]
     assert job["activeDeadlineSeconds"] > 0 and job["backoffLimit"] >= 1  # a killed run is retried: it resumes
     fail_now = next(r for r in job["podFailurePolicy"]["rules"] if r["action"] == "FailJob")
-    from retrain.job import EXIT_BAD_INPUT, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED, EXIT_REFUSED
+    from dinrec.retrain.job import EXIT_BAD_INPUT, EXIT_DRILL_UNCAUGHT, EXIT_INTERRUPTED, EXIT_REFUSED
 
     assert set(fail_now["onExitCodes"]["values"]) == {EXIT_BAD_INPUT, EXIT_REFUSED, EXIT_DRILL_UNCAUGHT}
     assert EXIT_INTERRUPTED not in fail_now["onExitCodes"]["values"]
@@ -291,8 +291,8 @@ def test_the_image_installs_a_lock_that_agrees_with_pyproject():
 def test_the_image_copies_every_package_the_wheel_ships():
     import tomllib
 
-    patterns = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]["include"]
-    packages = {p.rstrip("*") for p in patterns}
+    folders = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"].values()
+    packages = set(folders)
     copied = set(re.findall(r"^COPY (\w+) \./\1$", DOCKERFILE.read_text(), re.M))
     assert packages <= copied, f"the Dockerfile does not copy {sorted(packages - copied)}"
 

@@ -9,13 +9,13 @@ import sys
 
 import pytest
 
-from registry.store import UnknownAlias, open_registry
-from storage import CloudError, outage
+from dinrec.registry.store import UnknownAlias, open_registry
+from dinrec.storage import CloudError, outage
 from tests.conftest import REPO, free_port
 
 
 def _dinrec(*args: str, env: dict[str, str] | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dinrec_cli.main", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "dinrec.cli.main", *args], cwd=REPO, capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, timeout=timeout)
 
 
@@ -26,7 +26,7 @@ def dead_port() -> int:
 
 
 def test_version():
-    from models.bundle import code_version
+    from dinrec.models.bundle import code_version
 
     out = _dinrec("--version")
     assert out.returncode == 0, out.stderr

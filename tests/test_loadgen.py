@@ -4,8 +4,8 @@ import asyncio
 
 from fastapi import FastAPI, Response
 
-from benchmarks import loadgen
-from serving.server import free_port, serve_in_thread
+from dinrec.benchmarks import loadgen
+from dinrec.serving.server import free_port, serve_in_thread
 
 
 def _app() -> FastAPI:

@@ -152,11 +152,11 @@ def exported(tiny_run, tmp_path_factory) -> set[str]:
 
     from prometheus_client import generate_latest
 
-    from feature_store.ingest_stats import IngestStats
-    from feature_store.online.memory import MemoryStore
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams.inprocess import InProcessStream
-    from serving.settings import ServingSettings
+    from dinrec.feature_store.ingest_stats import IngestStats
+    from dinrec.feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.streams.inprocess import InProcessStream
+    from dinrec.serving.settings import ServingSettings
     from tests.serving.conftest import live_server
 
     path = tmp_path_factory.mktemp("monitoring") / "experiments.json"

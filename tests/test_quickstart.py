@@ -32,7 +32,7 @@ def test_the_readme_quickstart_runs_as_written(tmp_path):
     # `dinrec` is this tree's, whatever the environment has installed.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "dinrec").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dinrec_cli.main "$@"\n')
+    (bin_dir / "dinrec").write_text(f'#!/bin/sh\nexec "{sys.executable}" -m dinrec.cli.main "$@"\n')
     (bin_dir / "dinrec").chmod(0o755)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PYTHONPATH": str(REPO),
            "DINREC_LOG_FORMAT": "text"}

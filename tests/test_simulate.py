@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from serving.simulate import ClickModel
+from dinrec.serving.simulate import ClickModel
 from tests.conftest import REPO
 
 
@@ -22,7 +22,7 @@ def test_the_click_model_follows_interest_and_position():
 
 @pytest.mark.slow
 def test_an_aa_simulation_counts_every_impression_and_click_and_finds_nothing():
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "simulate", "--experiment", "aa", "--users", "300",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "simulate", "--experiment", "aa", "--users", "300",
                           "--rounds", "2", "--k", "8"], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     report = json.loads(out.stdout)
@@ -39,7 +39,7 @@ def test_an_aa_simulation_counts_every_impression_and_click_and_finds_nothing():
 
 
 def _simulate(experiment: str, users: int = 300, rounds: int = 2) -> dict:
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "simulate", "--experiment", experiment,
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "simulate", "--experiment", experiment,
                           "--users", str(users), "--rounds", str(rounds), "--guardrail-s", "0.5"],
                          cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stderr[-3000:]

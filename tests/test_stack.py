@@ -25,8 +25,8 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from serving.server import free_port
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.serving.server import free_port
 from tests.conftest import REPO, wait_until
 
 pytestmark = [pytest.mark.stack, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -224,7 +224,7 @@ def _ok(client: httpx.Client, path: str) -> bool:
 def test_the_images_hold_what_they_say(stack: Stack):
     """dinrec's image: non-root, its units compiled in (loaded here with no compiler installed), dinrec
     importable only as installed, torch the pinned one."""
-    probe = ("import json, os, shutil, torch; from models.kernels import build_all; "
+    probe = ("import json, os, shutil, torch; from dinrec.models.kernels import build_all; "
              "print(json.dumps({'uid': os.getuid(), 'cxx': shutil.which('c++') or shutil.which('g++'), "
              "'torch': torch.__version__, 'units': build_all()}))")
     out = stack.podman("run", "--rm", "--entrypoint", "python", stack.env["DINREC_IMAGE"], "-c", probe, timeout=300)

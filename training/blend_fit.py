@@ -15,10 +15,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from models.blend import FEATURES, Blend
-from models.ranking import Recommender
-from training.evaluation import served_history
-from training.samples import SampleSet
+from dinrec.models.blend import FEATURES, Blend
+from dinrec.models.ranking import Recommender
+from dinrec.training.evaluation import served_history
+from dinrec.training.samples import SampleSet
 
 # The signals each ablation leaves out of the refitted blend.
 ABLATIONS = {"din": ("din",), "covisit": ("covisit", "covisit_newest"), "towers": ("towers",)}

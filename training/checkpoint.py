@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from storage import Storage, open_storage, reraise_as
+from dinrec.storage import Storage, open_storage, reraise_as
 
 CHECKPOINT_FORMAT = "dinrec-checkpoint"
 CHECKPOINT_FORMAT_VERSION = 1

@@ -18,7 +18,7 @@ from typing import Annotated
 
 import typer
 
-from spot.protocol import EXIT_INTERRUPTED
+from dinrec.spot.protocol import EXIT_INTERRUPTED
 
 
 def _clean(metrics: dict) -> dict:
@@ -69,19 +69,19 @@ def train(
 ) -> None:
     """Train DIN and the recall towers, evaluate (AUC/GAUC/logloss; recall HR@200), export a bundle;
     print the final metrics as JSON."""
-    from training.launch import launch, parse_ranks, without_ranks
+    from dinrec.training.launch import launch, parse_ranks, without_ranks
 
     n_ranks = parse_ranks(ranks)
     if n_ranks > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: start the ranks, report their outcome
         argv = sys.argv[1:]
         sys.exit(launch(n_ranks, without_ranks(argv[argv.index("train") + 1:])))
-    from feature_store.datasets import load_dataset
-    from training.checkpoint import open_checkpoint_store
-    from training.loop import TrainingInterrupted
-    from training.pipeline import samples_for, train_bundle
-    from training.progress import Stages, showing
-    from training.samples import SampleSet, is_sample_dir
-    from training.settings import TrainSettings
+    from dinrec.feature_store.datasets import load_dataset
+    from dinrec.training.checkpoint import open_checkpoint_store
+    from dinrec.training.loop import TrainingInterrupted
+    from dinrec.training.pipeline import samples_for, train_bundle
+    from dinrec.training.progress import Stages, showing
+    from dinrec.training.samples import SampleSet, is_sample_dir
+    from dinrec.training.settings import TrainSettings
 
     overrides = {k: v for k, v in {"objective": objective, "epochs": epochs, "seq_len": seq_len,
                                    "batch_size": batch_size, "negatives": negatives,
@@ -111,7 +111,7 @@ def train(
                                   key=os.environ.get("DINREC_CHECKPOINT_KEY") or None)  # a spot job's (spot.agent)
     champion = None
     if init_from is not None:
-        from models.bundle import load_bundle
+        from dinrec.models.bundle import load_bundle
 
         found = data / init_from if not init_from.is_absolute() and (data / init_from).is_dir() else init_from
         champion = load_bundle(found)
@@ -132,8 +132,8 @@ def train(
         final = _clean(trained.result.metrics)
         final["bundle"] = str(bundle)
         if len(samples.test):  # the served list against the baselines, as the retrain gate compares them
-            from models.bundle import load_bundle
-            from training.evaluation import served_comparison
+            from dinrec.models.bundle import load_bundle
+            from dinrec.training.evaluation import served_comparison
 
             final["served"] = served_comparison(load_bundle(bundle), samples)
             say(f"the served list measured on the test split: HR@10 {final['served'].get('served_hr')}")

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from training.samples import SampleSet, Split
+from dinrec.training.samples import SampleSet, Split
 
 
 def gather_history(seq: torch.Tensor, hist_end: torch.Tensor, hist_len: torch.Tensor, seq_len: int) -> torch.Tensor:

@@ -39,17 +39,17 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from feature_store.features import HistoryItem
-from feature_store.long_tail import long_tail_mask
-from models.bundle import Bundle
-from models.ranking_settings import RankingSettings
-from models.recall import RecallSpace, target_found, top_unseen
-from retrieval.covisit import CoVisitation
-from retrieval.hits import ranks
-from training.data import gather_history
-from training.export import item_counts
-from training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
-from training.samples import SampleSet, Split
+from dinrec.feature_store.features import HistoryItem
+from dinrec.feature_store.long_tail import long_tail_mask
+from dinrec.models.bundle import Bundle
+from dinrec.models.ranking_settings import RankingSettings
+from dinrec.models.recall import RecallSpace, target_found, top_unseen
+from dinrec.retrieval.covisit import CoVisitation
+from dinrec.retrieval.hits import ranks
+from dinrec.training.data import gather_history
+from dinrec.training.export import item_counts
+from dinrec.training.metrics import auc, gauc, logloss, paired_difference, row_logloss, user_aucs
+from dinrec.training.samples import SampleSet, Split
 
 SERVED_K = 10
 
@@ -127,7 +127,7 @@ def _list_logits(bundle: Bundle, samples: SampleSet, rows: np.ndarray, histories
                  cat_map: torch.Tensor, batch: int = 256) -> np.ndarray:
     """A DIN with context scores each holdout positive with its sampled negatives as one list, with the
     context serving would give it (models.context.served_context: the bundle's lane and counts)."""
-    from models.context import known_last, served_context
+    from dinrec.models.context import known_last, served_context
 
     split, cfg = samples.test, bundle.model.cfg
     pairs, counts = bundle.context_sources()
@@ -182,8 +182,8 @@ def served_lists(bundle: Bundle, samples: SampleSet, split: Split, rows: np.ndar
     what the store would hold (:func:`served_history`), the fill from the bundle's popularity. ``rec``: a
     ranking stage over ``bundle`` to use (default: one with ``settings``, in fp32); ``tail_share``
     overrides the long-tail lane's share (as an experiment variant may)."""
-    from models.ranking import Recommender
-    from retrieval.index import FaissIndex
+    from dinrec.models.ranking import Recommender
+    from dinrec.retrieval.index import FaissIndex
 
     rec = rec or Recommender(bundle, FaissIndex.load(bundle.item_index_path), settings, precision="fp32")
     out = []
@@ -200,8 +200,8 @@ def baselines(samples: SampleSet, rows: np.ndarray, k: int = SERVED_K,
     """HR@k of what popularity (training counts) and item-CF (the co-visitation lane fitted on the
     training behaviours, tuned on validation; ``lane``: that one, already fitted) serve on the holdout
     rows' behaviours, history excluded: ({name: {"served_hr"}}, {name: per-behaviour hits})."""
-    from retrieval.baselines import Popularity
-    from training.export import fit_covisitation
+    from dinrec.retrieval.baselines import Popularity
+    from dinrec.training.export import fit_covisitation
 
     split = samples.test
     positives = rows[split.label[rows] == 1]

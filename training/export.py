@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from models.bundle import (
+from dinrec.models.bundle import (
     BLEND_FILE,
     COVISIT_FILE,
     ITEM_COUNTS_FILE,
@@ -23,14 +23,14 @@ from models.bundle import (
     ITEM_INDEX_INFO_FILE,
     write_bundle,
 )
-from models.din import DIN
-from models.recall import RecallSpace
-from models.towers import Towers
-from retrieval.baselines import tune_item_cf
-from retrieval.covisit import CoVisitation
-from retrieval.index import FaissIndex, IndexSpec, tune_ef_search
-from training.data import split_histories
-from training.samples import SampleSet, training_sequences
+from dinrec.models.din import DIN
+from dinrec.models.recall import RecallSpace
+from dinrec.models.towers import Towers
+from dinrec.retrieval.baselines import tune_item_cf
+from dinrec.retrieval.covisit import CoVisitation
+from dinrec.retrieval.index import FaissIndex, IndexSpec, tune_ef_search
+from dinrec.training.data import split_histories
+from dinrec.training.samples import SampleSet, training_sequences
 
 
 def item_counts(samples: SampleSet) -> np.ndarray:
@@ -121,9 +121,9 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
         metrics["ranking"] = {"covisit": lane[1]}
         extra[COVISIT_FILE] = lane[0].save
     if blend and towers is not None and int((samples.val.label == 1).sum()) > 0:
-        from models.bundle import Bundle
-        from models.ranking import Recommender
-        from training.blend_fit import fit_blend
+        from dinrec.models.bundle import Bundle
+        from dinrec.models.ranking import Recommender
+        from dinrec.training.blend_fit import fit_blend
 
         lane, lane_info = lane if lane is not None else fit_covisitation(samples)
         # The ranking stage over what this bundle will hold, before it is written: the blend is fitted on

@@ -12,8 +12,8 @@ import functools
 
 import torch
 
-from models.din import DIN
-from models.kernels import build_dice
+from dinrec.models.din import DIN
+from dinrec.models.kernels import build_dice
 
 
 @functools.cache

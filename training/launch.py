@@ -1,6 +1,6 @@
 """`dinrec train --ranks N`: one process per rank on this machine, launched by torchrun's own library.
 
-This is ``torchrun --standalone --nproc-per-node N -m dinrec_cli.main train …`` with the two things a
+This is ``torchrun --standalone --nproc-per-node N -m dinrec.cli.main train …`` with the two things a
 spot job needs that the torchrun command does not give it:
 
 - **its exit code says what happened.** torchrun exits 1 whether the ranks failed or stopped cleanly
@@ -21,7 +21,7 @@ import signal
 import sys
 import uuid
 
-from spot.protocol import EXIT_INTERRUPTED
+from dinrec.spot.protocol import EXIT_INTERRUPTED
 
 STOP_TIMEOUT_S = 100  # inside a spot interruption's two-minute notice, with room for the upload to finish
 
@@ -77,7 +77,7 @@ def launch(ranks: int, train_argv: list[str]) -> int:
                           monitor_interval=0.2, shutdown_timeout=STOP_TIMEOUT_S)
     previous = signal.signal(signal.SIGUSR1, lambda *_: None)  # the ranks got it too (process group)
     try:
-        elastic_launch(config, sys.executable)("-m", "dinrec_cli.main", "train", *train_argv)
+        elastic_launch(config, sys.executable)("-m", "dinrec.cli.main", "train", *train_argv)
     except SignalException as exc:  # SIGTERM/SIGINT: torchrun passed it on and waited for the ranks
         log.warning("stopped by %s: the ranks were asked to checkpoint and stop", exc.sigval.name)
         return EXIT_INTERRUPTED

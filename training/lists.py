@@ -30,13 +30,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from models.context import candidate_features, gap_buckets
-from models.din import ListContext
-from models.towers import Towers
-from retrieval.baselines import ItemCF, ItemCFConfig
-from retrieval.covisit import CoVisitation, PairTable
-from training.data import gather_history
-from training.samples import SampleSet, Split, training_ends
+from dinrec.models.context import candidate_features, gap_buckets
+from dinrec.models.din import ListContext
+from dinrec.models.towers import Towers
+from dinrec.retrieval.baselines import ItemCF, ItemCFConfig
+from dinrec.retrieval.covisit import CoVisitation, PairTable
+from dinrec.training.data import gather_history
+from dinrec.training.samples import SampleSet, Split, training_ends
 
 _DENSE_CELLS = 1 << 24  # rows × items scored at once when mining (64 MB of float32)
 _POOL_CELLS = 1 << 28  # hard-negative pools kept for every training positive up to this many entries (1 GB)

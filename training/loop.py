@@ -29,22 +29,22 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm import tqdm
 
-from models.bundle import code_version
-from models.context import CANDIDATE_FEATURES, GAP_BUCKETS
-from models.din import DIN, DINConfig, ListContext
-from models.kernels import list_unit, load_lists
-from training import dist as tdist
-from training import kernels
-from training.amp import Precision, choose_precision
-from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
-from training.data import SplitTensors
-from training.lists import ListData
-from training.metrics import auc, gauc, logloss
-from training.optim import RowWiseAdagrad
-from training.progress import showing
-from training.samples import SampleSet
-from training.settings import TrainSettings
-from training.telemetry import GpuMonitor, ScalarLog, memory_stats
+from dinrec.models.bundle import code_version
+from dinrec.models.context import CANDIDATE_FEATURES, GAP_BUCKETS
+from dinrec.models.din import DIN, DINConfig, ListContext
+from dinrec.models.kernels import list_unit, load_lists
+from dinrec.training import dist as tdist
+from dinrec.training import kernels
+from dinrec.training.amp import Precision, choose_precision
+from dinrec.training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
+from dinrec.training.data import SplitTensors
+from dinrec.training.lists import ListData
+from dinrec.training.metrics import auc, gauc, logloss
+from dinrec.training.optim import RowWiseAdagrad
+from dinrec.training.progress import showing
+from dinrec.training.samples import SampleSet
+from dinrec.training.settings import TrainSettings
+from dinrec.training.telemetry import GpuMonitor, ScalarLog, memory_stats
 
 log = logging.getLogger(__name__)
 
@@ -542,11 +542,11 @@ def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, chec
     ``lists``: the listwise objective's data (training.lists; training.pipeline builds it); ``on_epoch``: see
     :class:`Trainer`."""
     if checkpoints is None and out is not None:
-        from training.checkpoint import open_checkpoint_store
+        from dinrec.training.checkpoint import open_checkpoint_store
 
         checkpoints = open_checkpoint_store(out / "checkpoints", keep=s.keep_checkpoints)
     if s.embeddings == "sharded":
-        from training.sharded import ShardedTrainer
+        from dinrec.training.sharded import ShardedTrainer
 
         trainer: Trainer = ShardedTrainer(samples, s, checkpoints=checkpoints, stop=stop,
                                           checkpoint_now=checkpoint_now, init=init)

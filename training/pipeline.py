@@ -10,15 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from feature_store.datasets.base import Interactions
-from training.samples import SampleSet, build_samples
-from training.settings import TrainSettings
+from dinrec.feature_store.datasets.base import Interactions
+from dinrec.training.samples import SampleSet, build_samples
+from dinrec.training.settings import TrainSettings
 
 if TYPE_CHECKING:  # torch comes with these: imported when a model is trained, not when this is
-    from models.bundle import Bundle
-    from training.checkpoint import CheckpointStore
-    from training.lists import ListSettings
-    from training.loop import TrainResult
+    from dinrec.models.bundle import Bundle
+    from dinrec.training.checkpoint import CheckpointStore
+    from dinrec.training.lists import ListSettings
+    from dinrec.training.loop import TrainResult
 
 
 def samples_for(data: Interactions, settings: TrainSettings) -> SampleSet:
@@ -37,8 +37,8 @@ class Trained:
 def list_settings(settings: TrainSettings) -> ListSettings:
     """The listwise objective's settings: the training ones, and the served lanes' sizes (the candidates
     DIN is trained against and measured on are the ones it will rank)."""
-    from models.ranking_settings import RankingSettings
-    from training.lists import ListSettings
+    from dinrec.models.ranking_settings import RankingSettings
+    from dinrec.training.lists import ListSettings
 
     served = RankingSettings()
     return ListSettings(negatives=settings.list_negatives, hard_share=settings.hard_negative_share,
@@ -62,15 +62,15 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
     ranks, under torchrun) but nothing is exported (bundle None). ``say``: told each stage as it ends
     (training.progress.Stages: the command's progress lines).
     Raises training.loop.TrainingInterrupted when ``stop`` ends it first."""
-    from training.export import export_bundle, fit_covisitation
-    from training.loop import train
-    from training.towers_train import towers_settings, train_towers
-    from training.warm_start import initializers
+    from dinrec.training.export import export_bundle, fit_covisitation
+    from dinrec.training.loop import train
+    from dinrec.training.towers_train import towers_settings, train_towers
+    from dinrec.training.warm_start import initializers
 
     say = say or (lambda _: None)
     din_init, towers_init = initializers(champion, samples.vocab, towers=warm_towers)
     if checkpoints is None and run_dir is not None:  # one store: DIN's checkpoints and the towers' beside them
-        from training.checkpoint import open_checkpoint_store
+        from dinrec.training.checkpoint import open_checkpoint_store
 
         checkpoints = open_checkpoint_store(run_dir / "checkpoints", keep=settings.keep_checkpoints)
     towers, recall_metrics = None, None
@@ -87,7 +87,7 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
         say(f"co-visitation fitted (window {lane[0].cfg.window}, decay {lane[0].cfg.decay})")
     lists = None
     if settings.objective == "listwise":
-        from training.lists import ListData
+        from dinrec.training.lists import ListData
 
         lists = ListData(samples, list_settings(settings), towers, lane[0] if lane else None,
                          min(settings.seq_len, samples.seq_len))
@@ -96,7 +96,7 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
     say(f"DIN trained: best epoch {result.metrics.get('best_epoch')} of {result.metrics.get('epoch')} "
         f"(chosen on {result.metrics.get('selection')})")
     if lists is not None and result.model is not None:
-        from training.lists import calibrate
+        from dinrec.training.lists import calibrate
 
         # Probabilities again (the gate compares log loss and calibration): relative to the validation
         # split's negatives per positive, which is what the gate corrects sampling rates from.

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from feature_store.datasets.base import Interactions
-from models.vocab import Vocab
+from dinrec.feature_store.datasets.base import Interactions
+from dinrec.models.vocab import Vocab
 
 SAMPLES_FORMAT_VERSION = 2  # 2: user_offsets
 

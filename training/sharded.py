@@ -29,11 +29,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.din import DIN, DINConfig, table_rows
-from training import dist as tdist
-from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
-from training.data import SplitTensors
-from training.loop import DINWithLoss, Trainer, model_config_for, split_metrics
+from dinrec.models.din import DIN, DINConfig, table_rows
+from dinrec.training import dist as tdist
+from dinrec.training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
+from dinrec.training.data import SplitTensors
+from dinrec.training.loop import DINWithLoss, Trainer, model_config_for, split_metrics
 
 TABLES = ("item_emb", "cat_emb")  # the names DIN gives them: a gathered table drops into DIN's state_dict
 
@@ -227,7 +227,7 @@ class ShardedTrainer(Trainer):
         self.sharded_din = ShardedDIN(model_config_for(self.samples, s))
         self.model = self.sharded_din.din  # the dense part: fused kernels, the dense optimizer, checkpoints
         if s.fused_kernels and self.device.type == "cpu" and s.attention_activation == "dice":
-            from training import kernels
+            from dinrec.training import kernels
 
             if kernels.load():
                 self.model.fused_unit = kernels.din_unit

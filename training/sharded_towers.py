@@ -22,13 +22,13 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from models.din import table_rows
-from models.towers import TABLES, Towers
-from training import dist as tdist
-from training.checkpoint import checkpoint_name
-from training.samples import Split
-from training.sharded import ShardedTables, join_group, refuse_unsupported
-from training.towers_train import TowersTrainer, hit_rate_at, sampled_softmax
+from dinrec.models.din import table_rows
+from dinrec.models.towers import TABLES, Towers
+from dinrec.training import dist as tdist
+from dinrec.training.checkpoint import checkpoint_name
+from dinrec.training.samples import Split
+from dinrec.training.sharded import ShardedTables, join_group, refuse_unsupported
+from dinrec.training.towers_train import TowersTrainer, hit_rate_at, sampled_softmax
 
 # feature → table: behaviours look up X, targets and negatives look up E
 FEATURES = {"hist_items": "hist_item_emb", "hist_cats": "hist_cat_emb", "cand_items": "item_emb",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from storage.loops import every
+from dinrec.storage.loops import every
 
 
 def peak_rss_mb() -> float:

@@ -25,15 +25,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from models.recall import target_found, top_unseen
-from models.towers import TABLES, Towers, TowersConfig
-from training import dist as tdist
-from training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
-from training.data import split_histories
-from training.loop import TrainingInterrupted
-from training.optim import RowWiseAdagrad
-from training.samples import SampleSet, Split
-from training.settings import TrainSettings
+from dinrec.models.recall import target_found, top_unseen
+from dinrec.models.towers import TABLES, Towers, TowersConfig
+from dinrec.training import dist as tdist
+from dinrec.training.checkpoint import CheckpointError, CheckpointStore, checkpoint_name
+from dinrec.training.data import split_histories
+from dinrec.training.loop import TrainingInterrupted
+from dinrec.training.optim import RowWiseAdagrad
+from dinrec.training.samples import SampleSet, Split
+from dinrec.training.settings import TrainSettings
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +318,7 @@ def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings()
     training.loop.TrainingInterrupted when ``stop`` ends it first (after a checkpoint)."""
     trainer_type = TowersTrainer
     if settings.embeddings == "sharded":
-        from training.sharded_towers import ShardedTowersTrainer
+        from dinrec.training.sharded_towers import ShardedTowersTrainer
 
         trainer_type = ShardedTowersTrainer
     trainer = trainer_type(samples, settings, init, checkpoints=checkpoints, stop=stop,

@@ -16,10 +16,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from models.vocab import Vocab
+from dinrec.models.vocab import Vocab
 
 if TYPE_CHECKING:
-    from models.bundle import Bundle
+    from dinrec.models.bundle import Bundle
 
 Init = Callable[[nn.Module], dict]
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.samples import SampleSet, training_ends
+from dinrec.training.samples import SampleSet, training_ends
 
 RUNNER = Path(__file__).with_name("rectools_peer.py")
 PEERS_PYTHON_ENV = "DINREC_PEERS_PYTHON"

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from feature_store.features import behaviour_mask
-from feature_store.schema import BehaviourEvent
+from dinrec.feature_store.features import behaviour_mask
+from dinrec.feature_store.schema import BehaviourEvent
 
 
 @dataclass(frozen=True)

@@ -10,11 +10,11 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from feature_store.errors import MissingDependency, StoreConfigError
-from feature_store.online.base import OnlineStore
+from dinrec.feature_store.errors import MissingDependency, StoreConfigError
+from dinrec.feature_store.online.base import OnlineStore
 
 if TYPE_CHECKING:
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
 __all__ = ["OnlineStore", "open_store"]
 log = logging.getLogger(__name__)
@@ -32,12 +32,12 @@ def _bounds(settings: FeatureStoreSettings) -> dict:
 def open_store(settings: FeatureStoreSettings) -> OnlineStore:
     """Build the configured store; backends are imported only when chosen."""
     if settings.store == "memory":
-        from feature_store.online.memory import MemoryStore
+        from dinrec.feature_store.online.memory import MemoryStore
 
         return MemoryStore(**_bounds(settings))
     if settings.store in ("redis", "redis-cluster"):
         try:
-            from feature_store.online.redis_store import RedisStore
+            from dinrec.feature_store.online.redis_store import RedisStore
         except ImportError as exc:  # pragma: no cover - redis is a core dependency today
             raise MissingDependency("the redis store needs `pip install redis`") from exc
         store = RedisStore(settings.redis_url, prefix=settings.redis_prefix,

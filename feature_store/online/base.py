@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from feature_store.features import (
+from dinrec.feature_store.features import (
     DEFAULT_AB_USER_CAP,
     DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
@@ -21,7 +21,7 @@ from feature_store.features import (
     HistoryItem,
     is_behaviour,
 )
-from feature_store.schema import BehaviourEvent
+from dinrec.feature_store.schema import BehaviourEvent
 
 # What the A/B counters keep apart: clicks never shown to the clicking user (or clicked again, or still
 # waiting for their impression), a user met in two variants, and what a user added past ab_user_cap (or,

@@ -8,8 +8,8 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from feature_store.errors import OffsetConflict
-from feature_store.features import (
+from dinrec.feature_store.errors import OffsetConflict
+from dinrec.feature_store.features import (
     DEFAULT_AB_USER_CAP,
     DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
@@ -23,8 +23,8 @@ from feature_store.features import (
     merge_history,
     segment_of,
 )
-from feature_store.long_tail import head_of
-from feature_store.online.base import (
+from dinrec.feature_store.long_tail import head_of
+from dinrec.feature_store.online.base import (
     UNATTRIBUTED,
     CatalogCursor,
     OnlineStore,

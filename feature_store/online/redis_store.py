@@ -58,8 +58,8 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
-from feature_store.features import (
+from dinrec.feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
+from dinrec.feature_store.features import (
     DEFAULT_AB_USER_CAP,
     DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
@@ -72,9 +72,9 @@ from feature_store.features import (
     SEGMENTS,
     HistoryItem,
 )
-from feature_store.long_tail import HEAD_SHARE
-from feature_store.online.base import UNATTRIBUTED, CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
-from feature_store.partitioning import partition_of
+from dinrec.feature_store.long_tail import HEAD_SHARE
+from dinrec.feature_store.online.base import UNATTRIBUTED, CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
+from dinrec.feature_store.partitioning import partition_of
 
 log = logging.getLogger(__name__)
 

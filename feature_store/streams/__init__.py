@@ -8,11 +8,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from feature_store.errors import MissingDependency
-from feature_store.streams.base import Consumer, EventStream, Record
+from dinrec.feature_store.errors import MissingDependency
+from dinrec.feature_store.streams.base import Consumer, EventStream, Record
 
 if TYPE_CHECKING:
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
 __all__ = ["Consumer", "EventStream", "Record", "open_stream"]
 
@@ -20,12 +20,12 @@ __all__ = ["Consumer", "EventStream", "Record", "open_stream"]
 def open_stream(settings: FeatureStoreSettings) -> EventStream:
     """Build the configured stream; backends are imported only when chosen."""
     if settings.stream == "inprocess":
-        from feature_store.streams.inprocess import InProcessStream
+        from dinrec.feature_store.streams.inprocess import InProcessStream
 
         return InProcessStream(settings.topic)
     if settings.stream == "kafka":
         try:
-            from feature_store.streams.kafka_stream import KafkaStream
+            from dinrec.feature_store.streams.kafka_stream import KafkaStream
         except ImportError as exc:  # pragma: no cover - confluent-kafka is a core dependency today
             raise MissingDependency("the kafka stream needs `pip install confluent-kafka`") from exc
         return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id,

@@ -16,11 +16,11 @@ from confluent_kafka import Consumer as _RdConsumer
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from feature_store.errors import StreamUnavailable
-from feature_store.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
+from dinrec.feature_store.errors import StreamUnavailable
+from dinrec.feature_store.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
 
 log = logging.getLogger(__name__)
-_rdkafka_log = logging.getLogger("feature_store.streams.librdkafka")
+_rdkafka_log = logging.getLogger("dinrec.feature_store.streams.librdkafka")
 
 
 class KafkaStream(EventStream):

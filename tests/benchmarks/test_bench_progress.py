@@ -18,7 +18,7 @@ SCORE = ("score", "--requests", "20", "--items", "2000", "--vs", "none")
 
 def _bench(*args: str) -> tuple[dict, list[str]]:
     """The JSON on stdout and the stage lines on stderr of ``dinrec bench ARGS``."""
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "bench", *args], cwd=REPO,
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "bench", *args], cwd=REPO,
                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout), STAGE.findall(out.stderr)

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks import held_rate as module
-from benchmarks.loadgen import Outcome
+from dinrec.benchmarks import held_rate as module
+from dinrec.benchmarks.loadgen import Outcome
 
 
 def _service(monkeypatch, capacity: float) -> list[float]:

@@ -8,8 +8,8 @@ import uuid
 import boto3
 import pytest
 
-from experiments.document import DocumentConflict, ExperimentsDocument, split_location
-from experiments.spec import Experiment, Variant
+from dinrec.experiments.document import DocumentConflict, ExperimentsDocument, split_location
+from dinrec.experiments.spec import Experiment, Variant
 
 
 @pytest.fixture(params=["folder", "s3"])
@@ -63,8 +63,8 @@ def test_a_writer_that_loses_the_race_writes_nothing(location):
 
 
 def test_the_retrain_rollout_redoes_its_change_on_top_of_an_admin_change(tmp_path):
-    from retrain.rollout import start_challenger_experiment
-    from retrain.settings import RetrainSettings
+    from dinrec.retrain.rollout import start_challenger_experiment
+    from dinrec.retrain.settings import RetrainSettings
 
     path = tmp_path / "experiments.json"
     doc, admin = ExperimentsDocument.open(path), ExperimentsDocument.open(path)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from experiments.stats import (
+from dinrec.experiments.stats import (
     CupedMeanStat,
     CupedRatioStat,
     MeanStat,
@@ -140,7 +140,7 @@ def test_an_adjustment_with_nothing_to_explain_is_the_plain_statistic():
 
 
 def test_the_users_still_needed_equal_gbstats_mid_experiment_power():
-    from experiments.power import users_still_needed
+    from dinrec.experiments.power import users_still_needed
 
     cases = [{"kind": "power", "se": se, "n": n, "mde": mde, "alpha": alpha, "target": 0.8, "sequential": seq,
               "tuning": tuning}
@@ -174,7 +174,7 @@ def _users(rng: np.random.Generator, n: int, lift: float) -> dict[str, np.ndarra
 
 def _variant_sums(u: dict[str, np.ndarray]):
     """The sums a store keeps (feature_store.online.base.AB_SUM_FIELDS) from per-user quantities."""
-    from experiments.stats import VariantSums
+    from dinrec.experiments.stats import VariantSums
 
     f = {"users": len(u["x"]), **{q: u[q].sum() for q in ("n", "c", "b", "k", "val", "x")},
          **{f"{q}2": (u[q] ** 2).sum() for q in ("n", "c", "b", "k", "val", "x")},
@@ -200,7 +200,7 @@ def _reference(metric: str, u: dict[str, np.ndarray]) -> dict:
 def test_every_metric_from_the_stores_sums_equals_gbstats_with_cuped():
     """What the results page shows per metric (experiments.metrics, from the sums the stores keep) equals
     gbstats' CUPED (regression-adjusted) figures from the same users."""
-    from experiments.metrics import METRICS, compare_metric
+    from dinrec.experiments.metrics import METRICS, compare_metric
 
     rng = np.random.default_rng(11)
     ours, cases = [], []

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from benchmarks.ab_bench import World, _users, bench_ab
-from experiments.power import mde, plan, power, users_still_needed
-from experiments.stats import Moments, RatioStat
+from dinrec.benchmarks.ab_bench import World, _users, bench_ab
+from dinrec.experiments.power import mde, plan, power, users_still_needed
+from dinrec.experiments.stats import Moments, RatioStat
 
 
 def _ctr_world(world: World) -> tuple[float, float]:

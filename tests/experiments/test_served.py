@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from experiments.served import LATENCY_BUCKETS_MS, Tally, p95_ms, summary
+from dinrec.experiments.served import LATENCY_BUCKETS_MS, Tally, p95_ms, summary
 
 
 def test_a_tally_counts_lists_degraded_answers_items_and_the_tail():

@@ -7,8 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from experiments.document import ExperimentsDocument
-from experiments.spec import Experiment, bucket, fnv1a32
+from dinrec.experiments.document import ExperimentsDocument
+from dinrec.experiments.spec import Experiment, bucket, fnv1a32
 
 
 def _exp(**kw) -> Experiment:

@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks.ab_bench import bench_ab
-from experiments.stats import VariantSums, analyse, compare, srm_p_value
+from dinrec.benchmarks.ab_bench import bench_ab
+from dinrec.experiments.stats import VariantSums, analyse, compare, srm_p_value
 
 
 def _users(rng, n_users: int, ctr: float = 0.05, concentration: float = 10.0) -> list[tuple[float, float]]:
@@ -86,7 +86,7 @@ def test_a_lift_interval_is_cut_at_minus_100_percent():
 
 
 def test_the_running_intersection_only_narrows_so_a_verdict_stands():
-    from experiments.stats import intersect, verdict
+    from dinrec.experiments.stats import intersect, verdict
 
     looks = [(-0.5, 0.2), (-0.4, -0.01), (-0.3, 0.05), (-0.35, 0.1)]  # the third alone would say inconclusive
     running = None
@@ -101,7 +101,7 @@ def test_the_running_intersection_only_narrows_so_a_verdict_stands():
 
 
 def test_holm_adjusts_step_down_and_leaves_nothing_to_compare_alone():
-    from experiments.stats import holm
+    from dinrec.experiments.stats import holm
 
     # Holm (1979): sorted 0.005, 0.01, 0.03, 0.04 → ×4, ×3, ×2, ×1, never below the one before.
     assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
@@ -112,7 +112,7 @@ def test_holm_adjusts_step_down_and_leaves_nothing_to_compare_alone():
 def test_with_several_treatments_each_verdict_is_held_to_holm_s_level():
     """An arm the sequence alone would call worse is inconclusive once the other treatments are counted:
     three looks at once cost the family its 5 %, not each arm."""
-    from experiments.stats import corrected
+    from dinrec.experiments.stats import corrected
 
     rng = np.random.default_rng(5)
     control = VariantSums.of(_users(rng, 4000, ctr=0.05))

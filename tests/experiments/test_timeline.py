@@ -7,8 +7,8 @@ from dataclasses import asdict
 import numpy as np
 import pytest
 
-from experiments.stats import VariantSums, compare
-from experiments.timeline import effect_over_time, resolution
+from dinrec.experiments.stats import VariantSums, compare
+from dinrec.experiments.timeline import effect_over_time, resolution
 
 
 def _snapshots(hours: float, every_s: float, seed: int = 0) -> list[dict]:
@@ -55,7 +55,7 @@ def test_an_arm_with_nothing_yet_has_no_effect():
 
 
 def test_traffic_per_day_is_each_day_s_new_users():
-    from experiments.timeline import traffic_per_day
+    from dinrec.experiments.timeline import traffic_per_day
 
     snaps = _snapshots(72, 1800)  # 20 new users an arm every half hour
     rows = traffic_per_day(snaps)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.streams.inprocess import InProcessStream
-from feature_store.streams.kafka_stream import KafkaStream
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.feature_store.streams.kafka_stream import KafkaStream
 
 
 @pytest.fixture(params=["inprocess", "kafka"])

@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import pytest
 
-from experiments import open_state
-from feature_store.online.redis_store import RedisStore
-from feature_store.schema import BehaviourEvent
-from feature_store.streams.kafka_stream import KafkaStream
+from dinrec.experiments import open_state
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.streams.kafka_stream import KafkaStream
 from tests.conftest import REPO, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]
@@ -147,7 +147,7 @@ class Ingesters:
 
     def start(self) -> subprocess.Popen:
         self.logs.append((self.folder / f"ingest-{len(self.logs)}.log").open("w"))
-        return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=self.env,
+        return subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "ingest"], cwd=REPO, env=self.env,
                                 stdout=subprocess.PIPE, stderr=self.logs[-1], text=True)
 
     def log_of(self, n: int) -> str:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from experiments import open_state
-from feature_store.errors import OffsetConflict, StoreUnavailable
-from feature_store.online.base import StreamOffsets
-from feature_store.online.redis_store import RedisStore
-from feature_store.partitioning import partition_of
-from feature_store.schema import BehaviourEvent
+from dinrec.experiments import open_state
+from dinrec.feature_store.errors import OffsetConflict, StoreUnavailable
+from dinrec.feature_store.online.base import StreamOffsets
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.partitioning import partition_of
+from dinrec.feature_store.schema import BehaviourEvent
 from tests.conftest import STORE_KINDS, online_store
 
 
@@ -265,7 +265,7 @@ def test_redis_layout_matches_golden_file(redis_url, unique):
 def test_a_prefix_in_another_layout_is_refused_not_read(redis_url, unique):
     import redis
 
-    from feature_store.errors import StoreLayoutError
+    from dinrec.feature_store.errors import StoreLayoutError
 
     r = redis.Redis.from_url(redis_url, decode_responses=True)
     four = RedisStore(redis_url, prefix=unique, partitions=4)
@@ -511,7 +511,7 @@ def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
     state = open_state(store)
     import numpy as np
 
-    from feature_store.long_tail import long_tail_mask
+    from dinrec.feature_store.long_tail import long_tail_mask
 
     u = lambda name: one_shard(store, name)  # noqa: E731
     counts = [6, 5, 5, 3, 3, 2, 1, 1, 1, 1]  # i0..i9: the head is 2 items, i0 and (ties by id, last) i2
@@ -547,7 +547,7 @@ def test_the_catalog_lists_each_item_once_with_its_first_category_from_a_cursor(
 
 
 def test_serving_lists_an_item_first_seen_in_two_shards_once(open_catalog):
-    from serving.catalog import Catalog
+    from dinrec.serving.catalog import Catalog
 
     store = open_catalog
     assert store.partitions == 1 or partition_of("u1", 4) != partition_of("u2", 4)
@@ -631,7 +631,7 @@ def test_popular_is_the_exact_top_of_the_summed_shards(store):
 
 
 def test_the_embedded_store_forgets_attributions_after_the_window(clock):
-    from feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.online.memory import MemoryStore
 
     store = MemoryStore(dedup_window_s=3600, clock=clock)
     state = open_state(store)
@@ -647,16 +647,16 @@ def test_the_embedded_store_forgets_attributions_after_the_window(clock):
 def test_a_redis_that_may_evict_the_stores_keys_is_refused_at_open_unless_allowed(own_redis, caplog):
     import redis
 
-    from feature_store.errors import StoreConfigError
-    from feature_store.online import open_store
-    from feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.errors import StoreConfigError
+    from dinrec.feature_store.online import open_store
+    from dinrec.feature_store.settings import FeatureStoreSettings
 
     settings = FeatureStoreSettings(store="redis", redis_url=own_redis.url)
     open_store(settings).close()  # redis' default: noeviction
     redis.Redis.from_url(own_redis.url).config_set("maxmemory-policy", "allkeys-lru")
     with pytest.raises(StoreConfigError, match="maxmemory-policy allkeys-lru.*DINREC_REDIS_ALLOW_EVICTION"):
         open_store(settings)
-    with caplog.at_level("ERROR", logger="feature_store.online"):
+    with caplog.at_level("ERROR", logger="dinrec.feature_store.online"):
         open_store(settings.model_copy(update={"redis_allow_eviction": True})).close()
     (line,) = [r.getMessage() for r in caplog.records if "evicts keys" in r.getMessage()]
     assert "running on it" in line
@@ -725,7 +725,7 @@ def test_experiment_counts_are_kept_per_segment_of_user_and_add_up(store):
 def test_what_each_arm_served_adds_up_across_batches_and_replicas(store):
     """The served-list tallies (experiments.served) of two batches — as two replicas' impression logs send
     them — add up in the shared state; the distinct items are a set's (Redis: a HyperLogLog's estimate)."""
-    from experiments.served import Tally
+    from dinrec.experiments.served import Tally
 
     state = open_state(store)
     for batch in range(2):

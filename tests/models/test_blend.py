@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from models.blend import FEATURES, RECENT, Blend, category_share, features
+from dinrec.models.blend import FEATURES, RECENT, Blend, category_share, features
 
 
 def test_the_recent_category_share_reads_only_the_newest_behaviours():

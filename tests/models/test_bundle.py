@@ -6,9 +6,9 @@ import shutil
 import pytest
 import torch
 
-from models.bundle import BundleError, load_bundle
-from models.context import known_last, served_context
-from training.data import SplitTensors
+from dinrec.models.bundle import BundleError, load_bundle
+from dinrec.models.context import known_last, served_context
+from dinrec.training.data import SplitTensors
 
 
 def _list_scores(bundle, hist, cats, target, target_cat) -> torch.Tensor:
@@ -67,7 +67,7 @@ def test_unknown_versions_and_missing_files_are_refused(tiny_run, tmp_path):
 def test_the_bundle_carries_its_input_contract_and_its_index_card(tiny_run):
     import json
 
-    from models.bundle import load_bundle
+    from dinrec.models.bundle import load_bundle
 
     data, samples, bundle_dir, metrics = tiny_run
     bundle = load_bundle(bundle_dir)
@@ -78,9 +78,9 @@ def test_the_bundle_carries_its_input_contract_and_its_index_card(tiny_run):
 
 
 def test_an_hnsw_index_gets_its_ef_search_measured_on_real_histories(tiny_run, tmp_path):
-    from models.bundle import load_bundle
-    from retrieval.index import EF_SEARCH_STEPS, IndexSpec
-    from training.export import export_bundle
+    from dinrec.models.bundle import load_bundle
+    from dinrec.retrieval.index import EF_SEARCH_STEPS, IndexSpec
+    from dinrec.training.export import export_bundle
 
     _, samples, bundle_dir, metrics = tiny_run
     v1 = load_bundle(bundle_dir)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.context import GAP_BUCKETS, candidate_features, gap_buckets, known_last
-from models.din import DIN, DINConfig, ListContext
+from dinrec.models.context import GAP_BUCKETS, candidate_features, gap_buckets, known_last
+from dinrec.models.din import DIN, DINConfig, ListContext
 
 
 def _batch(b: int = 6, length: int = 12, n: int = 7, items: int = 60, cats: int = 5, seed: int = 0):
@@ -141,7 +141,7 @@ def test_known_last_packs_unknown_behaviours_into_the_padding():
 def test_the_fused_listwise_unit_equals_the_pytorch_ops(shape):
     """models.kernels.list_unit (csrc/din_lists.cpp) is the same function as DIN's ops: the logits and every
     gradient, with empty and full histories among the rows."""
-    from models import kernels
+    from dinrec.models import kernels
 
     if not kernels.load_lists():
         pytest.skip("the fused listwise unit could not be built here (see the log)")

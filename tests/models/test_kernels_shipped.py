@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from models import kernels
+from dinrec.models import kernels
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "models" / "kernels.py"

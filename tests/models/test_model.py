@@ -3,8 +3,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.din import DIN, Dice, DINConfig
-from training.loop import DINWithLoss
+from dinrec.models.din import DIN, Dice, DINConfig
+from dinrec.training.loop import DINWithLoss
 
 
 @pytest.fixture

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from models.blend import Blend
-from models.bundle import load_bundle
-from models.ranking import Recommender
-from models.ranking_settings import RankingSettings
-from retrieval.index import FaissIndex
-from training.evaluation import served_lists
+from dinrec.models.blend import Blend
+from dinrec.models.bundle import load_bundle
+from dinrec.models.ranking import Recommender
+from dinrec.models.ranking_settings import RankingSettings
+from dinrec.retrieval.index import FaissIndex
+from dinrec.training.evaluation import served_lists
 
 
 def test_a_memo_serves_the_lists_fresh_stages_serve(tiny_run):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from models.rows import AppendOnlyRows
+from dinrec.models.rows import AppendOnlyRows
 
 
 def test_appending_writes_past_the_end_of_the_same_buffer_and_old_versions_keep_their_rows():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from models.din import DIN, DINConfig
-from models.scorer import Scorer, bf16_supported, choose_scorer
+from dinrec.models.din import DIN, DINConfig
+from dinrec.models.scorer import Scorer, bf16_supported, choose_scorer
 
 
 def random_model(attention_activation: str, mlp_activation: str, attention_hidden=(80, 40), mlp_hidden=(64, 32),
@@ -105,7 +105,7 @@ def test_bf16_is_kept_when_asked_for_whatever_its_difference():
 
 
 def test_an_avx2_only_machine_is_offered_fp32_alone(monkeypatch):
-    from models import kernels
+    from dinrec.models import kernels
 
     monkeypatch.setenv(kernels.ISA_LIMIT_ENV, "avx2")
     assert not bf16_supported() and not kernels.cpu_has("avx512f")
@@ -118,7 +118,7 @@ def test_an_avx2_only_machine_is_offered_fp32_alone(monkeypatch):
 
 
 def _fused_kernel_builds() -> bool:
-    from models.kernels import load_score
+    from dinrec.models.kernels import load_score
 
     return load_score()
 
@@ -160,7 +160,7 @@ def test_units_the_fused_kernel_was_not_built_for_keep_the_pytorch_ops():
 
 
 def test_a_trained_bundle_scores_the_same(tiny_run):
-    from models.bundle import load_bundle
+    from dinrec.models.bundle import load_bundle
 
     bundle = load_bundle(tiny_run[2])
     item_cat = torch.as_tensor(bundle.vocab.item_category, dtype=torch.long)
@@ -168,7 +168,7 @@ def test_a_trained_bundle_scores_the_same(tiny_run):
     hist = torch.arange(1, 21)
     cand = torch.arange(21, 121)
     assert bundle.model.cfg.scores_lists  # the default DIN reads context: scored as serving scores it
-    from models.context import served_context
+    from dinrec.models.context import served_context
 
     ts = torch.linspace(0, 86_400 * 30, 20, dtype=torch.float64)[None]  # (1, L): a month of behaviours
     pairs, counts = bundle.context_sources()

@@ -8,7 +8,7 @@ import uuid
 import boto3
 import pytest
 
-from registry.store import AliasConflict, open_registry
+from dinrec.registry.store import AliasConflict, open_registry
 
 
 @pytest.fixture(params=["folder", "s3"])

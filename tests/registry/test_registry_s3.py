@@ -12,12 +12,12 @@ import boto3
 import pytest
 import torch
 
-from models.bundle import load_bundle
-from registry.store import RegistryError, S3Registry, open_registry
-from serving.models import ModelManager
-from serving.settings import ServingSettings
+from dinrec.models.bundle import load_bundle
+from dinrec.registry.store import RegistryError, S3Registry, open_registry
+from dinrec.serving.models import ModelManager
+from dinrec.serving.settings import ServingSettings
+from dinrec.training.export import export_bundle
 from tests.conftest import REPO
-from training.export import export_bundle
 
 
 @pytest.fixture
@@ -117,7 +117,7 @@ def test_a_service_serves_the_alias_from_s3_and_follows_it(s3_registry, tiny_run
 
 
 def test_the_cli_publishes_and_lists_an_s3_registry(s3_registry, tiny_run, aws_env):
-    env_cmd = [sys.executable, "-m", "dinrec_cli.main", "models"]
+    env_cmd = [sys.executable, "-m", "dinrec.cli.main", "models"]
     out = subprocess.run([*env_cmd, "publish", str(tiny_run[2]), "--registry", s3_registry.uri, "--version", "v1",
                           "--alias", "champion"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

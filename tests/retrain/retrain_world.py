@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from feature_store.archive import archive_events
-from feature_store.schema import BehaviourEvent
+from dinrec.feature_store.archive import archive_events
+from dinrec.feature_store.schema import BehaviourEvent
 
 DAY = 86_400.0
 END = 1_790_000_000.0 // 3600 * 3600  # the newest window's end (aligned, as the job aligns it)
@@ -82,7 +82,7 @@ def retrain(root, *args: str, env: dict | None = None, wait: bool = True, stderr
     full = {**os.environ, **FAST, "DINREC_RETRAIN_ARCHIVE_DIR": str(root / "archive"),
             "DINREC_REGISTRY": str(root / "registry"), "DINREC_RETRAIN_WORK_DIR": str(root / "work"),
             **(env or {})}
-    cmd = [sys.executable, "-m", "dinrec_cli.main", "retrain", *args]
+    cmd = [sys.executable, "-m", "dinrec.cli.main", "retrain", *args]
     if not wait:
         return subprocess.Popen(cmd, cwd=REPO, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     out = subprocess.run(cmd, cwd=REPO, env=full, capture_output=True, text=True, timeout=600)

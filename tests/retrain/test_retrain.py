@@ -15,17 +15,17 @@ import numpy as np
 import pytest
 import torch
 
-from models.bundle import load_bundle
-from models.vocab import Vocab
-from registry.store import Registry
-from retrain.gate import decide
-from retrain.job import LEASE_KEY, _iso
-from retrain.settings import RetrainSettings
-from storage import Lease, LocalStorage
+from dinrec.models.bundle import load_bundle
+from dinrec.models.vocab import Vocab
+from dinrec.registry.store import Registry
+from dinrec.retrain.gate import decide
+from dinrec.retrain.job import LEASE_KEY, _iso
+from dinrec.retrain.settings import RetrainSettings
+from dinrec.storage import Lease, LocalStorage
+from dinrec.training.metrics import paired_difference
+from dinrec.training.warm_start import warm_start
 from tests.conftest import REPO, wait_until
 from tests.retrain.retrain_world import DAY, END, FAST, archive, chain_world, drifting_world, retrain
-from training.metrics import paired_difference
-from training.warm_start import warm_start
 
 
 @pytest.fixture(scope="module")
@@ -50,7 +50,7 @@ def fresh_copy(world, tmp_path):
 
 
 def describe(registry, version: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "describe", version, "--registry",
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "models", "describe", version, "--registry",
                           str(registry)], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
@@ -77,7 +77,7 @@ def test_a_drifted_window_yields_a_better_candidate_that_is_promoted_with_its_li
     assert report["candidate"]["train"]["recall_warm_start"] is None and not lineage["warm_start_towers"]
     assert report["candidate"]["holdout"]["tail_positives"] > 0
     assert reg.history("champion")[-1]["reason"].startswith(f"retrain {report['run']}")
-    listed = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "list", "--registry",
+    listed = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "models", "list", "--registry",
                              str(root / "registry")], cwd=REPO, capture_output=True, text=True, timeout=120)
     row = next(v for v in json.loads(listed.stdout)["versions"] if v["version"] == new)
     assert (row["parent"], row["data_window_end"], row["trained_by"]) == (first, END, "dinrec retrain")
@@ -233,7 +233,7 @@ def test_bad_input_exits_2_and_says_why(world, tmp_path):
                             (["--spot"], {"DINREC_RETRAIN_SPOT_INSTANCE_TYPES": '["g4dn.xlarge", "g4dn.12xlarge"]'},
                              "different GPU counts")]:
         full = {**os.environ, "DINREC_RETRAIN_WORK_DIR": str(tmp_path), **env}
-        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "retrain", *args], cwd=REPO, env=full,
+        out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "retrain", *args], cwd=REPO, env=full,
                              capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and says in out.stderr, out.stderr[-2000:]
 
@@ -269,7 +269,7 @@ def test_warm_start_carries_rows_by_external_id(tiny_run):
     items = ["<pad>", "brand-new", *reversed(v.items[2:])]
     cats = ["<pad>", "new-cat", *v.categories[1:]]
     new_vocab = Vocab(items, cats, torch.zeros(len(items), dtype=torch.long).numpy())
-    from models.din import DIN
+    from dinrec.models.din import DIN
 
     new = DIN(old.config.__class__(**{**old.config.__dict__, "n_items": len(items), "n_categories": len(cats)}))
     fresh_row = new.item_emb.weight[1].clone()
@@ -283,10 +283,10 @@ def test_warm_start_carries_rows_by_external_id(tiny_run):
 
 def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
     """The serving model chose what those users could click: as a holdout they would favour it."""
-    from feature_store.schema import BehaviourEvent
-    from retrain.events import read_window
-    from training.evaluation import holdout_rows
-    from training.samples import build_samples
+    from dinrec.feature_store.schema import BehaviourEvent
+    from dinrec.retrain.events import read_window
+    from dinrec.training.evaluation import holdout_rows
+    from dinrec.training.samples import build_samples
 
     events = []
     for u in range(6):
@@ -335,7 +335,7 @@ def test_spot_trains_the_candidate_as_a_spot_job_warm_started_from_the_champion(
     built = json.loads((reg.bundle_dir(reg.resolve("champion")) / "metrics.json").read_text())["train_settings"]
     assert shipped == built and built["negative_power"] == 0.5
     # What a local retrain in the same environment trains with (its CLI: TrainSettings from the environment).
-    local = subprocess.run([sys.executable, "-c", "from training.settings import TrainSettings; "
+    local = subprocess.run([sys.executable, "-c", "from dinrec.training.settings import TrainSettings; "
                             "print(TrainSettings(progress=False).model_dump_json())"],
                            env={**os.environ, **FAST, **local_env}, capture_output=True, text=True, check=True)
     assert json.loads(local.stdout) == built

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_share
+from dinrec.retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_share
 
 
 def test_item_cf_recalls_what_was_visited_next_to_the_history_and_never_the_history():

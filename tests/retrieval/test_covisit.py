@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from retrieval.baselines import ItemCF, ItemCFConfig
-from retrieval.covisit import CoVisitation
+from dinrec.retrieval.baselines import ItemCF, ItemCFConfig
+from dinrec.retrieval.covisit import CoVisitation
 
 
 @pytest.fixture
@@ -45,7 +45,7 @@ def test_the_pair_tables_batched_scores_are_the_lanes_own(item_cf):
     the lane gives it, for left-padded histories of any length, each from the lane its row names."""
     import torch
 
-    from retrieval.covisit import PairTable
+    from dinrec.retrieval.covisit import PairTable
 
     lanes = [CoVisitation.from_item_cf(item_cf, neighbours=m) for m in (8, 8)]
     lanes[1] = CoVisitation(lanes[1].neighbours, lanes[1].weights * 2, lanes[1].cfg)  # another lane, other sims
@@ -66,7 +66,7 @@ def test_the_dense_pair_table_looks_up_what_the_sparse_one_does(item_cf):
     similarity as the binary search over the neighbour rows, unknown behaviours and cold candidates 0."""
     import torch
 
-    from retrieval.covisit import PairTable
+    from dinrec.retrieval.covisit import PairTable
 
     lanes = [CoVisitation.from_item_cf(item_cf, neighbours=m) for m in (8, 8, 8)]
     lanes[1] = CoVisitation(lanes[1].neighbours, lanes[1].weights * 2, lanes[1].cfg)

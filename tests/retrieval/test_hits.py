@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from retrieval.hits import hit_at, ndcg_at, rank_of, ranks, row_ranks
+from dinrec.retrieval.hits import hit_at, ndcg_at, rank_of, ranks, row_ranks
 
 
 def test_a_rank_is_the_first_position_best_first_and_minus_one_where_absent():

@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from retrieval.errors import IndexFormatError
-from retrieval.index import ExactIndex, FaissIndex
+from dinrec.retrieval.errors import IndexFormatError
+from dinrec.retrieval.index import ExactIndex, FaissIndex
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ def test_bad_input_is_reported(tmp_path, vectors):
 
 
 def test_auto_is_exact_below_the_threshold_and_hnsw_from_it():
-    from retrieval.index import IndexSpec
+    from dinrec.retrieval.index import IndexSpec
 
     assert IndexSpec().resolve(156_249, 32) == "flat" and IndexSpec().resolve(156_250, 32) == "hnsw"
     assert IndexSpec().resolve(100_000, 32) == "flat" and IndexSpec().resolve(100_000, 64) == "hnsw"  # items × dims
@@ -59,7 +59,7 @@ def test_auto_is_exact_below_the_threshold_and_hnsw_from_it():
 
 @pytest.mark.slow
 def test_hnsw_finds_95_percent_of_the_exact_top_200_on_100k_items(tmp_path):
-    from retrieval.index import IndexSpec, recall_at_k
+    from dinrec.retrieval.index import IndexSpec, recall_at_k
 
     rng = np.random.default_rng(0)
     # Item vectors with varied norms (as trained embeddings have) and user-like queries: means of 10 items.
@@ -77,7 +77,7 @@ def test_hnsw_finds_95_percent_of_the_exact_top_200_on_100k_items(tmp_path):
 
 
 def test_ef_search_is_the_smallest_step_that_reaches_the_recall_target():
-    from retrieval.index import IndexSpec, recall_at_k, tune_ef_search
+    from dinrec.retrieval.index import IndexSpec, recall_at_k, tune_ef_search
 
     rng = np.random.default_rng(1)
     v = rng.normal(size=(20_000, 16)).astype(np.float32)
@@ -94,7 +94,7 @@ def test_ef_search_is_the_smallest_step_that_reaches_the_recall_target():
 
 
 def test_the_half_precision_scan_returns_the_same_top_items_and_is_kept_only_if_faster():
-    from retrieval.index import choose_search_index, recall_at_k
+    from dinrec.retrieval.index import choose_search_index, recall_at_k
 
     rng = np.random.default_rng(3)
     x = rng.standard_normal((20_000, 32)).astype(np.float32)

@@ -9,12 +9,12 @@ import pytest
 import torch
 from pydantic import SecretStr
 
-from models.bundle import load_bundle
-from registry.store import Registry
-from serving.app import create_app
-from serving.server import free_port, serve_in_thread
+from dinrec.models.bundle import load_bundle
+from dinrec.registry.store import Registry
+from dinrec.serving.app import create_app
+from dinrec.serving.server import free_port, serve_in_thread
+from dinrec.training.export import export_bundle
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN
-from training.export import export_bundle
 
 
 @contextlib.contextmanager

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
@@ -80,7 +80,7 @@ def test_two_admin_writers_racing_one_wins_the_other_gets_409_and_nothing_is_los
 def test_the_list_carries_owner_hypothesis_and_dates_and_a_stopped_experiment_keeps_its_results(tiny_run, tmp_path):
     """Started: dated. Stopped: dated, and its results frozen as they stood — later counts (late clicks,
     a replica still draining its outbox) change nothing the results call shows."""
-    from experiments import open_state
+    from dinrec.experiments import open_state
     from tests.serving.test_guardrail import traffic
 
     store = MemoryStore()

@@ -11,7 +11,7 @@ from tests.conftest import REPO
 
 THREADS = """
 import ctypes, sys, threading
-from serving.allocator import limit_arenas
+from dinrec.serving.allocator import limit_arenas
 applied = limit_arenas(int(sys.argv[1]))
 held, go = [], threading.Barrier(8)
 def work():
@@ -42,7 +42,7 @@ def test_the_workers_threads_share_the_arenas_the_setting_allows():
 def test_the_setting_is_validated_at_start_up():
     from pydantic import ValidationError
 
-    from serving.settings import ServingSettings
+    from dinrec.serving.settings import ServingSettings
 
     assert ServingSettings().malloc_arenas == 2
     with pytest.raises(ValidationError):

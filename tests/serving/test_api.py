@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from feature_store.online.memory import MemoryStore
-from feature_store.online.redis_store import RedisStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import online_store, wait_until
 from tests.serving.conftest import live_server
 
@@ -166,13 +166,13 @@ def test_a_tampered_bundle_stops_start_up(tiny_run, tmp_path):
     copy = tmp_path / "b"
     shutil.copytree(tiny_run[2], copy)
     (copy / "popularity.json").write_text("[]")
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(copy),
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(copy),
                           "--port", str(free_port())], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode != 0 and "checksum mismatch for popularity.json" in out.stderr
 
 
 def test_events_are_refused_with_retry_after_when_the_outbox_is_full(tiny_run, tmp_path):
-    from feature_store.streams.kafka_stream import KafkaStream
+    from dinrec.feature_store.streams.kafka_stream import KafkaStream
 
     down = KafkaStream("127.0.0.1:1", "t", request_timeout_ms=500)  # nothing is ever acknowledged
     fs = FeatureStoreSettings(outbox_dir=tmp_path, outbox_max_bytes=1 << 16)

@@ -9,10 +9,10 @@ import re
 from dataclasses import dataclass
 from http import HTTPStatus
 
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import ADMIN_TOKEN, REPO
 from tests.serving.conftest import live_server
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from feature_store.features import HistoryItem
-from feature_store.online.memory import MemoryStore
-from feature_store.schema import BehaviourEvent
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.settings import ServingSettings
+from dinrec.feature_store.features import HistoryItem
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 
@@ -74,8 +74,8 @@ def test_one_user_repeating_a_buy_does_not_make_an_item_popular(tiny_run):
 def test_the_cold_lane_keeps_the_newest_items_of_each_category_and_is_rebuilt_when_they_change(tiny_run):
     """Whatever the catalog gains, what a model holds is at most ``per_category`` items of each category it
     knows: the oldest go, and the lane is built again without them (a request holding the old one keeps it)."""
-    from serving.catalog import Catalog
-    from serving.models import load_recommender
+    from dinrec.serving.catalog import Catalog
+    from dinrec.serving.models import load_recommender
 
     data, bundle_dir = tiny_run[0], tiny_run[2]
     a, b = [c for c, _ in Counter(data.category_id.tolist()).most_common(2)]

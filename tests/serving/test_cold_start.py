@@ -7,12 +7,12 @@ from collections import Counter
 
 import torch
 
-from feature_store.features import HistoryItem
-from feature_store.online.memory import MemoryStore
-from feature_store.schema import BehaviourEvent
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.settings import ServingSettings
+from dinrec.feature_store.features import HistoryItem
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 
@@ -74,7 +74,7 @@ def test_a_new_item_is_recalled_for_its_categorys_fans_and_scored(tiny_run):
 
 
 def test_new_items_are_appended_to_the_lane_and_a_request_keeps_the_version_it_read(tiny_run):
-    from serving.models import load_recommender
+    from dinrec.serving.models import load_recommender
 
     data, _, bundle_dir = tiny_run[0], tiny_run[1], tiny_run[2]
     rec = load_recommender(ServingSettings(bundle_dir=bundle_dir, score_precision="fp32"), bundle_dir)

@@ -8,13 +8,13 @@ import time
 
 import pytest
 
-from experiments import open_state
-from experiments.running import Experiments
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.models import ModelManager
-from serving.settings import ServingSettings
+from dinrec.experiments import open_state
+from dinrec.experiments.running import Experiments
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.models import ModelManager
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 
@@ -109,7 +109,7 @@ def test_variants_impressions_clicks_and_results_add_up(tiny_run, tmp_path):
         # The planning calculator: day by day, and the first day the effect is found with 80 % power.
         planned = c.get("/experiments/plan", params={"mean": 0.05, "sd": 0.08, "users_per_day": 2000,
                                                      "effect": 0.05, "days": 30, "sequential": "false"}).json()
-        from experiments.power import plan
+        from dinrec.experiments.power import plan
 
         assert planned == plan(0.05, 0.08**2, 0.05, 2000, days=30)
         assert planned["days_needed"] is not None and len(planned["days"]) == 30

@@ -18,10 +18,10 @@ import time
 import httpx
 import pytest
 
-from experiments import open_state
-from feature_store.online.redis_store import RedisStore
-from feature_store.streams.kafka_stream import KafkaStream
-from serving.server import free_port
+from dinrec.experiments import open_state
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.serving.server import free_port
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, REPO, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.slow]
@@ -37,14 +37,14 @@ def fleet(tmp_path, env: dict[str, str], replicas: int = 3):
     try:
         log = (tmp_path / "ingest.log").open("w")
         logs.append(log)
-        procs.append(subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=env,
+        procs.append(subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "ingest"], cwd=REPO, env=env,
                                       stdout=log, stderr=subprocess.STDOUT))
         for n in range(replicas):
             port = free_port()
             log = (tmp_path / f"serve-{n}.log").open("w")
             logs.append(log)
             replica_env = {**env, "DINREC_OUTBOX_DIR": str(tmp_path / f"outbox-{n}")}
-            procs.append(subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--port", str(port),
+            procs.append(subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "serve", "--port", str(port),
                                            "--workers", "2"], cwd=REPO, env=replica_env, stdout=log,
                                           stderr=subprocess.STDOUT))
             urls.append(f"http://127.0.0.1:{port}")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from feature_store.online.memory import MemoryStore
-from feature_store.schema import BehaviourEvent
-from serving.degraded import GuardedStore
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.serving.degraded import GuardedStore
 
 
 class CountingStore(MemoryStore):

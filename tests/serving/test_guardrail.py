@@ -7,19 +7,19 @@ import json
 
 import pytest
 
-from experiments import open_state
-from experiments.guardrail import Guardrail, integrity_problems
-from experiments.running import Experiments
-from experiments.spec import Experiment
-from experiments.state_redis import RedisExperimentState
-from experiments.stats import VariantSums
-from feature_store.online.memory import MemoryStore
-from feature_store.online.redis_store import RedisStore
-from feature_store.schema import BehaviourEvent
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.metrics import ServiceMetrics
-from serving.settings import ServingSettings
+from dinrec.experiments import open_state
+from dinrec.experiments.guardrail import Guardrail, integrity_problems
+from dinrec.experiments.running import Experiments
+from dinrec.experiments.spec import Experiment
+from dinrec.experiments.state_redis import RedisExperimentState
+from dinrec.experiments.stats import VariantSums
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.metrics import ServiceMetrics
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
@@ -119,7 +119,7 @@ def test_a_replicas_other_workers_adopt_the_deciding_workers_decisions_and_write
 
 
 def test_one_worker_of_a_replica_leads_and_another_takes_over_when_it_dies(tmp_path):
-    from serving.replica import ReplicaLead
+    from dinrec.serving.replica import ReplicaLead
 
     first, second = ReplicaLead(tmp_path, "guardrail"), ReplicaLead(tmp_path, "guardrail")
     assert first.holds() and not second.holds() and first.holds()

@@ -11,13 +11,13 @@ import time
 
 import pytest
 
-from experiments import open_state
-from feature_store.online.memory import MemoryStore
-from feature_store.schema import BehaviourEvent
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.impressions import ImpressionLog, ServedList
-from serving.settings import ServingSettings
+from dinrec.experiments import open_state
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.impressions import ImpressionLog, ServedList
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
@@ -296,7 +296,7 @@ def test_a_client_is_not_told_its_experiment_arm_model_or_history_length(tiny_ru
     token) still sees what served each answer."""
     import json
 
-    from serving.schemas import OPERATOR_FIELDS, RecommendResponse
+    from dinrec.serving.schemas import OPERATOR_FIELDS, RecommendResponse
 
     path = tmp_path / "experiments.json"
     path.write_text(json.dumps({"experiments": [AA]}))
@@ -373,8 +373,8 @@ def test_an_aa_experiment_counts_exactly_what_its_clients_saw_and_clicked_whatev
     honest clients' impressions and clicks, arm by arm, and nothing the attackers sent."""
     import json
 
-    from feature_store.online.redis_store import RedisStore
-    from feature_store.streams.kafka_stream import KafkaStream
+    from dinrec.feature_store.online.redis_store import RedisStore
+    from dinrec.feature_store.streams.kafka_stream import KafkaStream
 
     path = tmp_path / "experiments.json"
     path.write_text(json.dumps({"experiments": [AA]}))
@@ -555,7 +555,7 @@ def test_one_client_may_have_only_so_many_uploads_arriving_at_once(tiny_run):
 def test_liveness_is_answered_off_the_request_loop_and_says_when_the_loop_stalls(tiny_run):
     import httpx
 
-    from serving.server import free_port
+    from dinrec.serving.server import free_port
 
     health = free_port()
     with live_server(ServingSettings(bundle_dir=tiny_run[2], health_port=health, liveness_max_stall_s=0.5),

@@ -7,12 +7,12 @@ import threading
 
 import pytest
 
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from models.bundle import load_bundle
-from registry.store import RegistryError
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.models.bundle import load_bundle
+from dinrec.registry.store import RegistryError
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
@@ -117,7 +117,7 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     env = {**os.environ, "DINREC_REGISTRY": str(tmp_path / "reg")}
 
     def dinrec(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", *args], cwd=REPO, env=env,
+        return subprocess.run([sys.executable, "-m", "dinrec.cli.main", "models", *args], cwd=REPO, env=env,
                               capture_output=True, text=True, timeout=60)
 
     out = dinrec("publish", str(tiny_run[2]), "--version", "a", "--alias", "champion")
@@ -132,7 +132,7 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     assert again.returncode == 2 and "immutable" in again.stderr
 
     def models(*args: str) -> dict:
-        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", *args], cwd=REPO, env=env,
+        out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "models", *args], cwd=REPO, env=env,
                              capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr
         return json.loads(out.stdout)
@@ -146,7 +146,7 @@ def test_the_registry_command_publishes_and_moves_aliases(tiny_run, tmp_path):
     moves = models("history")["history"]
     assert [(m["version"], m["previous"], m["reason"]) for m in moves] == [
         ("a", None, "set"), ("b", "a", "promote"), ("a", "b", "rollback from b")]
-    nothing = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "models", "rollback", "--alias", "challenger"],
+    nothing = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "models", "rollback", "--alias", "challenger"],
                              cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert nothing.returncode != 0 and "no earlier version" in nothing.stderr
 
@@ -253,7 +253,7 @@ def test_a_new_deployment_waits_for_its_first_model_and_accepts_events_meanwhile
     """An empty registry (no alias yet) does not stop the service: events are accepted (the first retrain
     trains on them), /recommend answers 503 no_model, /readyz says why; once the alias names a version,
     the watcher loads it and the same process serves."""
-    from registry.store import Registry
+    from dinrec.registry.store import Registry
 
     registry = Registry(tmp_path / "registry")
     store = MemoryStore()

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from feature_store.online.redis_store import RedisStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.kafka_stream import KafkaStream
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.redis_store import RedisStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import REPO, wait_until
 from tests.serving.conftest import live_server
 
@@ -22,7 +22,7 @@ def ingest_process(redis_url, kafka_bootstrap, unique):
     env = {**os.environ, "DINREC_STORE": "redis", "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
            "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": unique, "DINREC_REDIS_PREFIX": unique,
            "DINREC_CONSUMER_GROUP": f"{unique}-ingest"}
-    proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "ingest"], cwd=REPO, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     yield proc
     proc.terminate()
@@ -58,6 +58,6 @@ def test_an_event_produced_to_kafka_reaches_redis_and_changes_recommend(tiny_run
 
 def test_ingest_refuses_the_in_process_stream():
     env = {**os.environ, "DINREC_STREAM": "inprocess"}
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "ingest"], cwd=REPO, env=env,
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "ingest"], cwd=REPO, env=env,
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "DINREC_STREAM=kafka" in out.stderr

@@ -11,11 +11,11 @@ import sys
 
 import httpx
 
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.server import free_port
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.server import free_port
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import REPO, wait_until
 from tests.serving.conftest import live_server
 
@@ -65,7 +65,7 @@ def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path
     env = {**os.environ, "DINREC_STORE": "redis", "DINREC_REDIS_URL": "redis://127.0.0.1:1/0",  # degraded: logs
            "DINREC_EVENTS_SINK": "store", "DINREC_STORE_COOLDOWN_S": "60"}
     log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "serve", "--bundle", str(tiny_run[2]),
+    proc = subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(tiny_run[2]),
                              "--port", str(port), "--workers", "2"], cwd=REPO, env=env, stdout=log,
                             stderr=subprocess.STDOUT)
     try:

@@ -7,11 +7,11 @@ import math
 
 import pytest
 
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from serving.quotas import UserQuota
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.serving.quotas import UserQuota
+from dinrec.serving.settings import ServingSettings
 from tests.serving.conftest import live_server
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from feature_store.online.memory import MemoryStore
-from feature_store.settings import FeatureStoreSettings
-from feature_store.streams.inprocess import InProcessStream
-from models.rerank import Reranker
-from serving.settings import ServingSettings
+from dinrec.feature_store.online.memory import MemoryStore
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.feature_store.streams.inprocess import InProcessStream
+from dinrec.models.rerank import Reranker
+from dinrec.serving.settings import ServingSettings
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN
 from tests.serving.conftest import live_server
 
@@ -93,7 +93,7 @@ def test_a_shown_item_is_pushed_down(served):
 
 
 def test_the_shown_penalty_multiplies_the_score_and_reorders():
-    from models.rerank import Reranker
+    from dinrec.models.rerank import Reranker
 
     candidates = [("a", "x", 0.9), ("b", "y", 0.8), ("c", "z", 0.3)]
     assert Reranker(shown_penalty=0.5).select(candidates, 3, shown={"a"}) == [(1, 0.8), (0, 0.45), (2, 0.3)]
@@ -107,7 +107,7 @@ def test_the_category_cap_holds_across_the_popularity_fill(served):
     for user in sorted(set(data.user_id.tolist()))[:20]:
         cats = [x["category_id"] for x in c.get("/recommend", params={"user_id": user, "k": 50}).json()["items"]]
         assert cats and max(cats.count(x) for x in cats) <= 2, (user, cats)
-    from models.rerank import Reranker
+    from dinrec.models.rerank import Reranker
 
     assert Reranker(max_per_category=2).select([("a", "x", 0.9), ("b", "y", 0.8)], 2, listed=["x", "x"]) == [(1, 0.8)]
 
@@ -116,8 +116,8 @@ def test_explanations_are_the_models_attention_weights(served, tiny_run):
     """``because`` names the behaviours with the largest weights in DIN's activation unit for that item —
     recomputed here with PyTorch's ops (the service may use the fused unit) from the same inputs: the
     user's known behaviours with their times, co-visitation and counts (models.context)."""
-    from models.bundle import load_bundle
-    from models.context import served_context
+    from dinrec.models.bundle import load_bundle
+    from dinrec.models.context import served_context
 
     c, data, store, _, _ = served
     user = data.user_id[7]

@@ -10,10 +10,10 @@ schemathesis = pytest.importorskip("schemathesis", reason="schemathesis is in th
 from hypothesis import HealthCheck, settings  # noqa: E402
 from schemathesis.checks import not_a_server_error  # noqa: E402
 
-from feature_store.online.memory import MemoryStore  # noqa: E402
-from feature_store.settings import FeatureStoreSettings  # noqa: E402
-from feature_store.streams.inprocess import InProcessStream  # noqa: E402
-from serving.settings import ServingSettings  # noqa: E402
+from dinrec.feature_store.online.memory import MemoryStore  # noqa: E402
+from dinrec.feature_store.settings import FeatureStoreSettings  # noqa: E402
+from dinrec.feature_store.streams.inprocess import InProcessStream  # noqa: E402
+from dinrec.serving.settings import ServingSettings  # noqa: E402
 from tests.serving.conftest import live_server  # noqa: E402
 
 

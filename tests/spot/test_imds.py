@@ -6,7 +6,7 @@ import urllib.request
 
 import pytest
 
-from spot.imds import Imds, ImdsError, InterruptionWatcher
+from dinrec.spot.imds import Imds, ImdsError, InterruptionWatcher
 from tests.conftest import wait_until
 
 

@@ -50,7 +50,7 @@ def _boundary() -> str:
 
 
 def test_a_jobs_instance_role_writes_only_its_own_job(enforcing_moto):
-    from spot.job_role import TRUST, JobRole, role_name
+    from dinrec.spot.job_role import TRUST, JobRole, role_name
 
     url, enforce = enforcing_moto
     s3, iam, sts = _client("s3", url), _client("iam", url), _client("sts", url)
@@ -109,7 +109,7 @@ def test_a_jobs_instance_role_writes_only_its_own_job(enforcing_moto):
 
 def test_a_jobs_policy_stays_inside_the_boundary_the_operator_made():
     """The boundary caps every job role; a job policy asking for more would be silently cut by IAM."""
-    from spot.job_role import job_policy
+    from dinrec.spot.job_role import job_policy
 
     def listed(value):  # IAM allows one string or a list
         return [value] if isinstance(value, str) else value

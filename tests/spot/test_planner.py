@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from spot.catalog import DEFAULT_CATALOG, load_catalog
-from spot.planner import Efficiency, Workload, calibrate, plan, step_cost
+from dinrec.spot.catalog import DEFAULT_CATALOG, load_catalog
+from dinrec.spot.planner import Efficiency, Workload, calibrate, plan, step_cost
 from tests.conftest import REPO
 
 
@@ -165,7 +165,7 @@ def test_calibration_refuses_cpu_runs_and_unknown_gpus():
 def test_dinrec_plan_json_uses_live_spot_prices_from_ec2(tmp_path):
     config = tmp_path / "job.json"
     config.write_text(json.dumps({"name": "movielens", "n_items": 1683, "n_categories": 20, "train_samples": 103_546}))
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "plan", "--config", str(config), "--json"],
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "plan", "--config", str(config), "--json"],
                          cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     options = json.loads(out.stdout)["options"]
@@ -182,7 +182,7 @@ def test_dinrec_plan_json_uses_live_spot_prices_from_ec2(tmp_path):
 def test_dinrec_plan_rejects_a_bad_config_clearly(tmp_path):
     config = tmp_path / "job.json"
     config.write_text(json.dumps({"n_items": -5, "train_samples": 10, "typo": 1}))
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "plan", "--config", str(config),
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "plan", "--config", str(config),
                           "--no-live-prices"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2
     assert "n_items" in out.stderr and "typo" in out.stderr and "Traceback" not in out.stderr

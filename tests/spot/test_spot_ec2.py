@@ -105,7 +105,7 @@ def test_interrupted_spot_job_is_relaunched_resumes_and_ends_with_the_uninterrup
         ec2_env, metadata_mock, tmp_path):
     data = synthetic_dataset_dir(tmp_path / "data", n_users=1200, n_items=400, n_categories=12,
                                  mean_events_per_user=40, seed=5)
-    reference = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data),
+    reference = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "train", "--data", str(data),
                                 "--out", str(tmp_path / "ref"), "--no-progress", *TRAIN_ARGS],
                                cwd=REPO, capture_output=True, text=True, timeout=600)
     assert reference.returncode == 0, reference.stderr[-2000:]
@@ -130,7 +130,7 @@ def test_interrupted_spot_job_is_relaunched_resumes_and_ends_with_the_uninterrup
     player = InstancePlayer(ec2, s3, tmp_path / "instances", imds_for_attempt)
     player.start()
     try:
-        run = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "spot", "run", "--data", str(data),
+        run = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "spot", "run", "--data", str(data),
                               "--instance-type", "g5.xlarge", "--instance-type", "g4dn.xlarge",
                               "--train-args", " ".join([*TRAIN_ARGS, "--checkpoint-every", "10"])],
                              cwd=REPO, env=ec2_env["env"], capture_output=True, text=True, timeout=900)

@@ -17,7 +17,7 @@ RESULTS_KEY = "r" * 64  # the supervisors' master key (spot.signing): not a key 
 
 
 def _dinrec(*args, env, timeout=600):
-    return subprocess.run([sys.executable, "-m", "dinrec_cli.main", *args], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "dinrec.cli.main", *args], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -47,7 +47,7 @@ def _gone(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_local_job_runs_to_done_and_reports_status_and_cost(local_env, small_data, tmp_path):
-    from spot.signing import SIGNATURE, check_results, job_key, master_key
+    from dinrec.spot.signing import SIGNATURE, check_results, job_key, master_key
 
     wheel = tmp_path / "dinrec-0.1.0-py3-none-any.whl"  # uploaded with the job, its hash checked at boot
     wheel.write_bytes(b"a wheel")
@@ -104,7 +104,7 @@ def test_two_supervisors_on_one_job_one_supervises_and_a_killed_ones_lease_expir
     assert start.returncode == 0, start.stderr[-3000:]
     job_id = _last_json(start.stdout)["job_id"]
     job = tmp_path / "state" / "jobs" / job_id
-    first = subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "spot", "run", "--job-id", job_id], cwd=REPO,
+    first = subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "spot", "run", "--job-id", job_id], cwd=REPO,
                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         def held_by_first() -> bool:
@@ -179,12 +179,12 @@ def test_sagemaker_backend_submits_managed_spot_training(aws_env, small_data):
 
 def test_no_capacity_is_retried_then_given_up(tmp_path):
     """AWS's capacity errors cannot be produced by a local endpoint, so this one backend is a stand-in."""
-    from spot.backends import Backend
-    from spot.catalog import DEFAULT_CATALOG
-    from spot.job import JobSpec
-    from spot.jobstore import LocalJobStore
-    from spot.supervisor import Supervisor
-    from storage import CloudError
+    from dinrec.spot.backends import Backend
+    from dinrec.spot.catalog import DEFAULT_CATALOG
+    from dinrec.spot.job import JobSpec
+    from dinrec.spot.jobstore import LocalJobStore
+    from dinrec.spot.supervisor import Supervisor
+    from dinrec.storage import CloudError
 
     class NoCapacity(Backend):
         tries = 0
@@ -225,8 +225,8 @@ def test_the_supervisor_iam_policy_allows_every_ec2_sagemaker_and_iam_call_the_c
 
 
 def test_the_supervisor_may_launch_only_catalog_instances_tagged_with_their_job():
-    from spot.backends import JOB_TAG
-    from spot.catalog import DEFAULT_CATALOG
+    from dinrec.spot.backends import JOB_TAG
+    from dinrec.spot.catalog import DEFAULT_CATALOG
 
     policy = json.loads((Path(REPO) / "deploy" / "aws" / "supervisor-policy.json").read_text())
     on_instances = [s for s in policy["Statement"] if "ec2:RunInstances" in s["Action"]
@@ -247,8 +247,8 @@ def test_job_data_keys_that_climb_out_of_the_dataset_are_never_written(aws_env, 
 
     import boto3
 
-    from spot.agent import fetch_data
-    from storage import open_storage
+    from dinrec.spot.agent import fetch_data
+    from dinrec.storage import open_storage
 
     s3 = boto3.client("s3", endpoint_url=aws_env, region_name="us-east-1")
     bucket = f"jobs-{uuid.uuid4().hex[:8]}"

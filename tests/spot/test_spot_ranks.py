@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from dinrec.training.launch import exit_code, parse_ranks, without_ranks
+from dinrec.training.sharded import torchrec_missing
 from tests.conftest import REPO, free_port, synthetic_dataset_dir
-from training.launch import exit_code, parse_ranks, without_ranks
-from training.sharded import torchrec_missing
 
 TRAIN = ["--epochs", "4", "--batch-size", "128", "--seq-len", "20", "--checkpoint-every", "5"]
 ENV = {"DINREC_TRAIN_OBJECTIVE": "pointwise",  # sharded tables train the pointwise objective
@@ -26,7 +26,7 @@ ENV = {"DINREC_TRAIN_OBJECTIVE": "pointwise",  # sharded tables train the pointw
 
 
 def _dinrec(*args: str, env: dict, timeout: float = 900) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dinrec_cli.main", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "dinrec.cli.main", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=timeout)
 
 
@@ -94,7 +94,7 @@ def test_the_launcher_passes_every_other_flag_to_the_ranks_and_reads_their_exit_
 
 
 def test_candidates_with_different_gpu_counts_are_refused_for_one_rank_per_gpu(tmp_path):
-    from spot.wiring import same_rank_count
+    from dinrec.spot.wiring import same_rank_count
 
     same_rank_count(["g4dn.12xlarge", "g5.12xlarge"], "gpus")  # four GPUs each
     same_rank_count(["g4dn.xlarge", "g4dn.12xlarge"], "2")  # a fixed count runs anywhere
@@ -103,8 +103,8 @@ def test_candidates_with_different_gpu_counts_are_refused_for_one_rank_per_gpu(t
 
 
 def test_the_plan_decides_the_tables_and_keeps_candidates_on_one_gpu_count():
-    from spot.catalog import load_catalog
-    from spot.cli import _types_from_plan
+    from dinrec.spot.catalog import load_catalog
+    from dinrec.spot.cli import _types_from_plan
 
     plans = REPO / "deploy" / "plans"
     catalog = {t.name: t for t in load_catalog()}
@@ -118,7 +118,7 @@ def test_the_plan_decides_the_tables_and_keeps_candidates_on_one_gpu_count():
 def test_a_job_spec_refuses_a_bad_rank_count():
     from pydantic import ValidationError
 
-    from spot.job import JobSpec, boot_script
+    from dinrec.spot.job import JobSpec, boot_script
 
     with pytest.raises(ValidationError):
         JobSpec(job_id="j", job_uri="/tmp/j", backend="local", instance_types=["g5.xlarge"], ranks="0; rm -rf /")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from spot.signing import SIGNATURE, ResultsRejected, check_results, job_key, master_key, signed
+from dinrec.spot.signing import SIGNATURE, ResultsRejected, check_results, job_key, master_key, signed
 
 KEY = "k" * 64
 
@@ -45,8 +45,8 @@ def test_the_master_key_file_is_made_once_and_private(tmp_path):
 
 
 def _job(tmp_path: Path, monkeypatch, wheel: Path | None = None, backend: str = "local"):
-    from spot.settings import SpotSettings
-    from spot.wiring import create_job
+    from dinrec.spot.settings import SpotSettings
+    from dinrec.spot.wiring import create_job
 
     for name, value in {"DINREC_SPOT_STATE_URI": str(tmp_path / "state"), "DINREC_SPOT_BACKEND": backend,
                         "DINREC_SPOT_WORKDIR": str(tmp_path / "work"), "DINREC_SPOT_POLL_S": "0.2",
@@ -61,8 +61,8 @@ def _job(tmp_path: Path, monkeypatch, wheel: Path | None = None, backend: str = 
 
 
 def test_an_instance_refuses_a_wheel_that_is_not_the_one_its_job_uploaded(tmp_path, monkeypatch):
-    from spot.settings import SpotSettings
-    from spot.wiring import job_supervisor
+    from dinrec.spot.settings import SpotSettings
+    from dinrec.spot.wiring import job_supervisor
 
     wheel = tmp_path / "dinrec-0.1.0-py3-none-any.whl"
     wheel.write_bytes(b"the wheel this job was made with")
@@ -90,10 +90,10 @@ def test_an_ec2_job_says_what_its_instances_install(tmp_path, monkeypatch):
 def test_the_retrain_gate_refuses_results_the_jobs_instance_did_not_sign(tmp_path, monkeypatch, tiny_run):
     """A finished job whose results/ hold a bundle no instance of it signed (another job's instance
     planted it): the candidate is refused before the gate, and the run forgets the job."""
-    from retrain.spot import SpotFailed, train_on_spot
-    from spot.supervisor import STATE
-    from storage import LocalStorage
-    from training.settings import TrainSettings
+    from dinrec.retrain.spot import SpotFailed, train_on_spot
+    from dinrec.spot.supervisor import STATE
+    from dinrec.storage import LocalStorage
+    from dinrec.training.settings import TrainSettings
 
     store, spec = _job(tmp_path, monkeypatch)
     store.put_json(STATE, {"status": "done"})
@@ -118,8 +118,8 @@ def test_the_retrain_gate_refuses_results_the_jobs_instance_did_not_sign(tmp_pat
 
 
 def test_the_agent_gives_its_trainer_the_jobs_key_for_the_checkpoints(tmp_path, monkeypatch):
-    from spot.agent import run_agent
-    from storage import LocalStorage
+    from dinrec.spot.agent import run_agent
+    from dinrec.storage import LocalStorage
 
     monkeypatch.setenv("DINREC_SPOT_JOB_KEY", "j" * 64)
     store = LocalStorage(tmp_path / "job")

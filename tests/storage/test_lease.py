@@ -10,7 +10,7 @@ import textwrap
 import boto3
 import pytest
 
-from storage import Lease, LeaseHeld, LeaseLost, open_storage
+from dinrec.storage import Lease, LeaseHeld, LeaseLost, open_storage
 from tests.conftest import REPO, wait_until
 
 
@@ -61,7 +61,7 @@ def test_a_killed_holders_lease_frees_itself_and_another_takes_over(location):
     stays held while it renews, and is taken by another holder once ttl_s passed without a renewal."""
     script = textwrap.dedent(f"""
         import sys, time
-        from storage import Lease, open_storage
+        from dinrec.storage import Lease, open_storage
         with Lease(open_storage({location!r}), "leases/job.json", ttl_s=1.5, holder="doomed"):
             print("held", flush=True)
             time.sleep(600)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from storage.loops import every
+from dinrec.storage.loops import every
 
 
 def test_a_failing_round_is_reported_and_the_loop_goes_on_until_stopped(caplog):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from storage import CloudError, LocalStorage, S3Storage, WriteConflict, open_storage
+from dinrec.storage import CloudError, LocalStorage, S3Storage, WriteConflict, open_storage
 
 
 @pytest.fixture(params=["local", "s3"])
@@ -108,7 +108,7 @@ def test_s3_errors_are_mapped_once_at_the_boundary(aws_env):
 
 
 def test_a_folder_is_written_whole_or_not_at_all(tmp_path):
-    from storage import folder_written_atomically, write_atomically
+    from dinrec.storage import folder_written_atomically, write_atomically
 
     target = tmp_path / "bundle"
     with folder_written_atomically(target) as tmp:

@@ -3,11 +3,11 @@
 import pytest
 import torch
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from training.amp import choose_precision
-from training.loop import train
-from training.samples import build_samples
-from training.settings import TrainSettings
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.training.amp import choose_precision
+from dinrec.training.loop import train
+from dinrec.training.samples import build_samples
+from dinrec.training.settings import TrainSettings
 
 
 def test_cpu_defaults_to_fp32_and_bf16_is_opt_in():
@@ -42,7 +42,7 @@ class _Half(torch.nn.Module):
 def test_the_list_loss_leaves_fp16_before_the_log_q_correction_and_the_softmax():
     """128 negatives, logits up to 65,480 (fp16's largest is 65,504) corrected by −log(K·q) of rare items: in
     fp16 the subtraction overflows to inf and the softmax to nan; the loss takes them to fp32 first."""
-    from training.loop import DINListLoss
+    from dinrec.training.loop import DINListLoss
 
     g = torch.Generator().manual_seed(0)
     logits32 = torch.cat([torch.full((4, 1), 65480.0), 65480.0 - torch.rand(4, 128, generator=g) * 10], dim=1)

@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from models.bundle import load_bundle
+from dinrec.models.bundle import load_bundle
 from tests.conftest import REPO, free_port, synthetic_dataset_dir
 
 # No BatchNorm (Dice) here: DDP ranks normalise over their own half-batch, one process over the whole.
@@ -53,7 +53,7 @@ def test_two_gloo_ranks_match_one_process(tmp_path, objective):
     takes its rows) trains like one process: after a few steps the weights agree to float order."""
     data = synthetic_dataset_dir(tmp_path / "data", n_users=200, n_items=150, n_categories=8,
                                  mean_events_per_user=20, seed=5)
-    train = ["-m", "dinrec_cli.main", "train", "--data", str(data), "--objective", objective, "--epochs", "1",
+    train = ["-m", "dinrec.cli.main", "train", "--data", str(data), "--objective", objective, "--epochs", "1",
              "--max-steps", str(STEPS), "--patience", "0"]
     one = _run([sys.executable, *train], tmp_path / "one")
     two = _run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node=2", f"--master_port={free_port()}",

@@ -10,9 +10,9 @@ import sys
 import pytest
 import torch
 
-from models.din import DIN, DINConfig
+from dinrec.models.din import DIN, DINConfig
+from dinrec.training import kernels
 from tests.conftest import REPO
-from training import kernels
 
 pytestmark = pytest.mark.skipif(not kernels.load(), reason="the fused kernel could not be built here (see the log)")
 

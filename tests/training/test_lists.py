@@ -7,16 +7,16 @@ import numpy as np
 import pytest
 import torch
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from retrieval.baselines import ItemCF, ItemCFConfig
-from retrieval.covisit import CoVisitation
-from training.lists import ListData, ListSettings
-from training.samples import build_samples, training_ends
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.retrieval.baselines import ItemCF, ItemCFConfig
+from dinrec.retrieval.covisit import CoVisitation
+from dinrec.training.lists import ListData, ListSettings
+from dinrec.training.samples import build_samples, training_ends
 
 
 @pytest.fixture(scope="module")
 def lists():
-    from training.towers_train import TowersSettings, train_towers
+    from dinrec.training.towers_train import TowersSettings, train_towers
 
     data = generate(SyntheticConfig(n_users=150, n_items=120, n_categories=6, mean_events_per_user=20, seed=5))
     samples = build_samples(data, seq_len=20)

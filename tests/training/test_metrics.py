@@ -3,7 +3,7 @@ import itertools
 import numpy as np
 import pytest
 
-from training.metrics import auc, gauc, logloss
+from dinrec.training.metrics import auc, gauc, logloss
 
 
 def brute_auc(y, s):

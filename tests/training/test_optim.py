@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.optim import RowWiseAdagrad
-from training.settings import ROWWISE_ADAGRAD_LR, TrainSettings
+from dinrec.training.optim import RowWiseAdagrad
+from dinrec.training.settings import ROWWISE_ADAGRAD_LR, TrainSettings
 
 
 def test_one_state_value_per_row_and_untouched_rows_stay():

@@ -13,12 +13,12 @@ import time
 import pytest
 import torch
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.training.checkpoint import CheckpointError, open_checkpoint_store
+from dinrec.training.loop import Trainer, TrainingInterrupted, train
+from dinrec.training.samples import build_samples
+from dinrec.training.settings import TrainSettings
 from tests.conftest import REPO, synthetic_dataset_dir
-from training.checkpoint import CheckpointError, open_checkpoint_store
-from training.loop import Trainer, TrainingInterrupted, train
-from training.samples import build_samples
-from training.settings import TrainSettings
 
 
 class StopAfter(threading.Event):
@@ -124,7 +124,7 @@ def test_with_a_key_only_checkpoints_it_signed_are_resumed(tmp_path):
 
 
 def _cli_train(out, data, *extra, env=None):
-    return subprocess.Popen([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out", str(out),
+    return subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "train", "--data", str(data), "--out", str(out),
                              "--epochs", "2", "--batch-size", "128", "--recall-epochs", "3", "--no-progress", *extra],
                             cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -180,7 +180,7 @@ def test_listwise_interrupted_mid_epoch_and_resumed_equals_uninterrupted_bitwise
     """The listwise objective (the default): towers, lanes and DIN through the pipeline, stopped at a step
     of DIN's second epoch (the negatives a step draws come from (seed, epoch, step); the MLP's dropout draws
     from torch's generator, which the checkpoint keeps)."""
-    from training.pipeline import train_bundle
+    from dinrec.training.pipeline import train_bundle
 
     kw = dict(epochs=3, batch_size=64, item_dim=8, cat_dim=4, progress=False, patience=0, recall_epochs=2,
               recall_dim=8, list_negatives=8, guard_folds=2, attention_hidden=(8,), mlp_hidden=(16,), dropout=0.2)

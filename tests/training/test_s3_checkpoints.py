@@ -5,12 +5,12 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from storage import S3Storage
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.storage import S3Storage
+from dinrec.training.checkpoint import CheckpointError, open_checkpoint_store
+from dinrec.training.loop import TrainingInterrupted, train
+from dinrec.training.samples import build_samples
 from tests.training.test_resume import StopAfter, settings
-from training.checkpoint import CheckpointError, open_checkpoint_store
-from training.loop import TrainingInterrupted, train
-from training.samples import build_samples
 
 
 @pytest.fixture

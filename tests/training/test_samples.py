@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from feature_store.datasets.base import Interactions
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from training.data import SplitTensors
-from training.samples import SampleSet, build_samples, training_sequences
+from dinrec.feature_store.datasets.base import Interactions
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.training.data import SplitTensors
+from dinrec.training.samples import SampleSet, build_samples, training_sequences
 
 
 def _histories(s: SampleSet, split: str) -> list[list[str]]:

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.bundle import load_bundle
+from dinrec.models.bundle import load_bundle
+from dinrec.training.sharded import torchrec_missing
 from tests.conftest import dinrec_train, shared_dataset, synthetic_dataset_dir
-from training.sharded import torchrec_missing
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torchrec_missing() is not None, reason=str(torchrec_missing()))]

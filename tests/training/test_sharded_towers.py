@@ -10,9 +10,9 @@ import time
 import pytest
 import torch
 
-from models.bundle import load_bundle
+from dinrec.models.bundle import load_bundle
+from dinrec.training.sharded import torchrec_missing
 from tests.conftest import dinrec_train, synthetic_dataset_dir
-from training.sharded import torchrec_missing
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(torchrec_missing() is not None, reason=str(torchrec_missing()))]
@@ -70,8 +70,8 @@ def test_sharded_towers_on_two_ranks_train_like_one_unsharded_process(data, tmp_
 
 
 def test_one_sharded_process_trains_the_towers_as_the_unsharded_trainer(data, tmp_path):
-    from training.samples import SampleSet
-    from training.towers_train import TowersSettings, train_towers
+    from dinrec.training.samples import SampleSet
+    from dinrec.training.towers_train import TowersSettings, train_towers
 
     _train(data, tmp_path / "s", env={"DINREC_TRAIN_RECALL_EPOCHS": "0"})
     samples = SampleSet.load(tmp_path / "s" / "samples")

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.long_tail import head_size
-from models.bundle import load_bundle
-from models.din import DIN, DINConfig
-from models.recall import RecallSpace
-from models.towers import Towers, TowersConfig
-from retrieval.baselines import Popularity, hit_rate
-from training.export import export_bundle
-from training.samples import build_samples, training_sequences
-from training.towers_train import TowersSettings, train_towers
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.feature_store.long_tail import head_size
+from dinrec.models.bundle import load_bundle
+from dinrec.models.din import DIN, DINConfig
+from dinrec.models.recall import RecallSpace
+from dinrec.models.towers import Towers, TowersConfig
+from dinrec.retrieval.baselines import Popularity, hit_rate
+from dinrec.training.export import export_bundle
+from dinrec.training.samples import build_samples, training_sequences
+from dinrec.training.towers_train import TowersSettings, train_towers
 
 
 @pytest.fixture(scope="module")
@@ -89,9 +89,9 @@ def test_a_bundle_keeps_its_towers_and_recalls_with_them(samples, tmp_path):
 
 
 def test_stopped_towers_resume_to_the_weights_of_an_uninterrupted_run(samples, tmp_path):
+    from dinrec.training.checkpoint import open_checkpoint_store
+    from dinrec.training.loop import TrainingInterrupted
     from tests.training.test_resume import StopAfter
-    from training.checkpoint import open_checkpoint_store
-    from training.loop import TrainingInterrupted
 
     settings = TowersSettings(dim=16, epochs=3, eval_n=50, batch_size=128, full_softmax_items=10,
                               sampled_negatives=64, checkpoint_every=4)  # sampled: the negatives' generator too

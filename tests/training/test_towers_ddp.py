@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from models.bundle import load_bundle
+from dinrec.models.bundle import load_bundle
 from tests.conftest import dinrec_train, synthetic_dataset_dir
 
 pytestmark = pytest.mark.slow

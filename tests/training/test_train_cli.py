@@ -8,13 +8,13 @@ import sys
 
 import pytest
 
-from feature_store.datasets.synthetic import SyntheticConfig, generate
-from feature_store.schema import dumps_many
+from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.feature_store.schema import dumps_many
 from tests.conftest import REPO, shared_dataset
 
 
 def run_train(*args: str) -> dict:
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "train", "--no-progress", *args],
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "train", "--no-progress", *args],
                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -48,7 +48,7 @@ def test_same_seed_same_weights_and_samples_dir_reuse(tmp_path):
 
 
 def test_bad_data_folder_is_a_clear_error(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(tmp_path),
+    out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "train", "--data", str(tmp_path),
                           "--out", str(tmp_path / "o")], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "layout not recognised" in out.stderr and "Traceback" not in out.stderr
 
@@ -63,7 +63,7 @@ def test_progress_goes_to_stderr_when_asked_and_stdout_is_the_result(tmp_path):
     (data / "events.jsonl").write_text(dumps_many(list(generate(SyntheticConfig(n_users=80, n_items=60)).events())))
     runs = {}
     for name, env in (("quiet", {}), ("shown", {"DINREC_TRAIN_PROGRESS": "true"})):
-        out = subprocess.run([sys.executable, "-m", "dinrec_cli.main", "train", "--data", str(data), "--out",
+        out = subprocess.run([sys.executable, "-m", "dinrec.cli.main", "train", "--data", str(data), "--out",
                               str(tmp_path / name), "--epochs", "2", "--seq-len", "10", "--recall-epochs", "2"],
                              cwd=REPO, capture_output=True, text=True, timeout=600,
                              env={**os.environ, **env, "DINREC_LOG_FORMAT": "text"})

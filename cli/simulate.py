@@ -42,20 +42,20 @@ def simulate(
     """Run an experiment on simulated users and print its results (JSON on stdout)."""
     import httpx
 
-    from experiments import open_state
-    from feature_store.datasets.synthetic import SyntheticConfig, generate_world
-    from feature_store.online.memory import MemoryStore
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams.inprocess import InProcessStream
-    from registry.store import Registry
-    from serving.app import create_app
-    from serving.server import free_port, serve_in_thread
-    from serving.settings import ServingSettings
-    from serving.simulate import Response, wait_until_logged
-    from serving.simulate import simulate as run
-    from training.pipeline import train_bundle
-    from training.samples import build_samples
-    from training.settings import TrainSettings
+    from dinrec.experiments import open_state
+    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate_world
+    from dinrec.feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.streams.inprocess import InProcessStream
+    from dinrec.registry.store import Registry
+    from dinrec.serving.app import create_app
+    from dinrec.serving.server import free_port, serve_in_thread
+    from dinrec.serving.settings import ServingSettings
+    from dinrec.serving.simulate import Response, wait_until_logged
+    from dinrec.serving.simulate import simulate as run
+    from dinrec.training.pipeline import train_bundle
+    from dinrec.training.samples import build_samples
+    from dinrec.training.settings import TrainSettings
 
     if experiment not in EXPERIMENTS:
         raise typer.BadParameter(f"choose one of {sorted(EXPERIMENTS)}", param_hint="--experiment")
@@ -73,7 +73,7 @@ def simulate(
     models = {"champion": {"test_auc": result.metrics["test_auc"]}}
     serving_model: dict = {"bundle_dir": bundle}
     if experiment == "origin-story":  # a second model, trained on the same samples through a broken join
-        from retrain.drills import degrade_samples  # labels shuffled, item ids remapped (the retrain drill)
+        from dinrec.retrain.drills import degrade_samples  # labels shuffled, item ids remapped (the retrain drill)
 
         bad_samples = degrade_samples(samples, "shuffled-labels", seed)
         bad_settings = train_settings.model_copy(update={"ranking_blend": False})

@@ -11,17 +11,17 @@ import sys
 
 import typer
 
-from benchmarks.cli import bench_app
-from dinrec_cli.demo import demo
-from dinrec_cli.simulate import simulate
-from dinrec_cli.teardown import quiet_triton_teardown
-from feature_store.cli import data_app
-from feature_store.ingest_cli import ingest_app
-from registry.cli import models_app
-from retrain.cli import retrain
-from serving.cli import serve
-from spot.cli import plan, spot_app
-from training.cli import train
+from dinrec.benchmarks.cli import bench_app
+from dinrec.cli.demo import demo
+from dinrec.cli.simulate import simulate
+from dinrec.cli.teardown import quiet_triton_teardown
+from dinrec.feature_store.cli import data_app
+from dinrec.feature_store.ingest_cli import ingest_app
+from dinrec.registry.cli import models_app
+from dinrec.retrain.cli import retrain
+from dinrec.serving.cli import serve
+from dinrec.spot.cli import plan, spot_app
+from dinrec.training.cli import train
 
 app = typer.Typer(help="dinrec: DIN recommendations, from behaviour logs to an HTTP API.",
                   no_args_is_help=True, pretty_exceptions_enable=False)
@@ -44,7 +44,7 @@ EXIT_TEMPFAIL = 75  # EX_TEMPFAIL: a dependency is down; the same command may su
 
 def _print_version(asked: bool) -> None:
     if asked:
-        from models.bundle import code_version
+        from dinrec.models.bundle import code_version
 
         typer.echo(f"dinrec {code_version()}")
         raise typer.Exit()
@@ -59,7 +59,7 @@ def _root(version: bool = typer.Option(False, "--version", callback=_print_versi
 @app.command("config")
 def config() -> None:
     """Print the configuration reference: every DINREC_* variable, its type, default and meaning."""
-    from dinrec_cli.config import reference
+    from dinrec.cli.config import reference
 
     typer.echo(reference(), nl=False)
 
@@ -71,8 +71,8 @@ def _configure_logging() -> None:
 
     from pydantic import TypeAdapter, ValidationError
 
-    from serving import logs
-    from serving.settings import ServingSettings
+    from dinrec.serving import logs
+    from dinrec.serving.settings import ServingSettings
 
     field = ServingSettings.model_fields["log_format"]  # the one definition of the setting and its values
     value = os.environ.get("DINREC_LOG_FORMAT", field.default)
@@ -84,11 +84,11 @@ def _configure_logging() -> None:
 
 
 def main() -> None:
-    from dinrec_cli.config import unknown_warnings
-    from feature_store.errors import FeatureStoreError
-    from models.errors import BundleError
-    from retrieval.errors import RetrievalError
-    from storage import CloudError, outage
+    from dinrec.cli.config import unknown_warnings
+    from dinrec.feature_store.errors import FeatureStoreError
+    from dinrec.models.errors import BundleError
+    from dinrec.retrieval.errors import RetrievalError
+    from dinrec.storage import CloudError, outage
 
     atexit.register(quiet_triton_teardown)
     for line in unknown_warnings(os.environ):  # a mistyped variable would otherwise be dropped silently

@@ -24,8 +24,8 @@ import numpy as np
 import typer
 
 if TYPE_CHECKING:
-    from feature_store.datasets.base import Interactions
-    from feature_store.datasets.synthetic import World
+    from dinrec.feature_store.datasets.base import Interactions
+    from dinrec.feature_store.datasets.synthetic import World
 
 
 def demo(
@@ -51,15 +51,15 @@ def demo(
 def _demo(smoke: bool, out: Path, port: int, say: Callable[[str], None]) -> None:
     import httpx
 
-    from experiments import open_state
-    from feature_store.online.memory import MemoryStore
-    from feature_store.settings import FeatureStoreSettings
-    from feature_store.streams.inprocess import InProcessStream
-    from registry.store import Registry
-    from serving.app import create_app
-    from serving.server import free_port, serve_in_thread
-    from serving.settings import ServingSettings
-    from serving.simulate import simulate, wait_until_logged
+    from dinrec.experiments import open_state
+    from dinrec.feature_store.online.memory import MemoryStore
+    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.feature_store.streams.inprocess import InProcessStream
+    from dinrec.registry.store import Registry
+    from dinrec.serving.app import create_app
+    from dinrec.serving.server import free_port, serve_in_thread
+    from dinrec.serving.settings import ServingSettings
+    from dinrec.serving.simulate import simulate, wait_until_logged
 
     t0 = time.perf_counter()
     first = _first_model(smoke, out, say, progress=not smoke, steps=7, trained_by="dinrec demo")
@@ -174,10 +174,10 @@ def _first_model(smoke: bool, out: Path, say: Callable[[str], None], *, progress
                  trained_by: str) -> _FirstModel:
     """Steps 1–3 (of ``steps``): a synthetic world's log (its last 15 % held back), samples, DIN trained and
     exported."""
-    from feature_store.datasets.synthetic import SyntheticConfig, generate_world
-    from training.pipeline import train_bundle
-    from training.samples import build_samples
-    from training.settings import TrainSettings
+    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate_world
+    from dinrec.training.pipeline import train_bundle
+    from dinrec.training.samples import build_samples
+    from dinrec.training.settings import TrainSettings
 
     cfg = SyntheticConfig(n_users=600, n_items=800, n_categories=20, mean_events_per_user=30) if smoke \
         else SyntheticConfig()
@@ -207,7 +207,7 @@ def seed(location: str, alias: str, *, smoke: bool, out: Path, say: Callable[[st
     alias names nothing — a champion already there (a retrain's, an operator's, an earlier seed's) stays,
     and nothing is trained. Its data window (the synthetic log's, in 2023) ends before any real
     behaviour, so the first retrain measures its candidate against it on every behaviour it has."""
-    from registry.store import AliasConflict, UnknownAlias, open_registry
+    from dinrec.registry.store import AliasConflict, UnknownAlias, open_registry
 
     registry = open_registry(location, out / "registry-cache")
 
@@ -233,10 +233,10 @@ def seed(location: str, alias: str, *, smoke: bool, out: Path, say: Callable[[st
 def _retrain(out: Path, stream, registry, say, smoke: bool) -> dict:
     """Archive the stream (the synthetic log, and the simulated users' impressions and clicks) and run
     the retrain job on it; returns its report."""
-    from feature_store.archive import Archiver
-    from retrain.job import RetrainJob
-    from retrain.settings import RetrainSettings
-    from training.settings import TrainSettings
+    from dinrec.feature_store.archive import Archiver
+    from dinrec.retrain.job import RetrainJob
+    from dinrec.retrain.settings import RetrainSettings
+    from dinrec.training.settings import TrainSettings
 
     archiver = Archiver(stream, out / "archive", "dinrec-demo-archive", max_file_age_s=1.0)
     try:

@@ -20,13 +20,13 @@ from pathlib import Path
 from pydantic import SecretStr
 from pydantic_settings import BaseSettings
 
-from feature_store.settings import FeatureStoreSettings
-from models.ranking_settings import RankingSettings
-from retrain.settings import RetrainSettings
-from serving.settings import ServingSettings
-from spot.settings import SpotSettings
-from storage.settings import SharedSettings
-from training.settings import TrainSettings
+from dinrec.feature_store.settings import FeatureStoreSettings
+from dinrec.models.ranking_settings import RankingSettings
+from dinrec.retrain.settings import RetrainSettings
+from dinrec.serving.settings import ServingSettings
+from dinrec.spot.settings import SpotSettings
+from dinrec.storage.settings import SharedSettings
+from dinrec.training.settings import TrainSettings
 
 PREFIX = "DINREC_"
 
@@ -117,7 +117,7 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
                                  "a node of the Redis Cluster the tests use (3 primaries + 3 replicas)"),
     "DINREC_LOCAL_KAFKA_PORT": ("deploy/local/services.sh", "19092", "the local Kafka broker port"),
     "DINREC_LOCAL_KAFKA_CONTROLLER_PORT": ("deploy/local/services.sh", "19093", "the local KRaft controller port"),
-    "DINREC_CI_VENV": (".ci/run", "~/.cache/dinrec/ci-venv-<hash of the dependency files>",
+    "DINREC_CI_VENV": (".ci/run", "~/.cache/dinrec/ci-venv-<hash of the dependencies>",
                        "CI's virtual environment, outside the clone"),
 }
 
