@@ -184,10 +184,10 @@ def results_ms_two_weeks(interval_s: float = 30.0, users_per_day: int = 20_000, 
     from dinrec.experiments.stats import VariantSums
     from dinrec.feature_store.online.memory import MemoryStore
     from dinrec.feature_store.settings import FeatureStoreSettings
-    from dinrec.feature_store.streams.inprocess import InProcessStream
     from dinrec.serving.app import create_app
     from dinrec.serving.server import free_port, serve_in_thread
     from dinrec.serving.settings import ServingSettings
+    from dinrec.streams.inprocess import InProcessStream
 
     rng = np.random.default_rng(seed)
     folder = Path(tempfile.mkdtemp(prefix="dinrec-bench-ab-"))

@@ -27,7 +27,7 @@ split (a seed changes the models' initialisation, negatives and order, never the
 Every method excludes everything the user interacted with before the target. Per method: ``hr@10``,
 ``ndcg@10``, ``hr@50``, ``coverage`` (distinct items in the top 10s ÷ catalog items),
 ``long_tail_share`` (items of the top 10s in the long tail, as the serving lane defines it:
-feature_store.long_tail by training behaviours), ``seen_in_list`` (top-10 slots holding an item the user
+events.long_tail by training behaviours), ``seen_in_list`` (top-10 slots holding an item the user
 already took) — means over the seeds it ran — and ``per_seed``. ``vs_dinrec`` (dinrec − method) and
 ``vs_item_cf`` (method − item-CF) are paired per user: each user's metric is first averaged over the
 seeds, then the mean difference and its standard error are taken across users (the users are the
@@ -49,8 +49,8 @@ from pathlib import Path
 import numpy as np
 
 from dinrec.benchmarks.machine import machine
-from dinrec.feature_store.datasets import load_dataset
-from dinrec.feature_store.datasets.base import Interactions
+from dinrec.datasets import load_dataset
+from dinrec.datasets.base import Interactions
 from dinrec.retrieval.baselines import Popularity, tune_item_cf
 from dinrec.retrieval.hits import hit_at, ndcg_at, ranks
 from dinrec.training.samples import SampleSet, training_sequences
@@ -351,7 +351,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
                     "seeds": seeds, "holdout": "each user's last behaviour on an item new to them (test), the one "
                     "before (val); the split is the same for every seed", "k": K,
                     "train_settings": {k: v for k, v in base.model_dump().items() if k in (train_overrides or {})}}
-    from dinrec.feature_store.long_tail import long_tail_mask
+    from dinrec.events.long_tail import long_tail_mask
     from dinrec.training.export import item_counts
 
     tail = long_tail_mask(item_counts(samples))

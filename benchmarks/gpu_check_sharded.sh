@@ -19,8 +19,8 @@ DATA="$OUT/synthetic-1m"
 if [[ ! -f "$DATA/events.jsonl" ]]; then
   mkdir -p "$DATA"
   "$PY" -c "
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
-from dinrec.feature_store.schema import dumps_many
+from dinrec.datasets.synthetic import SyntheticConfig, generate
+from dinrec.events.schema import dumps_many
 cfg = SyntheticConfig(n_users=100_000, n_items=1_000_000, n_categories=2_000, mean_events_per_user=20, seed=7)
 open('$DATA/events.jsonl', 'w').write(dumps_many(list(generate(cfg).events())))
 "

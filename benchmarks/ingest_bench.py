@@ -24,12 +24,12 @@ import time
 
 import redis
 
-from dinrec.feature_store.features import is_behaviour
+from dinrec.events.features import is_behaviour
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.ingest import Ingestor
 from dinrec.feature_store.online.redis_store import SEP, RedisStore
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.base import OutgoingRecord, Record, event_record
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.streams.base import OutgoingRecord, Record, event_record
+from dinrec.streams.kafka_stream import KafkaStream
 from dinrec.training.progress import Stages, showing
 
 

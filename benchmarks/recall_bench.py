@@ -12,7 +12,7 @@ out item among the N recalled — for:
 
 ``long_tail_share`` is the share of final recommendations (DIN's top ``k`` of the FAISS stage's 200
 candidates with the service's long-tail lane at its default share) in the long tail
-(feature_store.long_tail); ``final`` gives, with and without the lane, that share and HR@k (the held-out item in
+(events.long_tail); ``final`` gives, with and without the lane, that share and HR@k (the held-out item in
 the final list: what the lane costs). Each baseline's own top-``k`` share is reported beside it.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from dinrec.feature_store.datasets import load_dataset
+from dinrec.datasets import load_dataset
 from dinrec.models.ranking_settings import RankingSettings
 from dinrec.models.recall import RecallSpace
 from dinrec.models.rerank import Reranker

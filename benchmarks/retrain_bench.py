@@ -1,6 +1,6 @@
 """`dinrec bench retrain`: what a scheduled retrain buys, and whether its gate tells good from bad.
 
-A dataset's log is published and archived (feature_store.archive, the path production takes), then
+A dataset's log is published and archived (streams.archive, the path production takes), then
 ``dinrec retrain``'s job runs on it as a scheduler would:
 
 1. at the ``cut`` quantile of time (aligned to the hour): the first model, which becomes champion;
@@ -23,11 +23,11 @@ from pathlib import Path
 
 import numpy as np
 
-from dinrec.feature_store.archive import archive_events
-from dinrec.feature_store.datasets import load_dataset
+from dinrec.datasets import load_dataset
 from dinrec.registry.store import Registry
 from dinrec.retrain.job import RetrainJob
 from dinrec.retrain.settings import RetrainSettings
+from dinrec.streams.archive import archive_events
 from dinrec.training.progress import Stages, showing
 from dinrec.training.settings import TrainSettings
 

@@ -37,8 +37,8 @@ import torch
 from dinrec.benchmarks import loadgen
 from dinrec.benchmarks.held_rate import held_rate
 from dinrec.benchmarks.loadgen import percentile, request_bytes
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.models.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
 from dinrec.models.din import DIN, DINConfig
 from dinrec.models.recall import RecallSpace

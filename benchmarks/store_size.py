@@ -26,8 +26,8 @@ import time
 
 import numpy as np
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.training.progress import Stages, showing
 
 USER_FAMILIES = ("hist", "seen", "items")

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from dinrec.feature_store.datasets import load_dataset
+from dinrec.datasets import load_dataset
 from dinrec.training.loop import train
 from dinrec.training.metrics import auc, gauc, logloss
 from dinrec.training.progress import Stages, showing

@@ -1,6 +1,6 @@
 """`dinrec bench retrain --archive-span N`: does a retrain's data cost follow its window or the archive?
 
-A dataset's log is archived twice (feature_store.archive, each record produced when it happened): the
+A dataset's log is archived twice (streams.archive, each record produced when it happened): the
 whole log, and only its last 1/N — the window a retrain reads. The retrain's data phase (the window's
 events read from the archive, then the training samples built from them: retrain.events.read_window,
 training.pipeline.samples_for) runs on each in a fresh process, alternately, ``rounds`` times; the
@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from dinrec.benchmarks.machine import machine
-from dinrec.feature_store.archive import archive_events
-from dinrec.feature_store.datasets import load_dataset
+from dinrec.datasets import load_dataset
+from dinrec.streams.archive import archive_events
 from dinrec.training.progress import Stages, showing
 
 TOPIC = "dinrec.events"
@@ -35,8 +35,8 @@ TOPIC = "dinrec.events"
 def read_once(archive: Path, start: float, end: float, scan: bool = False) -> dict:
     """The data phase, timed: in the process that measures its peak memory. ``scan``: the way it read
     before (the peer): every file of the topic into memory, then the window's events filtered out."""
-    from dinrec.feature_store.archive import read_archive
     from dinrec.retrain.events import read_window, window_of
+    from dinrec.streams.archive import read_archive
     from dinrec.training.pipeline import samples_for
     from dinrec.training.settings import TrainSettings
 

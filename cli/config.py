@@ -26,6 +26,7 @@ from dinrec.retrain.settings import RetrainSettings
 from dinrec.serving.settings import ServingSettings
 from dinrec.spot.settings import SpotSettings
 from dinrec.storage.settings import SharedSettings
+from dinrec.streams.settings import StreamSettings
 from dinrec.training.settings import TrainSettings
 
 PREFIX = "DINREC_"
@@ -33,7 +34,8 @@ PREFIX = "DINREC_"
 # (title, the settings class, the commands that read it)
 COMPONENTS: tuple[tuple[str, type[BaseSettings], str], ...] = (
     ("Shared by every process", SharedSettings, "serve, ingest, demo, retrain, models"),
-    ("Feature store and stream", FeatureStoreSettings, "serve, ingest, demo, retrain, bench"),
+    ("Event stream", StreamSettings, "serve, ingest, demo, bench"),
+    ("Online store and ingestion", FeatureStoreSettings, "serve, ingest, demo, retrain, bench"),
     ("The served list", RankingSettings, "serve, train, retrain, demo, simulate, bench"),
     ("Serving", ServingSettings, "serve, demo, simulate, bench"),
     ("Training", TrainSettings, "train, retrain, spot run, demo"),

@@ -24,8 +24,8 @@ import numpy as np
 import typer
 
 if TYPE_CHECKING:
-    from dinrec.feature_store.datasets.base import Interactions
-    from dinrec.feature_store.datasets.synthetic import World
+    from dinrec.datasets.base import Interactions
+    from dinrec.datasets.synthetic import World
 
 
 def demo(
@@ -54,12 +54,12 @@ def _demo(smoke: bool, out: Path, port: int, say: Callable[[str], None]) -> None
     from dinrec.experiments import open_state
     from dinrec.feature_store.online.memory import MemoryStore
     from dinrec.feature_store.settings import FeatureStoreSettings
-    from dinrec.feature_store.streams.inprocess import InProcessStream
     from dinrec.registry.store import Registry
     from dinrec.serving.app import create_app
     from dinrec.serving.server import free_port, serve_in_thread
     from dinrec.serving.settings import ServingSettings
     from dinrec.serving.simulate import simulate, wait_until_logged
+    from dinrec.streams.inprocess import InProcessStream
 
     t0 = time.perf_counter()
     first = _first_model(smoke, out, say, progress=not smoke, steps=7, trained_by="dinrec demo")
@@ -174,7 +174,7 @@ def _first_model(smoke: bool, out: Path, say: Callable[[str], None], *, progress
                  trained_by: str) -> _FirstModel:
     """Steps 1–3 (of ``steps``): a synthetic world's log (its last 15 % held back), samples, DIN trained and
     exported."""
-    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate_world
+    from dinrec.datasets.synthetic import SyntheticConfig, generate_world
     from dinrec.training.pipeline import train_bundle
     from dinrec.training.samples import build_samples
     from dinrec.training.settings import TrainSettings
@@ -233,9 +233,9 @@ def seed(location: str, alias: str, *, smoke: bool, out: Path, say: Callable[[st
 def _retrain(out: Path, stream, registry, say, smoke: bool) -> dict:
     """Archive the stream (the synthetic log, and the simulated users' impressions and clicks) and run
     the retrain job on it; returns its report."""
-    from dinrec.feature_store.archive import Archiver
     from dinrec.retrain.job import RetrainJob
     from dinrec.retrain.settings import RetrainSettings
+    from dinrec.streams.archive import Archiver
     from dinrec.training.settings import TrainSettings
 
     archiver = Archiver(stream, out / "archive", "dinrec-demo-archive", max_file_age_s=1.0)

@@ -15,7 +15,7 @@ from dinrec.benchmarks.cli import bench_app
 from dinrec.cli.demo import demo
 from dinrec.cli.simulate import simulate
 from dinrec.cli.teardown import quiet_triton_teardown
-from dinrec.feature_store.cli import data_app
+from dinrec.datasets.cli import data_app
 from dinrec.feature_store.ingest_cli import ingest_app
 from dinrec.registry.cli import models_app
 from dinrec.retrain.cli import retrain
@@ -89,6 +89,8 @@ def main() -> None:
     from dinrec.models.errors import BundleError
     from dinrec.retrieval.errors import RetrievalError
     from dinrec.storage import CloudError, outage
+    from dinrec.storage.outage import MissingDependency
+    from dinrec.streams.errors import StreamError
 
     atexit.register(quiet_triton_teardown)
     for line in unknown_warnings(os.environ):  # a mistyped variable would otherwise be dropped silently
@@ -105,7 +107,8 @@ def main() -> None:
         if down is not None:  # anywhere in the causes: a registry error raised from an unreachable S3 is one
             typer.echo(f"error: {exc}\n(a dependency is unavailable: {type(down).__name__}; retry later)", err=True)
             sys.exit(EXIT_TEMPFAIL)
-        if isinstance(exc, (FeatureStoreError, RetrievalError, CloudError, BundleError, ValueError)):
+        if isinstance(exc, (FeatureStoreError, StreamError, MissingDependency, RetrievalError, CloudError, BundleError,
+                            ValueError)):
             typer.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_USAGE)
         raise

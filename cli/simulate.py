@@ -42,17 +42,17 @@ def simulate(
     """Run an experiment on simulated users and print its results (JSON on stdout)."""
     import httpx
 
+    from dinrec.datasets.synthetic import SyntheticConfig, generate_world
     from dinrec.experiments import open_state
-    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate_world
     from dinrec.feature_store.online.memory import MemoryStore
     from dinrec.feature_store.settings import FeatureStoreSettings
-    from dinrec.feature_store.streams.inprocess import InProcessStream
     from dinrec.registry.store import Registry
     from dinrec.serving.app import create_app
     from dinrec.serving.server import free_port, serve_in_thread
     from dinrec.serving.settings import ServingSettings
     from dinrec.serving.simulate import Response, wait_until_logged
     from dinrec.serving.simulate import simulate as run
+    from dinrec.streams.inprocess import InProcessStream
     from dinrec.training.pipeline import train_bundle
     from dinrec.training.samples import build_samples
     from dinrec.training.settings import TrainSettings

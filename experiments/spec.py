@@ -23,8 +23,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dinrec.events.schema import ExternalId
 from dinrec.experiments.metrics import METRIC_NAMES
-from dinrec.feature_store.schema import ExternalId
 
 _FNV_OFFSET, _FNV_PRIME = 0x811C9DC5, 0x01000193
 

@@ -32,7 +32,7 @@ class ExperimentState(ABC):
     @abstractmethod
     def _counts(self, experiment: str) -> dict[str, dict[str, float]]:
         """Per variant of ``experiment``, the store's sums by field name: ``field@segment`` (a user's segment,
-        feature_store.features.SEGMENTS), or a bare ``field`` for counts kept before segments were."""
+        events.features.SEGMENTS), or a bare ``field`` for counts kept before segments were."""
 
     def sums(self, experiment: str) -> dict[str, VariantSums]:
         """Per variant of ``experiment``: users, and sums over them of impressions, clicks, buys, carts, value,

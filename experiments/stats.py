@@ -42,7 +42,7 @@ class VariantSums:
     impressions_sq: float
     clicks_sq: float
     cross: float
-    tail_clicks: float = 0.0  # clicks on long-tail items (feature_store.long_tail, by popularity at the time)
+    tail_clicks: float = 0.0  # clicks on long-tail items (events.long_tail, by popularity at the time)
     buys: float = 0.0
     buys_sq: float = 0.0
     impressions_buys: float = 0.0

@@ -1,5 +1,3 @@
-"""Behaviour events, the features derived from them, online stores and event streams.
-
-The leftmost layer: it imports nothing else of dinrec, so ingestion (here) and training-data
-building (``training``) share one definition of an event and of a behaviour history.
+"""The online store (a user's recent behaviours, item popularity, A/B counters) and ingestion, which reads the
+event stream into it exactly once in effect.
 """

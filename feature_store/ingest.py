@@ -14,7 +14,7 @@ How a record is applied exactly once on an at-least-once stream:
 * A duplicate *event* (the same event id sent twice, e.g. a client retry) is absorbed by the
   store's per-user dedup window.
 
-A store sharded by partition (``store.partitions`` > 1, feature_store.partitioning) needs the topic to
+A store sharded by partition (``store.partitions`` > 1, events.partitioning) needs the topic to
 have as many partitions (checked at start) and each record on its user's partition: one that is not
 (a producer with another partitioner) is dead-lettered, since writing it beside the offsets of its
 partition would put it where serving never looks.
@@ -27,7 +27,6 @@ A store or stream failure is retried with backoff, holding the batch, for as lon
 from __future__ import annotations
 
 import logging
-import random
 import threading
 import time
 from collections import deque
@@ -35,40 +34,21 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from dinrec.feature_store.errors import (
-    InvalidEvent,
-    OffsetConflict,
-    StoreLayoutError,
-    StoreUnavailable,
-    StreamUnavailable,
-)
+from dinrec.events.errors import InvalidEvent
+from dinrec.events.partitioning import partition_of
+from dinrec.events.schema import BehaviourEvent
+from dinrec.feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
 from dinrec.feature_store.ingest_stats import IngestStats
 from dinrec.feature_store.online.base import OnlineStore, StreamOffsets
-from dinrec.feature_store.partitioning import partition_of
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
+from dinrec.storage.loops import Backoff
+from dinrec.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
+from dinrec.streams.errors import StreamUnavailable
 
 log = logging.getLogger(__name__)
 
 # Dead-letter headers: why, and where the record came from (topic/partition/offset).
 ERROR_HEADER = "dinrec-error"
 SOURCE_HEADER = "dinrec-source"
-
-
-@dataclass
-class Backoff:
-    """Exponential backoff with full jitter, reset by a success."""
-
-    initial_s: float = 0.1
-    max_s: float = 5.0
-    _attempt: int = 0
-
-    def next_delay(self) -> float:
-        self._attempt += 1
-        return random.uniform(0, min(self.max_s, self.initial_s * 2 ** (self._attempt - 1)))
-
-    def reset(self) -> None:
-        self._attempt = 0
 
 
 Decoded = tuple[Record, BehaviourEvent | InvalidEvent]

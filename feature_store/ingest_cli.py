@@ -39,7 +39,7 @@ def ingest(
         return
     from dinrec.feature_store.ingest import Ingestor
     from dinrec.feature_store.online import open_store
-    from dinrec.feature_store.streams import open_stream
+    from dinrec.streams import open_stream
 
     logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     settings = _kafka_settings()
@@ -86,7 +86,7 @@ def status(
     """Lag per partition (the topic's end vs. what the store has applied), dead letters, and
     optionally a running consumer's counters."""
     from dinrec.feature_store.online import open_store
-    from dinrec.feature_store.streams import open_stream
+    from dinrec.streams import open_stream
 
     settings = _kafka_settings()
     store, stream = open_store(settings), open_stream(settings)
@@ -125,8 +125,8 @@ def dlq(
 ) -> None:
     """Show the dead-letter topic (reason, source, original bytes), or replay it."""
     from dinrec.feature_store.ingest import ERROR_HEADER, SOURCE_HEADER
-    from dinrec.feature_store.streams import open_stream
-    from dinrec.feature_store.streams.base import OutgoingRecord
+    from dinrec.streams import open_stream
+    from dinrec.streams.base import OutgoingRecord
 
     settings = _kafka_settings()
     stream = open_stream(settings)
@@ -176,10 +176,10 @@ def backfill(
     dataset and row, so running it again applies nothing twice (within the dedup window)."""
     from tqdm import tqdm
 
-    from dinrec.feature_store.datasets import load_dataset
+    from dinrec.datasets import load_dataset
     from dinrec.feature_store.online import open_store
     from dinrec.feature_store.settings import FeatureStoreSettings
-    from dinrec.feature_store.streams import open_stream
+    from dinrec.streams import open_stream
 
     settings = _kafka_settings() if to == "stream" else FeatureStoreSettings()
     if to == "store" and settings.store == "memory":
@@ -229,8 +229,8 @@ def archive(
 ) -> None:
     """Write the stream (behaviours, impressions, clicks) to time-partitioned JSON-lines files,
     each record exactly once: the training data of record, beyond Kafka's retention."""
-    from dinrec.feature_store.archive import Archiver
-    from dinrec.feature_store.streams import open_stream
+    from dinrec.streams import open_stream
+    from dinrec.streams.archive import Archiver
 
     logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
     settings = _kafka_settings()

@@ -1,23 +1,25 @@
-"""feature_store settings (env prefix ``DINREC_``), created at start-up, never at import."""
+"""The online store's and ingestion's settings (env prefix ``DINREC_``), created at start-up, never at import.
+
+They extend the stream's (:class:`dinrec.streams.settings.StreamSettings`): the processes that hold a store
+(serve, ingest) read the stream too."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from dinrec.feature_store.features import (
+from dinrec.events.features import (
     DEFAULT_ATTRIBUTION_WINDOW_S,
     DEFAULT_DEDUP_WINDOW_S,
     DEFAULT_HISTORY_LEN,
     DEFAULT_INTERACTED_CAP,
 )
-from dinrec.storage.settings import SharedSettings
+from dinrec.streams.settings import StreamSettings
 
 
-class FeatureStoreSettings(SharedSettings):
+class FeatureStoreSettings(StreamSettings):
     # extra="forbid": a mistyped keyword raises; other packages' DINREC_* variables are not read as
     # fields (dinrec.cli.config reports the ones no settings class knows).
     model_config = SettingsConfigDict(env_prefix="DINREC_", extra="forbid", validate_default=True,
@@ -72,39 +74,9 @@ class FeatureStoreSettings(SharedSettings):
     attribution_window_s: float = Field(DEFAULT_ATTRIBUTION_WINDOW_S, ge=1, le=30 * 24 * 3600, description=(
         "an experiment's click joins its impression if the two arrive within this many seconds of each other, "
         "in either order; what the join keeps per request expires with it"))
-    stream: Literal["inprocess", "kafka"] = Field("inprocess", description=(
-        "the event stream: inprocess (embedded) or kafka"))
-    kafka_bootstrap: str = Field("127.0.0.1:9092", min_length=3, description=(
-        "Kafka bootstrap servers (host:port[,host:port…])"))
-    kafka_security: dict[str, SecretStr] = Field(default_factory=dict, description=(
-        'Kafka client settings for TLS and SASL, passed to every producer, consumer and admin client (JSON: '
-        '{"security.protocol": "SASL_SSL", "sasl.mechanism": "SCRAM-SHA-512", "sasl.username": …}); only '
-        "security.*, sasl.*, ssl.* keys; values are kept secret in logs"))
-    topic_partitions: int = Field(8, ge=1, le=10_000,
-                                  description="partitions of the topic when dinrec creates it: the most consumers "
-                                              "that can share ingestion")
-    topic_replication: int = Field(1, ge=1, le=16, description="replication factor of topics dinrec creates")
-    consumer_group: str = Field("dinrec-ingest", min_length=1, description=(
-        "the Kafka consumer group ingesters share (one partition is read by one of them)"))
-    consumer_instance_id: str | None = Field(
-        None, min_length=1, description="Kafka static membership (e.g. the pod name): a restarted consumer takes its "
-                                        "partitions back at once instead of waiting out the session timeout")
     ingest_batch: int = Field(
         500, ge=1, le=100_000,
         description="records per store write (one Lua script: Redis serves nothing else meanwhile, ≈ 4 ms at 500)")
     ingest_metrics_port: int | None = Field(
         None, ge=0, le=65535, description="serve /metrics (Prometheus) and /status (JSON) from `dinrec ingest`")
-    outbox_dir: Path | None = Field(
-        None, description="journal of events the API accepted and the stream has not acknowledged yet; default "
-                          "$XDG_STATE_HOME/dinrec/outbox/<topic> for Kafka, a fresh temp dir for the in-process stream")
-    outbox_max_bytes: int = Field(256 << 20, ge=1 << 16, description="beyond this, POST /events answers 503")
-    outbox_fsync: bool = Field(False, description="fsync each accepted batch (survives a machine crash, slower)")
     ingest_metrics_host: str = Field("127.0.0.1", description="address of that endpoint (0.0.0.0 in a container)")
-
-    @field_validator("kafka_security")
-    @classmethod
-    def _only_security_keys(cls, conf: dict[str, SecretStr]) -> dict[str, SecretStr]:
-        other = sorted(k for k in conf if not k.startswith(("security.", "sasl.", "ssl.")))
-        if other:
-            raise ValueError(f"only security.*, sasl.* and ssl.* keys (dinrec sets the rest): {', '.join(other)}")
-        return conf

@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
-from dinrec.feature_store.long_tail import long_tail_mask
-from dinrec.feature_store.schema import SCHEMA_VERSION
+from dinrec.events.long_tail import long_tail_mask
+from dinrec.events.schema import SCHEMA_VERSION
 from dinrec.models.blend import Blend
 from dinrec.models.din import DIN, DINConfig
 from dinrec.models.errors import BundleError
@@ -84,7 +84,7 @@ class Bundle:
         return pairs, torch.from_numpy(counts.astype(np.float32))
 
     def long_tail(self) -> np.ndarray | None:
-        """(n_items,) bool by item index: the long tail (feature_store.long_tail) by training count."""
+        """(n_items,) bool by item index: the long tail (events.long_tail) by training count."""
         return long_tail_mask(self.item_counts) if self.item_counts is not None else None
 
     @property

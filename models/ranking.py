@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from dinrec.feature_store.features import HistoryItem
+from dinrec.events.features import HistoryItem
 from dinrec.models.blend import FEATURES, candidate_signals
 from dinrec.models.bundle import Bundle
 from dinrec.models.context import served_context

@@ -36,7 +36,7 @@ class RankingSettings(BaseSettings):
     shown_penalty: float = Field(0.5, ge=0, le=1, description="score factor of items the request says were shown")
     tail_share: float = Field(0.1, ge=0, le=1, description=(
         "the long-tail lane: share of every prefix of each list kept for the best-scoring recalled long-tail "
-        "items (feature_store.long_tail, by training count; 0: off)"))
+        "items (events.long_tail, by training count; 0: off)"))
 
     def reranker(self) -> Reranker:
         return Reranker(self.max_per_category, self.blocked_items, self.blocked_categories, self.shown_penalty,

@@ -5,7 +5,7 @@ score multiplied by ``shown_penalty``); then candidates are taken best first, sk
 category already has ``max_per_category`` items in the list — so the cap holds in every list, and
 the list is the best one under it (greedy on sorted scores is optimal for a per-category cap).
 
-The long-tail lane: with ``tail_share`` > 0 and the candidates' tail flags (feature_store.long_tail,
+The long-tail lane: with ``tail_share`` > 0 and the candidates' tail flags (events.long_tail,
 by training counts), every prefix of the list — its first n items, for every n — holds at least
 ``floor(n · tail_share)`` tail items while tail candidates remain: each position takes the best
 candidate left unless the share needs a tail item there, then the best tail item left. So a list of

@@ -1,6 +1,6 @@
 """Training data of record: the archived events of a data window, as the columns training reads.
 
-The archive (feature_store.archive) holds every record the stream carried, exactly once per offset.
+The archive (streams.archive) holds every record the stream carried, exactly once per offset.
 A retrain reads those whose event time falls in ``[start, end)``; a record that does not parse is
 counted and skipped (it never reached the online store either: ingestion dead-letters it), and an
 event id seen twice (a client's retry published twice) counts once.
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
-from dinrec.feature_store.archive import read_hours
-from dinrec.feature_store.datasets.base import Interactions
-from dinrec.feature_store.errors import InvalidEvent
-from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.datasets.base import Interactions
+from dinrec.events.errors import InvalidEvent
+from dinrec.events.schema import BehaviourEvent
+from dinrec.streams.archive import read_hours
 
 
 @dataclass

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import sparse
 
-from dinrec.feature_store.long_tail import long_tail_mask
+from dinrec.events.long_tail import long_tail_mask
 from dinrec.retrieval.hits import hit_at, ranks
 
 Recall = Callable[[Sequence[int], int], np.ndarray]  # (history, n) -> up to n item ids, best first
@@ -130,7 +130,7 @@ def hit_rate(recall: Recall, cases: Sequence[tuple[Sequence[int], int]], ns: Seq
 
 
 def long_tail_share(recommended: Sequence[Sequence[int]], counts: np.ndarray) -> float:
-    """The share of recommended items in the long tail (feature_store.long_tail) by ``counts``."""
+    """The share of recommended items in the long tail (events.long_tail) by ``counts``."""
     tail = long_tail_mask(counts)
     flat = [i for rec in recommended for i in rec]
     return round(sum(bool(tail[i]) for i in flat) / max(len(flat), 1), 4)

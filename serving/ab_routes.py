@@ -11,13 +11,13 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
+from dinrec.events.features import SEGMENTS
 from dinrec.experiments.metrics import METRICS, analyse_metric
 from dinrec.experiments.power import plan, still_needed
 from dinrec.experiments.served import summary as served_summary
 from dinrec.experiments.spec import Experiment
 from dinrec.experiments.stats import VariantSums, analyse, intersect, verdict
 from dinrec.experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
-from dinrec.feature_store.features import SEGMENTS
 from dinrec.serving.admin import bearer, is_admin
 from dinrec.serving.deps import ServiceState, State
 from dinrec.serving.errors import InvalidRequest

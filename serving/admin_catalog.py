@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from dinrec.feature_store.schema import ExternalId
+from dinrec.events.schema import ExternalId
 from dinrec.serving.admin import _authorize, audit
 from dinrec.serving.deps import State
 

@@ -16,10 +16,7 @@ from dinrec.experiments.running import Experiments
 from dinrec.feature_store.errors import StoreUnavailable
 from dinrec.feature_store.ingest import Ingestor
 from dinrec.feature_store.online import OnlineStore, open_store
-from dinrec.feature_store.outbox import open_outbox
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams import EventStream, open_stream
-from dinrec.feature_store.streams.base import event_record
 from dinrec.serving import logs
 from dinrec.serving.ab_routes import router as ab_router
 from dinrec.serving.admin import router as admin_router
@@ -40,6 +37,9 @@ from dinrec.serving.replica import ReplicaLead
 from dinrec.serving.routes import router
 from dinrec.serving.settings import ServingSettings, is_loopback
 from dinrec.storage.loops import every, supervise
+from dinrec.streams import EventStream, open_stream
+from dinrec.streams.base import event_record
+from dinrec.streams.outbox import open_outbox
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+from dinrec.events.features import HistoryItem
 from dinrec.feature_store.errors import StoreUnavailable
-from dinrec.feature_store.features import HistoryItem
 from dinrec.feature_store.online import OnlineStore
 
 log = logging.getLogger(__name__)

@@ -15,9 +15,7 @@ from dinrec.experiments.guardrail import Guardrail
 from dinrec.experiments.running import Experiments
 from dinrec.experiments.state import ExperimentState
 from dinrec.feature_store.online import OnlineStore
-from dinrec.feature_store.outbox import Outbox
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams import EventStream
 from dinrec.models.ranking import Recommender
 from dinrec.serving.catalog import Catalog
 from dinrec.serving.degraded import GuardedStore
@@ -26,6 +24,8 @@ from dinrec.serving.metrics import ServiceMetrics
 from dinrec.serving.models import ModelManager
 from dinrec.serving.quotas import UserQuota
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams import EventStream
+from dinrec.streams.outbox import Outbox
 
 
 @dataclass

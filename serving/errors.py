@@ -9,10 +9,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from dinrec.feature_store.errors import InvalidEvent, StoreUnavailable, StreamUnavailable
-from dinrec.feature_store.outbox import OutboxFull
-from dinrec.feature_store.schema import error_message
+from dinrec.events.errors import InvalidEvent
+from dinrec.events.schema import error_message
+from dinrec.feature_store.errors import StoreUnavailable
 from dinrec.serving.models import NoModelYet
+from dinrec.streams.errors import StreamUnavailable
+from dinrec.streams.outbox import OutboxFull
 
 log = logging.getLogger(__name__)
 

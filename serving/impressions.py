@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from dinrec.events.schema import BehaviourEvent, describe
 from dinrec.experiments.served import Tally
-from dinrec.feature_store.schema import BehaviourEvent, describe
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from dinrec.feature_store.features import HistoryItem
+from dinrec.events.features import HistoryItem
 from dinrec.models.bundle import load_bundle
 from dinrec.models.ranking import Recommender
 from dinrec.registry.store import UnknownAlias, open_registry

@@ -18,11 +18,10 @@ import orjson
 from fastapi import APIRouter, Header, Query, Request, Response
 from starlette.exceptions import HTTPException
 
+from dinrec.events.features import HistoryItem
+from dinrec.events.schema import BehaviourEvent, ExternalId
 from dinrec.experiments.spec import Experiment, Overrides, Variant
 from dinrec.feature_store.errors import StoreUnavailable
-from dinrec.feature_store.features import HistoryItem
-from dinrec.feature_store.schema import BehaviourEvent, ExternalId
-from dinrec.feature_store.streams.base import event_record
 from dinrec.models.ranking import Ranking, Recommender
 from dinrec.serving.admin import is_admin
 from dinrec.serving.deps import State
@@ -36,6 +35,7 @@ from dinrec.serving.schemas import (
     RecommendResponse,
     UserId,
 )
+from dinrec.streams.base import event_record
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from dinrec.feature_store.schema import BehaviourEvent, ExternalId
+from dinrec.events.schema import BehaviourEvent, ExternalId
 
 # The event schema's id: a user id the API takes must be one its impressions can carry.
 UserId = ExternalId

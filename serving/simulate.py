@@ -1,6 +1,6 @@
 """Simulated users for rehearsing an experiment before real users see it.
 
-The users come from a synthetic world (feature_store.datasets.synthetic.World): each has known
+The users come from a synthetic world (datasets.synthetic.World): each has known
 category interests. They ask a running service for recommendations over HTTP and click each shown
 item with probability ``position_bias(p) · (base + gain · interest[user, category(item)])``, where
 ``position_bias(p) = 1 / log2(p + 2)`` (the top slot is seen most), buy what they clicked with probability
@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from dinrec.datasets.synthetic import World
 from dinrec.experiments.state import ExperimentState
-from dinrec.feature_store.datasets.synthetic import World
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """One storage layer: a local folder or an S3 prefix, keys → bytes.
 
-The event archive (feature_store.archive), checkpoints (training.checkpoint), spot job state
+The event archive (streams.archive), checkpoints (training.checkpoint), spot job state
 (spot) and the model registry (registry.store) all sit on it, so each gets the same two
 guarantees on both backends:
 
@@ -24,12 +24,13 @@ from dinrec.storage.base import Storage, Versioned, WriteConflict
 from dinrec.storage.files import file_sha256, folder_written_atomically, fsync_dir, write_atomically
 from dinrec.storage.lease import Lease, LeaseHeld, LeaseLost
 from dinrec.storage.local import LocalStorage
-from dinrec.storage.outage import DependencyUnavailable, outage
+from dinrec.storage.outage import DependencyUnavailable, MissingDependency, outage
 from dinrec.storage.s3 import S3Storage
 
-__all__ = ["CloudError", "DependencyUnavailable", "Lease", "LeaseHeld", "LeaseLost", "LocalStorage", "S3Storage",
-           "Storage", "Versioned", "WriteConflict", "aws_client", "call", "file_sha256", "folder_written_atomically",
-           "fsync_dir", "open_storage", "outage", "reraise_as", "s3_client", "write_atomically"]
+__all__ = ["CloudError", "DependencyUnavailable", "Lease", "LeaseHeld", "LeaseLost", "LocalStorage",
+           "MissingDependency", "S3Storage", "Storage", "Versioned", "WriteConflict", "aws_client", "call",
+           "file_sha256", "folder_written_atomically", "fsync_dir", "open_storage", "outage", "reraise_as",
+           "s3_client", "write_atomically"]
 
 
 def open_storage(uri: str | Path, client: Any = None, durable: bool = False) -> Storage:

@@ -5,15 +5,35 @@
   the lease's renewals, the spot interruption watcher, the GPU sampler. A poller that died on one bad read
   would leave its owner silently stale.
 * :func:`supervise` — a long-running body (a consumer) restarted with backoff when it raises.
+
+:class:`Backoff` is the one retry delay: these loops, ingestion's and the outbox's retries use it.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 log = logging.getLogger("dinrec.loops")
+
+
+@dataclass
+class Backoff:
+    """Exponential backoff with full jitter, reset by a success."""
+
+    initial_s: float = 0.1
+    max_s: float = 5.0
+    _attempt: int = 0
+
+    def next_delay(self) -> float:
+        self._attempt += 1
+        return random.uniform(0, min(self.max_s, self.initial_s * 2 ** (self._attempt - 1)))
+
+    def reset(self) -> None:
+        self._attempt = 0
 
 
 def every(interval_s: float, stop: threading.Event, fn: Callable[[], None], *, name: str,
@@ -43,21 +63,21 @@ def supervise(body: Callable[[], None], stop: threading.Event, *, name: str,
               backoff_s: tuple[float, float] = (0.2, 30.0)) -> threading.Thread:
     """Start a daemon thread ``name`` that runs ``body`` until it returns (its own stop) or ``stop`` is set.
     If ``body`` raises, the error is logged with its traceback, ``on_restart`` counts it, and ``body`` runs
-    again after a backoff that doubles from ``backoff_s[0]`` to ``backoff_s[1]`` seconds: a consumer that
+    again after a :class:`Backoff` from ``backoff_s[0]`` up to ``backoff_s[1]`` seconds: a consumer that
     meets an error nobody foresaw keeps consuming, and says so, instead of ending silently."""
 
     def loop() -> None:
-        delay = backoff_s[0]
+        backoff = Backoff(*backoff_s)
         while not stop.is_set():
             try:
                 body()
                 return
             except Exception:  # noqa: BLE001 - the thread must outlive any one error
+                delay = backoff.next_delay()
                 log.exception("%s failed; restarting in %.1fs", name, delay)
                 on_restart()
             if stop.wait(delay):
                 return
-            delay = min(delay * 2, backoff_s[1])
 
     thread = threading.Thread(target=loop, name=name, daemon=True)
     thread.start()

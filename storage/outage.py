@@ -13,6 +13,11 @@ class DependencyUnavailable(Exception):
     reached or failed to answer: the same call may succeed later."""
 
 
+class MissingDependency(ImportError):
+    """An optional backend's client library is not installed (redis, confluent-kafka): not an outage but a
+    configuration error (exit 2), raised where the backend is chosen."""
+
+
 def outage(exc: BaseException) -> BaseException | None:
     """The first outage among ``exc`` and its causes (``raise … from``, or raised while handling), else None."""
     seen: set[int] = set()

@@ -163,8 +163,8 @@ def online_store(kind: str, request, prefix: str, history_cap: int, **kw):
 
 def synthetic_dataset_dir(folder: Path, **config) -> Path:
     """Write a synthetic behaviour log as ``folder/events.jsonl`` (a dataset `dinrec train` reads)."""
-    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
-    from dinrec.feature_store.schema import dumps_many
+    from dinrec.datasets.synthetic import SyntheticConfig, generate
+    from dinrec.events.schema import dumps_many
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "events.jsonl").write_text(dumps_many(list(generate(SyntheticConfig(**config)).events())))
@@ -201,7 +201,7 @@ def dinrec_train(data: Path, out: Path, *args: str, env: dict, ranks: int = 1, t
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """A small synthetic log, trained for two epochs and exported: (data, samples, bundle_dir, metrics)."""
-    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+    from dinrec.datasets.synthetic import SyntheticConfig, generate
     from dinrec.training.pipeline import train_bundle
     from dinrec.training.samples import build_samples
     from dinrec.training.settings import TrainSettings

@@ -18,7 +18,7 @@ def test_layers_are_respected():
 
 def test_nothing_heavy_at_import_time():
     # Settings are created at start-up, never at import; torch/faiss load only when used.
-    code = ("import sys, dinrec.feature_store.cli, dinrec.cli.main; "
+    code = ("import sys, dinrec.datasets.cli, dinrec.cli.main; "
             "print(sorted(m for m in ('torch', 'faiss', 'redis', 'kafka') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "[]", out.stderr

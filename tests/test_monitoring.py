@@ -155,8 +155,8 @@ def exported(tiny_run, tmp_path_factory) -> set[str]:
     from dinrec.feature_store.ingest_stats import IngestStats
     from dinrec.feature_store.online.memory import MemoryStore
     from dinrec.feature_store.settings import FeatureStoreSettings
-    from dinrec.feature_store.streams.inprocess import InProcessStream
     from dinrec.serving.settings import ServingSettings
+    from dinrec.streams.inprocess import InProcessStream
     from tests.serving.conftest import live_server
 
     path = tmp_path_factory.mktemp("monitoring") / "experiments.json"

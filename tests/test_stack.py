@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.serving.server import free_port
 from tests.conftest import REPO, wait_until
 

@@ -18,8 +18,8 @@ import pytest
 
 from tests.conftest import REPO
 
-ROOMS = ("storage", "feature_store", "experiments", "retrieval", "spot", "models", "registry", "training", "serving",
-         "retrain", "benchmarks", "cli")
+ROOMS = ("storage", "events", "datasets", "streams", "feature_store", "experiments", "retrieval", "spot", "models",
+         "registry", "training", "serving", "retrain", "benchmarks", "cli")
 
 
 def _pip(*args: str, cwd: Path | None = None) -> None:

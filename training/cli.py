@@ -75,7 +75,7 @@ def train(
     if n_ranks > 1 and "WORLD_SIZE" not in os.environ:  # the launcher: start the ranks, report their outcome
         argv = sys.argv[1:]
         sys.exit(launch(n_ranks, without_ranks(argv[argv.index("train") + 1:])))
-    from dinrec.feature_store.datasets import load_dataset
+    from dinrec.datasets import load_dataset
     from dinrec.training.checkpoint import open_checkpoint_store
     from dinrec.training.loop import TrainingInterrupted
     from dinrec.training.pipeline import samples_for, train_bundle

@@ -17,7 +17,7 @@ on:
   so they measure the model, not the sampling rates it and the holdout happen to use;
 * recall (the bundle's recall space: towers, or DIN's item embeddings): HR@k of the held-out
   behaviour, history items excluded as serving excludes them; the same HR on the behaviours whose item
-  is in the long tail (feature_store.long_tail, by behaviours in the window); and the long-tail
+  is in the long tail (events.long_tail, by behaviours in the window); and the long-tail
   share of the recalled items.
 
 * the served list: ``served_hr`` — HR@10 of the top 10 the ranking stage (models.ranking) serves with
@@ -39,8 +39,8 @@ from collections.abc import Iterable
 import numpy as np
 import torch
 
-from dinrec.feature_store.features import HistoryItem
-from dinrec.feature_store.long_tail import long_tail_mask
+from dinrec.events.features import HistoryItem
+from dinrec.events.long_tail import long_tail_mask
 from dinrec.models.bundle import Bundle
 from dinrec.models.ranking_settings import RankingSettings
 from dinrec.models.recall import RecallSpace, target_found, top_unseen

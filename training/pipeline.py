@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dinrec.feature_store.datasets.base import Interactions
+from dinrec.datasets.base import Interactions
 from dinrec.training.samples import SampleSet, build_samples
 from dinrec.training.settings import TrainSettings
 

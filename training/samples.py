@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dinrec.feature_store.datasets.base import Interactions
+from dinrec.datasets.base import Interactions
 from dinrec.models.vocab import Vocab
 
 SAMPLES_FORMAT_VERSION = 2  # 2: user_offsets

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from dinrec.feature_store.errors import MissingDependency, StoreConfigError
+from dinrec.feature_store.errors import StoreConfigError
 from dinrec.feature_store.online.base import OnlineStore
+from dinrec.storage.outage import MissingDependency
 
 if TYPE_CHECKING:
     from dinrec.feature_store.settings import FeatureStoreSettings

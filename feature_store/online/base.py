@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from dinrec.feature_store.features import (
+from dinrec.events.features import (
     DEFAULT_AB_USER_CAP,
     DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
@@ -21,7 +21,7 @@ from dinrec.feature_store.features import (
     HistoryItem,
     is_behaviour,
 )
-from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.events.schema import BehaviourEvent
 
 # What the A/B counters keep apart: clicks never shown to the clicking user (or clicked again, or still
 # waiting for their impression), a user met in two variants, and what a user added past ab_user_cap (or,
@@ -134,7 +134,7 @@ class OnlineStore(ABC):
       (not with the dedup window: an experiment's per-request state must not outlive its use).
     """
 
-    # Shards of the store's data, one per stream partition (feature_store.partitioning); a write is
+    # Shards of the store's data, one per stream partition (events.partitioning); a write is
     # atomic within a shard. 1: one atomic step for everything, whatever the topic's partition count.
     partitions: int = 1
     # The backend's type string (DINREC_STORE's values: memory, redis, redis-cluster): what picks the parts

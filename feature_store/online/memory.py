@@ -8,8 +8,7 @@ from collections import Counter, OrderedDict, defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from dinrec.feature_store.errors import OffsetConflict
-from dinrec.feature_store.features import (
+from dinrec.events.features import (
     DEFAULT_AB_USER_CAP,
     DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
@@ -23,7 +22,8 @@ from dinrec.feature_store.features import (
     merge_history,
     segment_of,
 )
-from dinrec.feature_store.long_tail import head_of
+from dinrec.events.long_tail import head_of
+from dinrec.feature_store.errors import OffsetConflict
 from dinrec.feature_store.online.base import (
     UNATTRIBUTED,
     CatalogCursor,
@@ -82,10 +82,10 @@ class MemoryStore(OnlineStore):
         self._ab_sums: dict[str, dict[str, defaultdict[str, float]]] = defaultdict(dict)
         self._unattributed: Counter[str] = Counter()
         self._lock = threading.Lock()  # the ingest thread writes while requests read
-        self._head: set[str] | None = None  # the head by popularity (feature_store.long_tail), when first needed
+        self._head: set[str] | None = None  # the head by popularity (events.long_tail), when first needed
 
     def _long_tail(self, item: str) -> bool:
-        """Outside the head by behaviours so far (feature_store.long_tail, as the Redis store's script
+        """Outside the head by behaviours so far (events.long_tail, as the Redis store's script
         decides). Popularity changes only after a write's batch, so the head is ranked once per write
         that needs it, not once per click."""
         if item not in self._pop:

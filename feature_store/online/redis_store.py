@@ -3,7 +3,7 @@
 Layout 2 (prefix ``dinrec`` by default; pinned by tests/golden/redis_layout.json). Every key that
 one ingest batch of one stream partition changes carries that partition's hash tag, so it is one
 hash slot — one atomic Lua script on one node, in a cluster too. A user's partition is
-:func:`feature_store.partitioning.partition_of` (the Kafka producer's own rule), so serving finds the
+:func:`events.partitioning.partition_of` (the Kafka producer's own rule), so serving finds the
 user's keys from the id alone. With ``partitions=1`` every key is in the one slot ``{0}``; with
 ``partitions=N`` (the topic's partition count) the data spreads over N slots. ``{s}`` below is the
 shard (the partition) in braces, e.g. ``dinrec:{3}:hist:u42``:
@@ -58,8 +58,7 @@ import redis
 from redis.cluster import RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
-from dinrec.feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
-from dinrec.feature_store.features import (
+from dinrec.events.features import (
     DEFAULT_AB_USER_CAP,
     DEFAULT_AB_VALUE_CAP,
     DEFAULT_ATTRIBUTION_WINDOW_S,
@@ -72,9 +71,10 @@ from dinrec.feature_store.features import (
     SEGMENTS,
     HistoryItem,
 )
-from dinrec.feature_store.long_tail import HEAD_SHARE
+from dinrec.events.long_tail import HEAD_SHARE
+from dinrec.events.partitioning import partition_of
+from dinrec.feature_store.errors import OffsetConflict, StoreLayoutError, StoreUnavailable
 from dinrec.feature_store.online.base import UNATTRIBUTED, CatalogCursor, OnlineStore, StoreRecord, StreamOffsets
-from dinrec.feature_store.partitioning import partition_of
 
 log = logging.getLogger(__name__)
 
@@ -101,9 +101,9 @@ REDIS_ERRORS = (RedisError, RedisClusterException)
 #                                  and the buys' value), x (their behaviours before their first exposure)
 #   {base}:ab:ue:{user}            set: the experiments the user was exposed to (their buys and carts count there)
 #   {base}:ab:{exp}:v:{variant}    hash: the sums of online.base.AB_SUM_FIELDS over the shard's users of the
-#                                  variant, per segment of user ("n@new": feature_store.features.SEGMENTS;
+#                                  variant, per segment of user ("n@new": events.features.SEGMENTS;
 #                                  tail_c: clicks on long-tail items by the shard's popularity at the time,
-#                                  feature_store.long_tail)
+#                                  events.long_tail)
 #   {base}:ab:{exp}:variants       set;  {base}:ab:experiments  set;  {base}:ab:unattributed  hash
 #   {base}:catalog                 hash item -> category (as admitted); {base}:catalog:order  list of items
 #   {base}:pc:{user}               sorted set item -> when its popularity was counted for the user (store clock)
@@ -143,7 +143,7 @@ local function split(s)
   end
 end
 local function long_tail(item)
-  -- Outside the head by behaviours so far (feature_store.long_tail; this batch's increments land at the end).
+  -- Outside the head by behaviours so far (events.long_tail; this batch's increments land at the end).
   local rank = redis.call('ZREVRANK', KEYS[2], item)
   return (not rank) or rank >= math.ceil(HEAD_SHARE * redis.call('ZCARD', KEYS[2]))
 end
@@ -337,7 +337,7 @@ return {1, applied}
 """
 
 def _segment_function() -> str:
-    """Lua's ``segment(x)``: feature_store.features.segment_of, written out from the same bounds."""
+    """Lua's ``segment(x)``: events.features.segment_of, written out from the same bounds."""
     lines = [f"  if x >= {least} then return '{name}' end" for name, least in reversed(SEGMENTS)]
     return "local function segment(x)\n" + "\n".join(lines) + "\nend"
 

@@ -19,10 +19,10 @@ from typing import NamedTuple
 
 import pytest
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.experiments import open_state
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.streams.kafka_stream import KafkaStream
 from tests.conftest import REPO, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.redis, pytest.mark.slow]

@@ -12,14 +12,14 @@ import sys
 import httpx
 import pytest
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.ingest import Ingestor
 from dinrec.feature_store.ingest_http import serve_stats
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.base import OutgoingRecord
-from dinrec.feature_store.streams.inprocess import InProcessStream
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.streams.base import OutgoingRecord
+from dinrec.streams.inprocess import InProcessStream
+from dinrec.streams.kafka_stream import KafkaStream
 from tests.conftest import REPO
 
 GOOD = b'{"user_id": "u1", "item_id": "i1", "ts": 5}'
@@ -102,7 +102,7 @@ def test_every_kind_of_bad_record_is_dead_lettered_and_the_good_ones_applied(red
 @pytest.mark.redis
 def test_backfill_warms_the_store_directly_or_through_kafka_and_never_twice(redis_url, kafka_bootstrap, unique,
                                                                           tmp_path):
-    from dinrec.feature_store.datasets import load_dataset
+    from dinrec.datasets import load_dataset
     from tests.conftest import synthetic_dataset_dir
 
     data = synthetic_dataset_dir(tmp_path / "data", n_users=60, n_items=80, n_categories=5, seed=4)

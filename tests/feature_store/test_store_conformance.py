@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from dinrec.events.partitioning import partition_of
+from dinrec.events.schema import BehaviourEvent
 from dinrec.experiments import open_state
 from dinrec.feature_store.errors import OffsetConflict, StoreUnavailable
 from dinrec.feature_store.online.base import StreamOffsets
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.partitioning import partition_of
-from dinrec.feature_store.schema import BehaviourEvent
 from tests.conftest import STORE_KINDS, online_store
 
 
@@ -496,7 +496,7 @@ def one_shard(store, name: str) -> str:
 def test_clicks_on_long_tail_items_are_counted_per_variant(store):
     state = open_state(store)
     u = lambda name: one_shard(store, name)  # noqa: E731
-    # 20 items; the head is the top fifth (4 items, feature_store.long_tail): "h" (10 behaviours), "g" (5),
+    # 20 items; the head is the top fifth (4 items, events.long_tail): "h" (10 behaviours), "g" (5),
     # then of the 18 tied at one behaviour the last two by id, "t" and "s".
     store.write([BehaviourEvent(event_id=f"pop-{i}-{j}", user_id=u(f"p{j}"), item_id=item, ts=1.0)
                  for i, item in enumerate([*"abcdefghijklmnopqrs", "t"]) for j in range(1 + 9 * (item == "h")
@@ -511,7 +511,7 @@ def test_the_store_draws_the_long_tail_where_the_serving_lane_does(store):
     state = open_state(store)
     import numpy as np
 
-    from dinrec.feature_store.long_tail import long_tail_mask
+    from dinrec.events.long_tail import long_tail_mask
 
     u = lambda name: one_shard(store, name)  # noqa: E731
     counts = [6, 5, 5, 3, 3, 2, 1, 1, 1, 1]  # i0..i9: the head is 2 items, i0 and (ties by id, last) i2

@@ -15,8 +15,8 @@ import sys
 
 import numpy as np
 
-from dinrec.feature_store.archive import archive_events
-from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.events.schema import BehaviourEvent
+from dinrec.streams.archive import archive_events
 
 DAY = 86_400.0
 END = 1_790_000_000.0 // 3600 * 3600  # the newest window's end (aligned, as the job aligns it)
@@ -69,7 +69,7 @@ def chain_world(end: float, users: int = 300, chains: int = 8, length: int = 100
 
 
 def archive(events: list[BehaviourEvent], root, topic: str = "dinrec.events") -> None:
-    """Publish ``events`` and archive them as the ingest side would (feature_store.archive)."""
+    """Publish ``events`` and archive them as the ingest side would (streams.archive)."""
     stats = archive_events(events, root, topic)
     assert stats.records == len(events)
 

@@ -283,7 +283,7 @@ def test_warm_start_carries_rows_by_external_id(tiny_run):
 
 def test_clicks_on_served_recommendations_are_left_out_of_the_holdout(tmp_path):
     """The serving model chose what those users could click: as a holdout they would favour it."""
-    from dinrec.feature_store.schema import BehaviourEvent
+    from dinrec.events.schema import BehaviourEvent
     from dinrec.retrain.events import read_window
     from dinrec.training.evaluation import holdout_rows
     from dinrec.training.samples import build_samples

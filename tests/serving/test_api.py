@@ -7,8 +7,8 @@ import pytest
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.online.redis_store import RedisStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import online_store, wait_until
 from tests.serving.conftest import live_server
 
@@ -172,7 +172,7 @@ def test_a_tampered_bundle_stops_start_up(tiny_run, tmp_path):
 
 
 def test_events_are_refused_with_retry_after_when_the_outbox_is_full(tiny_run, tmp_path):
-    from dinrec.feature_store.streams.kafka_stream import KafkaStream
+    from dinrec.streams.kafka_stream import KafkaStream
 
     down = KafkaStream("127.0.0.1:1", "t", request_timeout_ms=500)  # nothing is ever acknowledged
     fs = FeatureStoreSettings(outbox_dir=tmp_path, outbox_max_bytes=1 << 16)

@@ -11,8 +11,8 @@ from http import HTTPStatus
 
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import ADMIN_TOKEN, REPO
 from tests.serving.conftest import live_server
 

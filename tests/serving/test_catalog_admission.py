@@ -6,12 +6,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from dinrec.feature_store.features import HistoryItem
+from dinrec.events.features import HistoryItem
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.online.memory import MemoryStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 

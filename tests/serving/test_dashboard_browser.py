@@ -13,8 +13,8 @@ import pytest
 
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import ADMIN_HEADERS, REPO, wait_until
 from tests.serving.conftest import live_server
 from tests.serving.test_guardrail import EXPERIMENT, buys, traffic

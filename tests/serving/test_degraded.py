@@ -10,8 +10,8 @@ import pytest
 
 from dinrec.feature_store.online.redis_store import RedisStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 

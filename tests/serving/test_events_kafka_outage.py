@@ -13,13 +13,13 @@ import time
 import httpx
 import pytest
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.online.memory import MemoryStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
 from dinrec.serving.app import create_app
 from dinrec.serving.server import free_port, serve_in_thread
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.kafka_stream import KafkaStream
 from tests.conftest import REPO, wait_until
 
 pytestmark = [pytest.mark.kafka, pytest.mark.slow]

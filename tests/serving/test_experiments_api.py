@@ -12,9 +12,9 @@ from dinrec.experiments import open_state
 from dinrec.experiments.running import Experiments
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.models import ModelManager
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import wait_until
 from tests.serving.conftest import live_server
 

@@ -20,8 +20,8 @@ import pytest
 
 from dinrec.experiments import open_state
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
 from dinrec.serving.server import free_port
+from dinrec.streams.kafka_stream import KafkaStream
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, REPO, wait_until
 
 pytestmark = [pytest.mark.redis, pytest.mark.kafka, pytest.mark.slow]

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.online.memory import MemoryStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.serving.degraded import GuardedStore
 
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.experiments import open_state
 from dinrec.experiments.guardrail import Guardrail, integrity_problems
 from dinrec.experiments.running import Experiments
@@ -15,11 +16,10 @@ from dinrec.experiments.state_redis import RedisExperimentState
 from dinrec.experiments.stats import VariantSums
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.metrics import ServiceMetrics
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 

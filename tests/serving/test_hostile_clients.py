@@ -11,13 +11,13 @@ import time
 
 import pytest
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.experiments import open_state
 from dinrec.feature_store.online.memory import MemoryStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.impressions import ImpressionLog, ServedList
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 
@@ -374,7 +374,7 @@ def test_an_aa_experiment_counts_exactly_what_its_clients_saw_and_clicked_whatev
     import json
 
     from dinrec.feature_store.online.redis_store import RedisStore
-    from dinrec.feature_store.streams.kafka_stream import KafkaStream
+    from dinrec.streams.kafka_stream import KafkaStream
 
     path = tmp_path / "experiments.json"
     path.write_text(json.dumps({"experiments": [AA]}))

@@ -9,10 +9,10 @@ import pytest
 
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.models.bundle import load_bundle
 from dinrec.registry.store import RegistryError
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.serving.conftest import live_server
 

@@ -11,8 +11,8 @@ import pytest
 
 from dinrec.feature_store.online.redis_store import RedisStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.kafka_stream import KafkaStream
 from tests.conftest import REPO, wait_until
 from tests.serving.conftest import live_server
 

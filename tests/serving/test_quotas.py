@@ -9,9 +9,9 @@ import pytest
 
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.quotas import UserQuota
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.serving.conftest import live_server
 
 

@@ -10,9 +10,9 @@ import pytest
 
 from dinrec.feature_store.online.memory import MemoryStore
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.registry.store import Registry
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN, wait_until
 from tests.retrain.retrain_world import DAY, END, archive, drifting_world, retrain
 from tests.serving.conftest import live_server

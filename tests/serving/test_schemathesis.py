@@ -12,8 +12,8 @@ from schemathesis.checks import not_a_server_error  # noqa: E402
 
 from dinrec.feature_store.online.memory import MemoryStore  # noqa: E402
 from dinrec.feature_store.settings import FeatureStoreSettings  # noqa: E402
-from dinrec.feature_store.streams.inprocess import InProcessStream  # noqa: E402
 from dinrec.serving.settings import ServingSettings  # noqa: E402
+from dinrec.streams.inprocess import InProcessStream  # noqa: E402
 from tests.serving.conftest import live_server  # noqa: E402
 
 

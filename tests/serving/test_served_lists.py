@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.errors import StoreUnavailable
 from dinrec.feature_store.online.memory import MemoryStore
-from dinrec.feature_store.schema import BehaviourEvent
 from dinrec.feature_store.settings import FeatureStoreSettings
-from dinrec.feature_store.streams.inprocess import InProcessStream
 from dinrec.serving.settings import ServingSettings
+from dinrec.streams.inprocess import InProcessStream
 from tests.conftest import online_store
 from tests.serving.conftest import live_server
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.training.amp import choose_precision
 from dinrec.training.loop import train
 from dinrec.training.samples import build_samples

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.retrieval.baselines import ItemCF, ItemCFConfig
 from dinrec.retrieval.covisit import CoVisitation
 from dinrec.training.lists import ListData, ListSettings

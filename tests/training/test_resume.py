@@ -13,7 +13,7 @@ import time
 import pytest
 import torch
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.training.checkpoint import CheckpointError, open_checkpoint_store
 from dinrec.training.loop import Trainer, TrainingInterrupted, train
 from dinrec.training.samples import build_samples

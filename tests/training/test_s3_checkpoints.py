@@ -5,7 +5,7 @@ from __future__ import annotations
 import boto3
 import pytest
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.storage import S3Storage
 from dinrec.training.checkpoint import CheckpointError, open_checkpoint_store
 from dinrec.training.loop import TrainingInterrupted, train

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from dinrec.feature_store.datasets.base import Interactions
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
+from dinrec.datasets.base import Interactions
+from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.training.data import SplitTensors
 from dinrec.training.samples import SampleSet, build_samples, training_sequences
 

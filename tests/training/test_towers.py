@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
-from dinrec.feature_store.long_tail import head_size
+from dinrec.datasets.synthetic import SyntheticConfig, generate
+from dinrec.events.long_tail import head_size
 from dinrec.models.bundle import load_bundle
 from dinrec.models.din import DIN, DINConfig
 from dinrec.models.recall import RecallSpace

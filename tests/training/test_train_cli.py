@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
-from dinrec.feature_store.schema import dumps_many
+from dinrec.datasets.synthetic import SyntheticConfig, generate
+from dinrec.events.schema import dumps_many
 from tests.conftest import REPO, shared_dataset
 
 

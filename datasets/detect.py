@@ -7,10 +7,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dinrec.feature_store.datasets import amazon, diginetica, movielens, taobao
-from dinrec.feature_store.datasets.base import Interactions
-from dinrec.feature_store.errors import DatasetError
-from dinrec.feature_store.schema import loads_many
+from dinrec.datasets import amazon, diginetica, movielens, taobao
+from dinrec.datasets.base import Interactions
+from dinrec.datasets.errors import DatasetError
+from dinrec.events.schema import loads_many
 
 EVENTS_FILE = "events.jsonl"  # dinrec's own event log (synthetic data, logged events)
 

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from dinrec.feature_store.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
+from dinrec.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
 
 
 @dataclass

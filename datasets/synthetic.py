@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dinrec.feature_store.datasets.base import Interactions
+from dinrec.datasets.base import Interactions
 
 T0 = 1_700_000_000.0  # 2023-11-14, an arbitrary fixed origin
 

@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from dinrec.feature_store.outbox import Outbox, OutboxFull
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.base import event_record
-from dinrec.feature_store.streams.inprocess import InProcessStream
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.events.schema import BehaviourEvent
+from dinrec.streams.base import event_record
+from dinrec.streams.inprocess import InProcessStream
+from dinrec.streams.kafka_stream import KafkaStream
+from dinrec.streams.outbox import Outbox, OutboxFull
 from tests.conftest import REPO, wait_until
 
 
@@ -67,9 +67,9 @@ def test_a_stopped_broker_holds_nothing_up_and_a_full_journal_refuses(tmp_path):
 
 KILLED = """
 import sys, time
-from dinrec.feature_store.outbox import Outbox
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
-from tests.feature_store.test_outbox import records
+from dinrec.streams.outbox import Outbox
+from dinrec.streams.kafka_stream import KafkaStream
+from tests.streams.test_outbox import records
 box = Outbox(KafkaStream("127.0.0.1:1", "t", request_timeout_ms=500), sys.argv[1]).start()
 for i in range(0, 500, 50):
     box.put(records(50, start=i))
@@ -107,9 +107,9 @@ def test_each_process_takes_its_own_slot(tmp_path):
 
 DISK_FULL = """
 import resource, signal, sys
-from dinrec.feature_store.outbox import Outbox, OutboxFull
-from dinrec.feature_store.streams.inprocess import InProcessStream
-from tests.feature_store.test_outbox import records
+from dinrec.streams.outbox import Outbox, OutboxFull
+from dinrec.streams.inprocess import InProcessStream
+from tests.streams.test_outbox import records
 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write is cut short, then fails (EFBIG)
 box = Outbox(InProcessStream(), sys.argv[1])  # never started: what is accepted stays journaled
 resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
@@ -141,9 +141,9 @@ def test_a_write_the_disk_refuses_is_answered_full_and_leaves_nothing_torn(tmp_p
 
 NO_DESCRIPTORS = """
 import json, os, resource, sys
-from dinrec.feature_store.outbox import Outbox, OutboxFull
-from dinrec.feature_store.streams.inprocess import InProcessStream
-from tests.feature_store.test_outbox import records
+from dinrec.streams.outbox import Outbox, OutboxFull
+from dinrec.streams.inprocess import InProcessStream
+from tests.streams.test_outbox import records
 box = Outbox(InProcessStream(), sys.argv[1], segment_bytes=4096)  # never started: what is accepted stays
 accepted = 0
 while box._seg_size + 30 * 120 <= 4096:  # fill the first segment: the next put must start a new one
@@ -202,7 +202,7 @@ def test_an_unreadable_cursor_sends_again_instead_of_failing_start_up(tmp_path):
 
 
 def test_a_slot_left_by_a_worker_that_no_longer_runs_is_adopted_and_sent(tmp_path):
-    from dinrec.feature_store.outbox import adopt_orphaned_slots
+    from dinrec.streams.outbox import adopt_orphaned_slots
 
     first, second = Outbox(InProcessStream(), tmp_path), Outbox(InProcessStream(), tmp_path)  # two workers
     first.put(records(5))

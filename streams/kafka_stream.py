@@ -16,11 +16,11 @@ from confluent_kafka import Consumer as _RdConsumer
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from dinrec.feature_store.errors import StreamUnavailable
-from dinrec.feature_store.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
+from dinrec.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
+from dinrec.streams.errors import StreamUnavailable
 
 log = logging.getLogger(__name__)
-_rdkafka_log = logging.getLogger("dinrec.feature_store.streams.librdkafka")
+_rdkafka_log = logging.getLogger("dinrec.streams.librdkafka")
 
 
 class KafkaStream(EventStream):
@@ -42,7 +42,7 @@ class KafkaStream(EventStream):
     def _get_producer(self) -> Producer:
         if self._producer is None:
             # acks=all + the idempotent producer: a retried send is never written twice. The partitioner
-            # named, not left to the default: the store tags users' keys by it (feature_store.partitioning).
+            # named, not left to the default: the store tags users' keys by it (events.partitioning).
             self._producer = Producer(self._conf(**{
                 "enable.idempotence": True, "acks": "all", "linger.ms": 5, "partitioner": "consistent_random",
                 "delivery.timeout.ms": int(self._timeout_s * 1000)}))

@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
-from dinrec.feature_store.errors import InvalidEvent
+from dinrec.events.errors import InvalidEvent
 
 SCHEMA_VERSION = 1
 # A valid event is well under 1 KiB (five ids of at most 128 characters); anything far larger is

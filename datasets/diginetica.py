@@ -15,8 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dinrec.feature_store.datasets.base import Interactions
-from dinrec.feature_store.errors import DatasetError
+from dinrec.datasets.base import Interactions
+from dinrec.datasets.errors import DatasetError
 
 HEADER = ["session_id", "user_id", "item_id", "timeframe", "eventdate"]
 NO_CATEGORY = "-"

@@ -1,6 +1,6 @@
 """Event streams: where behaviour events travel from producers (the API) to ingestion.
 
-The interface is feature_store.streams.base; the backend is chosen here by its type string and
+The interface is streams.base; the backend is chosen here by its type string and
 imported only when chosen (``inprocess``: .inprocess, ``kafka``: .kafka_stream).
 """
 
@@ -8,24 +8,24 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from dinrec.feature_store.errors import MissingDependency
-from dinrec.feature_store.streams.base import Consumer, EventStream, Record
+from dinrec.storage.outage import MissingDependency
+from dinrec.streams.base import Consumer, EventStream, Record
 
 if TYPE_CHECKING:
-    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.streams.settings import StreamSettings
 
 __all__ = ["Consumer", "EventStream", "Record", "open_stream"]
 
 
-def open_stream(settings: FeatureStoreSettings) -> EventStream:
+def open_stream(settings: StreamSettings) -> EventStream:
     """Build the configured stream; backends are imported only when chosen."""
     if settings.stream == "inprocess":
-        from dinrec.feature_store.streams.inprocess import InProcessStream
+        from dinrec.streams.inprocess import InProcessStream
 
         return InProcessStream(settings.topic)
     if settings.stream == "kafka":
         try:
-            from dinrec.feature_store.streams.kafka_stream import KafkaStream
+            from dinrec.streams.kafka_stream import KafkaStream
         except ImportError as exc:  # pragma: no cover - confluent-kafka is a core dependency today
             raise MissingDependency("the kafka stream needs `pip install confluent-kafka`") from exc
         return KafkaStream(settings.kafka_bootstrap, settings.topic, instance_id=settings.consumer_instance_id,

@@ -3,9 +3,9 @@ from pathlib import Path
 
 import pytest
 
-from dinrec.feature_store.errors import InvalidEvent
-from dinrec.feature_store.features import HistoryItem, behaviour_mask, is_behaviour, merge_history
-from dinrec.feature_store.schema import BehaviourEvent, dumps_many, loads_many
+from dinrec.events.errors import InvalidEvent
+from dinrec.events.features import HistoryItem, behaviour_mask, is_behaviour, merge_history
+from dinrec.events.schema import BehaviourEvent, dumps_many, loads_many
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "event_v1.json"
 

@@ -1,11 +1,11 @@
-"""Fixtures shared by the feature_store tests."""
+"""Fixtures shared by the streams tests: each stream backend."""
 
 from __future__ import annotations
 
 import pytest
 
-from dinrec.feature_store.streams.inprocess import InProcessStream
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.streams.inprocess import InProcessStream
+from dinrec.streams.kafka_stream import KafkaStream
 
 
 @pytest.fixture(params=["inprocess", "kafka"])

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dinrec.feature_store.datasets.base import Interactions
-from dinrec.feature_store.errors import DatasetError
+from dinrec.datasets.base import Interactions
+from dinrec.datasets.errors import DatasetError
 
 BEHAVIOURS = {"pv": "view", "buy": "buy", "cart": "cart", "fav": "fav"}
 

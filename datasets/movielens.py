@@ -17,8 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from dinrec.feature_store.datasets.base import Interactions
-from dinrec.feature_store.errors import DatasetError
+from dinrec.datasets.base import Interactions
+from dinrec.datasets.errors import DatasetError
 
 UNKNOWN_GENRE = "(no genres listed)"
 

@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from dinrec.feature_store.errors import StreamUnavailable
+from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.ingest import ERROR_HEADER, SOURCE_HEADER, run_ingest
 from dinrec.feature_store.online.memory import MemoryStore
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.base import OutgoingRecord
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.streams.base import OutgoingRecord
+from dinrec.streams.errors import StreamUnavailable
+from dinrec.streams.kafka_stream import KafkaStream
 
 
 def events(n: int, start: int = 0) -> list[BehaviourEvent]:
@@ -114,7 +114,7 @@ def test_security_settings_reach_every_kafka_client_and_other_keys_are_refused(k
     from pydantic import ValidationError
 
     from dinrec.feature_store.settings import FeatureStoreSettings
-    from dinrec.feature_store.streams import open_stream
+    from dinrec.streams import open_stream
 
     with pytest.raises(ValidationError, match="only security"):
         FeatureStoreSettings(kafka_security={"group.id": "hijack"})

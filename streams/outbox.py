@@ -29,13 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from dinrec.feature_store.errors import FeatureStoreError, StreamUnavailable
-from dinrec.feature_store.ingest import Backoff
-from dinrec.feature_store.streams.base import EventStream, OutgoingRecord
 from dinrec.storage import fsync_dir, write_atomically
+from dinrec.storage.loops import Backoff
+from dinrec.streams.base import EventStream, OutgoingRecord
+from dinrec.streams.errors import StreamError, StreamUnavailable
 
 if TYPE_CHECKING:
-    from dinrec.feature_store.settings import FeatureStoreSettings
+    from dinrec.streams.settings import StreamSettings
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ _KEYLEN = struct.Struct("<H")
 _CHUNK = 1 << 20  # events are at most 16 KiB, so a chunk always holds a whole one
 
 
-class OutboxFull(FeatureStoreError):
+class OutboxFull(StreamError):
     """The journal holds ``max_bytes`` not yet sent: the stream is down or far behind."""
 
 
@@ -351,7 +351,7 @@ def _take_slot(directory: Path) -> tuple[Path, int]:
             k += 1
 
 
-def open_outbox(stream: EventStream, settings: FeatureStoreSettings) -> Outbox:
+def open_outbox(stream: EventStream, settings: StreamSettings) -> Outbox:
     """The configured outbox, its sender started. Kafka's journal lives in a state folder kept across
     restarts; the in-process stream's in a fresh temp folder (that stream dies with the process)."""
     directory = settings.outbox_dir

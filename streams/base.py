@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.events.schema import BehaviourEvent
 
 DLQ_SUFFIX = ".dlq"
 Headers = tuple[tuple[str, bytes], ...]

@@ -34,9 +34,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record, event_record
+from dinrec.events.schema import BehaviourEvent
 from dinrec.storage import Storage, open_storage
+from dinrec.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record, event_record
 
 log = logging.getLogger(__name__)
 _FILE = re.compile(r"^p(\d+)-(\d{12})-(\d{12})\.jsonl$")
@@ -129,7 +129,7 @@ def archive_events(events: Sequence[BehaviourEvent], root: str | Path | Storage,
                    max_file_records: int = 10_000) -> ArchiveStats:
     """Archive ``events`` as if the stream had carried them — published to an in-process stream and
     written by an :class:`Archiver` — for a replayed dataset (benchmarks) and tests."""
-    from dinrec.feature_store.streams.inprocess import InProcessStream
+    from dinrec.streams.inprocess import InProcessStream
 
     stream = InProcessStream(topic)
     # produced when they happened, as a live stream would have carried them (the files' hours follow)

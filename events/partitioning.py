@@ -2,7 +2,7 @@
 
 The stream keys each event by its user id, and librdkafka's default partitioner
 (``consistent_random``: CRC-32 of the key, modulo the partition count) picks the partition; the
-Kafka producer pins that partitioner by name (feature_store.streams.kafka_stream) so a librdkafka
+Kafka producer pins that partitioner by name (streams.kafka_stream) so a librdkafka
 upgrade cannot move users. The Redis store tags a user's keys with the same number
 (feature_store.online.redis_store), so one ingest batch of one partition touches one hash slot —
 what Redis Cluster needs for one atomic script — and serving finds a user's keys from the id alone.

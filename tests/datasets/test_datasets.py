@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
-from dinrec.feature_store.datasets import detect_layout, load_dataset
-from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
-from dinrec.feature_store.errors import DatasetError
-from dinrec.feature_store.schema import dumps_many
+from dinrec.datasets import detect_layout, load_dataset
+from dinrec.datasets.errors import DatasetError
+from dinrec.datasets.synthetic import SyntheticConfig, generate
+from dinrec.events.schema import dumps_many
 from tests.conftest import shared_dataset
 
 

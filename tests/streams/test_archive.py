@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from dinrec.feature_store.archive import Archiver, archived_offsets, read_archive
-from dinrec.feature_store.schema import BehaviourEvent
-from dinrec.feature_store.streams.kafka_stream import KafkaStream
+from dinrec.events.schema import BehaviourEvent
 from dinrec.storage.local import LocalStorage
+from dinrec.streams.archive import Archiver, archived_offsets, read_archive
+from dinrec.streams.kafka_stream import KafkaStream
 
 
 def events(n: int, start: int = 0) -> list[BehaviourEvent]:
@@ -20,7 +20,7 @@ def events(n: int, start: int = 0) -> list[BehaviourEvent]:
 
 def produced_when_they_happened(evs: list[BehaviourEvent], delay_s: float = 0.0) -> list:
     """The records a live stream would have carried: each produced ``delay_s`` after it happened."""
-    from dinrec.feature_store.streams.base import OutgoingRecord, event_record
+    from dinrec.streams.base import OutgoingRecord, event_record
 
     return [OutgoingRecord(r.value, r.key, r.headers, int((e.ts + delay_s) * 1000))
             for e, r in ((e, event_record(e)) for e in evs)]
@@ -84,9 +84,9 @@ def test_the_archive_command_drains_the_topic_once(kafka_bootstrap, unique, tmp_
 def test_the_archive_on_s3_writes_each_record_once_and_retraining_reads_it(aws_env, unique):
     import boto3
 
-    from dinrec.feature_store.streams.inprocess import InProcessStream
     from dinrec.retrain.events import read_window
     from dinrec.storage import open_storage
+    from dinrec.streams.inprocess import InProcessStream
 
     boto3.client("s3").create_bucket(Bucket=unique)
     root = f"s3://{unique}/archive"
@@ -125,8 +125,8 @@ class CountingStorage(LocalStorage):
 
 
 def test_a_window_reads_its_hours_and_late_events_within_the_margin(tmp_path):
-    from dinrec.feature_store.streams.inprocess import InProcessStream
     from dinrec.retrain.events import read_window
+    from dinrec.streams.inprocess import InProcessStream
 
     day = 86_400
     t0 = 1.7e9 - 1.7e9 % day
@@ -153,8 +153,8 @@ def test_a_window_reads_its_hours_and_late_events_within_the_margin(tmp_path):
 
 
 def test_the_archiver_resumes_from_its_high_water_record_without_listing(tmp_path):
-    from dinrec.feature_store.archive import _high_water_key, high_water
-    from dinrec.feature_store.streams.inprocess import InProcessStream
+    from dinrec.streams.archive import _high_water_key, high_water
+    from dinrec.streams.inprocess import InProcessStream
 
     stream = InProcessStream()
     stream.publish_raw(produced_when_they_happened(events(100)))

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dinrec.feature_store.features import behaviour_mask
-from dinrec.feature_store.schema import BehaviourEvent
+from dinrec.events.features import behaviour_mask
+from dinrec.events.schema import BehaviourEvent
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ class Interactions:
                             self.event_type[idx], self.ts[idx], self.value[idx], self.source)
 
     def behaviours(self) -> Interactions:
-        """Only the rows that count as behaviours (see feature_store.features.is_behaviour)."""
+        """Only the rows that count as behaviours (see events.features.is_behaviour)."""
         return self.take(np.flatnonzero(behaviour_mask(self.event_type, self.value)))
 
     def fingerprint(self) -> str:

@@ -18,9 +18,9 @@ def synth(
     seed: int = 0,
 ) -> None:
     """Write a deterministic synthetic behaviour log (drifting interests, Zipf items, new items)."""
-    from dinrec.feature_store.datasets.detect import EVENTS_FILE
-    from dinrec.feature_store.datasets.synthetic import SyntheticConfig, generate
-    from dinrec.feature_store.schema import dumps_many
+    from dinrec.datasets.detect import EVENTS_FILE
+    from dinrec.datasets.synthetic import SyntheticConfig, generate
+    from dinrec.events.schema import dumps_many
 
     d = generate(SyntheticConfig(n_users=users, n_items=items, n_categories=categories,
                                  mean_events_per_user=events_per_user, seed=seed))
@@ -33,7 +33,7 @@ def synth(
 @data_app.command("info")
 def info(path: Path) -> None:
     """Recognise a dataset folder's layout and print its size as JSON."""
-    from dinrec.feature_store.datasets import detect_layout, load_dataset
+    from dinrec.datasets import detect_layout, load_dataset
 
     d = load_dataset(path)
     b = d.behaviours()
