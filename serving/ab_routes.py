@@ -55,7 +55,7 @@ _NOT_PUBLIC = {"seed"}
 
 @router.get("/experiments", dependencies=[Reader])
 def list_experiments(state: State) -> dict:
-    return {"experiments": [e.model_dump(mode="json", exclude=_NOT_PUBLIC) for e in state.experiments.all]}
+    return {"experiments": [e.model_dump(mode="json", exclude=_NOT_PUBLIC) for e in state.guardrail.experiments.all]}
 
 
 @router.get("/experiments/{name}/results", dependencies=[Reader])
@@ -74,7 +74,7 @@ def experiment_results(
     the effect over time (a point a day, an hour or a snapshot, by the span); with ``since``, a page of the
     stored snapshots and where the next page starts. A stopped experiment: the results it stopped with
     (``frozen_at`` says when)."""
-    exp = state.experiments.get(name)
+    exp = state.guardrail.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
     # A stopped experiment shows the results it stopped with (kept by the status change), not its counters.
@@ -114,7 +114,7 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
                 row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"],
                                                           row["cs_high"])
                 row["sequential"] = verdict(row["cs_low"], row["cs_high"], higher_is_better=higher)
-    held = state.guardrail.held(name) if state.guardrail is not None else []
+    held = state.guardrail.held(name)
     users = {v: s.users for v, s in sums.items()}
     results["power"] = still_needed(results["comparisons"], users, exp.control_name, exp.mde,
                                     _users_per_day(snapshots, exp, sum(users.values())), stopped=stopped)

@@ -85,7 +85,6 @@ def audit(request: Request, action: str, **change) -> None:
 
 def _status(state: ServiceState, changed: bool = False, scope: str = "instance") -> ModelStatus:
     models = state.models
-    assert models is not None
     previous = models.previous[1].model_version if models.previous else None
     return ModelStatus(model_version=models.model_version, version=models.version,
                        alias=state.settings.model_alias if models.registry else None, previous=previous,
@@ -103,7 +102,6 @@ def model(state: State, authorization: Auth = None) -> ModelStatus:
 
 def _fleet(state: ServiceState):
     models = state.models
-    assert models is not None
     if models.registry is None:
         raise HTTPException(409, "no registry (DINREC_REGISTRY): there is no alias for the fleet to follow; "
                                  "/admin/instance/reload and /admin/instance/rollback change this worker only")
@@ -200,9 +198,9 @@ def reload_instance(state: State, request: Request, body: ReloadRequest | None =
     """This worker process only: load the alias' (or the given) version, smoke-score it and swap it in
     (a given version stays pinned until the alias moves); 409 (still serving the old one) if it cannot."""
     _authorize(state, authorization)
-    before = state.models.model_version  # type: ignore[union-attr]
+    before = state.models.model_version
     try:
-        changed = state.models.reload(body.version if body else None)  # type: ignore[union-attr]
+        changed = state.models.reload(body.version if body else None)
     except ReloadFailed as exc:
         audit(request, "instance reload refused", version=body.version if body else None, reason=str(exc))
         raise HTTPException(409, str(exc)) from exc
@@ -215,9 +213,9 @@ def reload_instance(state: State, request: Request, body: ReloadRequest | None =
 def rollback_instance(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
     """This worker process only: swap back to the model it served before (held until the alias moves)."""
     _authorize(state, authorization)
-    before = state.models.model_version  # type: ignore[union-attr]
+    before = state.models.model_version
     try:
-        state.models.rollback()  # type: ignore[union-attr]
+        state.models.rollback()
     except ReloadFailed as exc:
         raise HTTPException(409, str(exc)) from exc
     status = _status(state, changed=True)

@@ -42,11 +42,8 @@ class StatusChange(BaseModel):
 
 def apply(state: ServiceState, new: Experiments) -> None:
     """Serve ``new``: load the models its variants name first (raises if one cannot be), then swap."""
-    if state.models is not None:
-        state.models.load_variants(new.models() - set(state.models.variants))
-    state.experiments = new
-    if state.guardrail is not None:
-        state.guardrail.experiments = new
+    state.models.load_variants(new.models() - set(state.models.variants))
+    state.guardrail.experiments = new  # what assigns users: the one place the running set lives
 
 
 def _expected_version(if_match: str | None) -> int | None:
@@ -67,8 +64,8 @@ def _update(state: ServiceState, change, if_match: str | None) -> dict:
     def checked(exps: list[Experiment]) -> list[Experiment]:
         new = change(exps)  # may raise HTTPException (404): nothing written
         try:
-            if state.models is not None:  # every model a variant names loads here, or nothing is written
-                state.models.load_variants(Experiments(new).models() - set(state.models.variants))
+            # every model a variant names loads here, or nothing is written
+            state.models.load_variants(Experiments(new).models() - set(state.models.variants))
         except (ValueError, RuntimeError) as exc:
             raise HTTPException(409, f"refused, nothing changed: {exc}") from exc
         return new
@@ -80,7 +77,7 @@ def _update(state: ServiceState, change, if_match: str | None) -> dict:
     except ValueError as exc:  # the new experiments do not validate together (names, …)
         raise HTTPException(409, f"refused, nothing changed: {exc}") from exc
     with _apply_lock:
-        if saved.version > state.experiments.version:
+        if saved.version > state.guardrail.experiments.version:
             apply(state, Experiments.of(saved))
     return {"version": saved.version, "experiments": [e.name for e in saved.experiments]}
 
@@ -114,7 +111,7 @@ def set_status(state: State, request: Request, name: str, body: StatusChange,
         return [e.model_copy(update=_dated(e, body.status, now)) if e.name == name else e for e in exps]
 
     saved = _update(state, change, if_match)
-    exp = state.experiments.get(name)
+    exp = state.guardrail.experiments.get(name)
     if body.status == "stopped" and exp is not None and exp.status == "stopped":
         # Its final results, kept: what its results call shows from now on (first stop's stand).
         state.experiment_state.freeze(name, {**results_document(state, exp), "frozen_at": now.timestamp()})
@@ -138,8 +135,6 @@ def approve_winner(state: State, request: Request, name: str,
     """Promote the winner the guardrail proposed for ``name`` (where users are not verified, a winner
     waits for this): the alias moves to its model and every replica follows. 404 when none is proposed."""
     _authorize(state, authorization)
-    if state.guardrail is None:
-        raise HTTPException(404, "no guardrail runs here")
     try:
         decision = state.guardrail.approve(name)
     except LookupError as exc:
@@ -168,13 +163,14 @@ def watch_document(state: ServiceState, stop: threading.Event) -> threading.Thre
                 return
             new = ExperimentFile.parse(found.data, doc.uri)
             with _apply_lock:
-                if new.version == state.experiments.version:
+                if new.version == state.guardrail.experiments.version:
                     return
                 apply(state, Experiments.of(new))
-            log.info("experiments document %s: now serving version %d", doc.uri, state.experiments.version)
+            log.info("experiments document %s: now serving version %d", doc.uri,
+                     state.guardrail.experiments.version)
         except Exception as exc:  # noqa: BLE001 - a bad document: the old set serves until it changes
             failed[0] = token
             log.error("experiments document %s not applied; keeping version %d: %s", doc.uri,
-                      state.experiments.version, exc)
+                      state.guardrail.experiments.version, exc)
 
     return every(state.settings.reload_poll_s, stop, poll, name="dinrec-experiments-watch")

@@ -6,11 +6,13 @@ from __future__ import annotations
 import gc
 import logging
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack, asynccontextmanager
 
 from fastapi import FastAPI
 
+from dinrec.experiments import open_state
+from dinrec.experiments.document import ExperimentsDocument
 from dinrec.experiments.guardrail import Guardrail
 from dinrec.experiments.running import Experiments
 from dinrec.feature_store.errors import StoreUnavailable
@@ -25,6 +27,7 @@ from dinrec.serving.admin_experiments import router as admin_experiments_router
 from dinrec.serving.admin_experiments import watch_document
 from dinrec.serving.allocator import limit_arenas
 from dinrec.serving.catalog import Catalog
+from dinrec.serving.degraded import GuardedStore
 from dinrec.serving.deps import ServiceState
 from dinrec.serving.errors import install_error_handlers
 from dinrec.serving.http_timeouts import READ_TIMEOUT_KEY
@@ -33,6 +36,7 @@ from dinrec.serving.liveness import start_liveness
 from dinrec.serving.metrics import ServiceMetrics
 from dinrec.serving.middleware import RequestContext
 from dinrec.serving.models import ModelManager
+from dinrec.serving.quotas import UserQuota
 from dinrec.serving.replica import ReplicaLead
 from dinrec.serving.routes import router
 from dinrec.serving.settings import ServingSettings, is_loopback
@@ -105,30 +109,37 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     models = ModelManager(settings, on_swap=metrics.serving_model,
                           prepare=lambda rec: rec.set_cold_items(catalog.items))
     catalog.attach(models)
-    state = ServiceState(settings, fs_settings, store, stream, models=models, metrics=metrics, catalog=catalog)
-    _start_ingest(parts, state)
+    threads: dict[str, Callable[[], bool]] = {}
+    _start_ingest(parts, settings, fs_settings, store, stream, metrics, threads)
+    outbox = None
     if settings.events_sink == "stream":
-        state.outbox = open_outbox(state.stream, fs_settings)
+        outbox = open_outbox(stream, fs_settings)
         # What it cannot send in time stays journaled for the next start.
-        parts.callback(state.outbox.close, drain_timeout_s=settings.shutdown_drain_s)
-        metrics.watch_outbox(lambda: state.outbox.pending_bytes)
-        state.threads["dinrec-outbox"] = lambda: state.outbox.sender_alive
-    sink = ((lambda events: state.outbox.put([event_record(e) for e in events])) if state.outbox is not None
-            else state.store.write)
-    state.impressions = ImpressionLog(sink, on_drop=metrics.impressions_dropped.inc,
-                                      on_served=state.experiment_state.add_served)
-    parts.callback(state.impressions.close)  # into the outbox (or store) before the outbox drains
-    state.threads["dinrec-impressions"] = lambda: state.impressions.alive
-    metrics.watch_threads(state.threads)
-    if state.experiments_doc is not None:
-        state.experiments = Experiments.of(state.experiments_doc.read()[0])
-    models.load_variants(state.experiments.models())  # a variant must serve what it names, or no start
-    state.guardrail = Guardrail(state.experiment_state, state.experiments, min_users=settings.guardrail_min_users,
-                                interval_s=settings.guardrail_interval_s,
-                                promote=models.promote if models.registry is not None else None,
-                                auto_promote=settings.auto_promote == "always" or settings.user_header is not None)
-    metrics.watch_guardrail(lambda: {exp.name: float(len(state.guardrail.held(exp.name)))  # type: ignore[union-attr]
-                                     for exp in state.experiments.all if exp.status == "running"})
+        parts.callback(outbox.close, drain_timeout_s=settings.shutdown_drain_s)
+        metrics.watch_outbox(lambda: outbox.pending_bytes)
+        threads["dinrec-outbox"] = lambda: outbox.sender_alive
+    experiment_state = open_state(store)
+    sink = (lambda events: outbox.put([event_record(e) for e in events])) if outbox is not None else store.write
+    impressions = ImpressionLog(sink, on_drop=metrics.impressions_dropped.inc, on_served=experiment_state.add_served)
+    parts.callback(impressions.close)  # into the outbox (or store) before the outbox drains
+    threads["dinrec-impressions"] = lambda: impressions.alive
+    metrics.watch_threads(threads)
+    experiments_doc = ExperimentsDocument.open(settings.experiments_file) if settings.experiments_file else None
+    experiments = Experiments.of(experiments_doc.read()[0]) if experiments_doc is not None else Experiments([])
+    models.load_variants(experiments.models())  # a variant must serve what it names, or no start
+    guardrail = Guardrail(experiment_state, experiments, min_users=settings.guardrail_min_users,
+                          interval_s=settings.guardrail_interval_s,
+                          promote=models.promote if models.registry is not None else None,
+                          auto_promote=settings.auto_promote == "always" or settings.user_header is not None)
+    metrics.watch_guardrail(lambda: {exp.name: float(len(guardrail.held(exp.name)))
+                                     for exp in guardrail.experiments.all if exp.status == "running"})
+    state = ServiceState(
+        settings=settings, fs_settings=fs_settings, store=store, stream=stream, outbox=outbox, metrics=metrics,
+        features=GuardedStore(store, settings.store_cooldown_s, popular_cache_s=settings.popular_cache_s),
+        experiment_state=experiment_state, models=models, experiments_doc=experiments_doc, guardrail=guardrail,
+        impressions=impressions, catalog=catalog,
+        quota=UserQuota(settings.events_per_user_per_minute) if settings.events_per_user_per_minute else None,
+        threads=threads)
     _start_loops(parts, state, catalog)
     rec = models.current
     if rec is None:  # the watcher loads the first model the alias names (serving.models)
@@ -144,22 +155,22 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
     return state
 
 
-def _start_ingest(parts: ExitStack, state: ServiceState) -> None:
+def _start_ingest(parts: ExitStack, settings: ServingSettings, fs: FeatureStoreSettings, store: OnlineStore,
+                  stream: EventStream, metrics: ServiceMetrics, threads: dict[str, Callable[[], bool]]) -> None:
     """The stream → store consumer inside the service (the embedded default: the in-process stream
     lives in this process, so nothing else could consume it)."""
-    settings, fs = state.settings, state.fs_settings
     if not (settings.ingest_in_app if settings.ingest_in_app is not None else fs.stream == "inprocess"):
         return
-    ingestor = Ingestor(state.stream, state.store, fs.consumer_group, batch_size=fs.ingest_batch)
-
-    restarts = state.metrics.thread_restarts.labels("dinrec-ingest")
-    state.ingest_thread = supervise(lambda: ingestor.run(state.ingest_stop, poll_timeout_s=0.2), state.ingest_stop,
-                                    name="dinrec-ingest", on_restart=restarts.inc)
-    state.threads["dinrec-ingest"] = state.ingest_thread.is_alive
+    ingestor = Ingestor(stream, store, fs.consumer_group, batch_size=fs.ingest_batch)
+    ingest_stop = threading.Event()
+    restarts = metrics.thread_restarts.labels("dinrec-ingest")
+    thread = supervise(lambda: ingestor.run(ingest_stop, poll_timeout_s=0.2), ingest_stop,
+                       name="dinrec-ingest", on_restart=restarts.inc)
+    threads["dinrec-ingest"] = thread.is_alive
 
     def stop() -> None:
-        state.ingest_stop.set()
-        state.ingest_thread.join(timeout=10)
+        ingest_stop.set()
+        thread.join(timeout=10)
         ingestor.close()
 
     parts.callback(stop)

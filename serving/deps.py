@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from dinrec.experiments import open_state
 from dinrec.experiments.document import ExperimentsDocument
 from dinrec.experiments.guardrail import Guardrail
-from dinrec.experiments.running import Experiments
 from dinrec.experiments.state import ExperimentState
 from dinrec.feature_store.online import OnlineStore
 from dinrec.feature_store.settings import FeatureStoreSettings
@@ -28,27 +25,29 @@ from dinrec.streams import EventStream
 from dinrec.streams.outbox import Outbox
 
 
-@dataclass
+@dataclass(frozen=True)
 class ServiceState:
+    """The service's parts, each built and started before this value exists (serving.app.start_service), none
+    replaced after: what changes while the service runs lives inside a part that owns the change — the model
+    serving (``models``: hot reload), the running experiments (``guardrail.experiments``: the admin API and
+    the document watcher swap them), the catalog's new items."""
+
     settings: ServingSettings
     fs_settings: FeatureStoreSettings
     store: OnlineStore
     stream: EventStream
-    outbox: Outbox | None = None  # POST /events journals here when the sink is the stream
-    metrics: ServiceMetrics = field(default_factory=ServiceMetrics)
-    features: GuardedStore = field(init=False)  # the store's reads, behind a circuit breaker
-    experiment_state: ExperimentState = field(init=False)  # A/B counters and decisions, beside the store
-    models: ModelManager | None = None  # what serves, and hot reloads
-    experiments: Experiments = field(default_factory=lambda: Experiments([]))
-    experiments_doc: ExperimentsDocument | None = field(init=False)  # where they are kept (DINREC_EXPERIMENTS_FILE)
-    guardrail: Guardrail | None = None  # stops a significantly worse variant (set at start-up)
-    impressions: ImpressionLog | None = None  # every served list, one event per item (set at start-up)
-    catalog: Catalog | None = None  # items the models do not know, polled from the store (set at start-up)
-    quota: UserQuota | None = field(init=False)  # what one user id may send to POST /events
-    ingest_stop: threading.Event = field(default_factory=threading.Event)
-    ingest_thread: threading.Thread | None = None
+    outbox: Outbox | None  # POST /events journals here when the sink is the stream
+    metrics: ServiceMetrics
+    features: GuardedStore  # the store's reads, behind a circuit breaker
+    experiment_state: ExperimentState  # A/B counters and decisions, beside the store
+    models: ModelManager  # what serves, and hot reloads
+    experiments_doc: ExperimentsDocument | None  # where experiments are kept (DINREC_EXPERIMENTS_FILE)
+    guardrail: Guardrail  # assigns users to the running experiments and stops a significantly worse variant
+    impressions: ImpressionLog  # every served list, one event per item
+    catalog: Catalog  # items the models do not know, polled from the store
+    quota: UserQuota | None  # what one user id may send to POST /events
     # The background threads answers depend on, by name: is each running? (readiness, dinrec_thread_alive)
-    threads: dict[str, Callable[[], bool]] = field(default_factory=dict)
+    threads: Mapping[str, Callable[[], bool]]
 
     def threads_down(self) -> list[str]:
         return sorted(name for name, alive in self.threads.items() if not alive())
@@ -57,14 +56,7 @@ class ServiceState:
     def recommender(self) -> Recommender:
         """The model serving now (a request reads it once, when it starts: a swap mid-request is unseen).
         NoModelYet (503 no_model) while a new deployment waits for its first model."""
-        return self.models.serving_or_raise()  # type: ignore[union-attr]
-
-    def __post_init__(self) -> None:
-        s = self.settings
-        self.features = GuardedStore(self.store, s.store_cooldown_s, popular_cache_s=s.popular_cache_s)
-        self.experiment_state = open_state(self.store)
-        self.quota = UserQuota(s.events_per_user_per_minute) if s.events_per_user_per_minute else None
-        self.experiments_doc = ExperimentsDocument.open(s.experiments_file) if s.experiments_file else None
+        return self.models.serving_or_raise()
 
 
 async def get_state(request: Request) -> ServiceState:  # async: no thread-pool hop per request

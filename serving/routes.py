@@ -94,10 +94,10 @@ def _assign(state: State, user_id: str) -> tuple[Experiment | None, Variant | No
     """The user's experiment and variant as the guardrail's decisions stand (a stopped variant's or a
     concluded experiment's users get the default experience; a ramp takes those within its step), and
     the model that serves them."""
-    assigned = state.guardrail.assign(user_id) if state.guardrail else state.experiments.assign(user_id)
+    assigned = state.guardrail.assign(user_id)
     experiment, variant = assigned if assigned else (None, None)
     rec = state.recommender
-    if variant and variant.model and state.models is not None:  # the variant serves its own model
+    if variant and variant.model:  # the variant serves its own model
         rec = state.models.variant_model(variant.model)
     return experiment, variant, rec
 
@@ -297,7 +297,7 @@ def readyz(state: State, request: Request):
     if down:
         return error_response(503, "not_ready", f"background threads not running: {', '.join(down)}", request,
                               threads_down=down, store=store)
-    waiting = state.models.waiting() if state.models is not None else None
+    waiting = state.models.waiting()
     if waiting is not None:  # a new deployment before its first model: not ready, and why
         return error_response(503, "not_ready", waiting, request, store=store)
     journal = state.outbox.journal_problem() if state.outbox is not None else None
