@@ -12,28 +12,30 @@ from fastapi.responses import HTMLResponse
 from starlette.exceptions import HTTPException
 
 from dinrec.events.features import SEGMENTS
+from dinrec.experiments.guardrail import Guardrail
 from dinrec.experiments.metrics import METRICS, analyse_metric
 from dinrec.experiments.power import plan, still_needed
 from dinrec.experiments.served import summary as served_summary
 from dinrec.experiments.spec import Experiment
+from dinrec.experiments.state import ExperimentState
 from dinrec.experiments.stats import VariantSums, analyse, intersect, verdict
 from dinrec.experiments.timeline import effect_over_time, snapshot_sums, traffic_per_day
 from dinrec.serving.admin import bearer, is_admin
-from dinrec.serving.deps import ServiceState, State
+from dinrec.serving.deps import Counters, Models, Running, Settings
 from dinrec.serving.errors import InvalidRequest
-from dinrec.serving.models import NoModelYet
+from dinrec.serving.models import ModelManager, NoModelYet
 from dinrec.serving.settings import is_loopback
 
 router = APIRouter()
 
 
-def _reader(state: State, authorization: Annotated[str | None, Header()] = None) -> None:
+def _reader(settings: Settings, authorization: Annotated[str | None, Header()] = None) -> None:
     """The results' read token (DINREC_RESULTS_TOKEN, or the admin token) where the service listens beyond
     loopback and one is set: 401 without it. Bound to loopback only this machine reaches the service."""
-    token = state.settings.results_token
-    if token is None or is_loopback(state.settings.host):
+    token = settings.results_token
+    if token is None or is_loopback(settings.host):
         return
-    if not (bearer(authorization, token) or is_admin(state, authorization)):
+    if not (bearer(authorization, token) or is_admin(settings, authorization)):
         raise HTTPException(401, "a valid `Authorization: Bearer <DINREC_RESULTS_TOKEN>` header is required "
                                  "(the dashboard: open /dashboard#token=<token>)",
                             headers={"WWW-Authenticate": "Bearer"})
@@ -54,13 +56,13 @@ _NOT_PUBLIC = {"seed"}
 
 
 @router.get("/experiments", dependencies=[Reader])
-def list_experiments(state: State) -> dict:
-    return {"experiments": [e.model_dump(mode="json", exclude=_NOT_PUBLIC) for e in state.guardrail.experiments.all]}
+def list_experiments(running: Running) -> dict:
+    return {"experiments": [e.model_dump(mode="json", exclude=_NOT_PUBLIC) for e in running.experiments.all]}
 
 
 @router.get("/experiments/{name}/results", dependencies=[Reader])
 def experiment_results(
-    state: State, name: str,
+    running: Running, counters: Counters, models: Models, name: str,
     since: Annotated[float | None, Query(ge=0, description=(
         "also the stored snapshots after this time (seconds since the epoch), oldest first"))] = None,
     limit: Annotated[int, Query(ge=1, le=5000, description="at most this many of them")] = 500,
@@ -74,37 +76,37 @@ def experiment_results(
     the effect over time (a point a day, an hour or a snapshot, by the span); with ``since``, a page of the
     stored snapshots and where the next page starts. A stopped experiment: the results it stopped with
     (``frozen_at`` says when)."""
-    exp = state.guardrail.experiments.get(name)
+    exp = running.experiments.get(name)
     if exp is None:
         raise HTTPException(404, f"no experiment {name!r}")
     # A stopped experiment shows the results it stopped with (kept by the status change), not its counters.
-    frozen = state.experiment_state.frozen(name) if exp.status == "stopped" else None
-    out = dict(frozen) if frozen else results_document(state, exp)
+    frozen = counters.frozen(name) if exp.status == "stopped" else None
+    out = dict(frozen) if frozen else results_document(counters, running, models, exp)
     if since is not None:  # a page of the stored snapshots
-        after = [s for s in state.experiment_state.timeline(name) if s["t"] > since]
+        after = [s for s in counters.timeline(name) if s["t"] > since]
         out["snapshots"] = after[:limit]
         out["next_since"] = after[limit - 1]["t"] if len(after) > limit else None
     return out
 
 
-def results_document(state: ServiceState, exp: Experiment) -> dict:
+def results_document(counters: ExperimentState, guardrail: Guardrail, models: ModelManager, exp: Experiment) -> dict:
     """The results of ``exp`` from its counters and the guardrail's records, as the results call shows them."""
     name = exp.name
-    counted = state.experiment_state.sums(name)  # StoreUnavailable → 503 in the one error shape
+    counted = counters.sums(name)  # StoreUnavailable → 503 in the one error shape
     sums = {v.name: counted.get(v.name, VariantSums.empty()) for v in exp.variants}  # nobody seen yet: still a row
     results = analyse(sums, exp.control_name, exp.weights)
-    stopped, winner = state.experiment_state.stopped(name), state.experiment_state.conclusion(name)
+    stopped, winner = counters.stopped(name), counters.conclusion(name)
     decided = {**stopped, **({winner["variant"]: winner} if winner else {})}
-    snapshots = state.experiment_state.timeline(name)
+    snapshots = counters.timeline(name)
     as_stopped = _as_stopped(snapshots, stopped, exp.control_name)
     results["metrics"] = {
         use.name: {"role": use.role, "direction": use.direction,
                    **analyse_metric(METRICS[use.name], sums, exp.control_name, alpha=results["alpha"],
                                     higher_is_better=use.direction == "higher", as_stopped=as_stopped)}
         for use in exp.metrics}
-    results["breakdown"] = _breakdown(state, exp, sums, stopped, results["alpha"])
-    results["served"] = {v: served_summary(counts, distinct, _catalog_size(state)) for v, (counts, distinct)
-                         in state.experiment_state.served(name, list(sums)).items()}
+    results["breakdown"] = _breakdown(counters, exp, sums, stopped, results["alpha"])
+    results["served"] = {v: served_summary(counts, distinct, _catalog_size(models)) for v, (counts, distinct)
+                         in counters.served(name, list(sums)).items()}
     for metric, rows, higher in [("ctr", results["comparisons"], True)] + [
             (m, r["comparisons"], r["direction"] == "higher") for m, r in results["metrics"].items()]:
         for row in rows:  # a decision once reached stands: its sequence is intersected in
@@ -114,7 +116,7 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
                 row["cs_low"], row["cs_high"] = intersect((d["cs_low"], d["cs_high"]), row["cs_low"],
                                                           row["cs_high"])
                 row["sequential"] = verdict(row["cs_low"], row["cs_high"], higher_is_better=higher)
-    held = state.guardrail.held(name)
+    held = guardrail.held(name)
     users = {v: s.users for v, s in sums.items()}
     results["power"] = still_needed(results["comparisons"], users, exp.control_name, exp.mde,
                                     _users_per_day(snapshots, exp, sum(users.values())), stopped=stopped)
@@ -122,26 +124,27 @@ def results_document(state: ServiceState, exp: Experiment) -> dict:
     over_time = effect_over_time(snapshots, exp.control_name,
                                  [v.name for v in exp.variants if v.name != exp.control_name])
     return {"experiment": exp.model_dump(mode="json", exclude=_NOT_PUBLIC), "results": results,
-            "stopped": stopped, "unattributed": state.experiment_state.unattributed(),
-            "ramp": state.experiment_state.ramp_log(name) if exp.ramp else None,
-            "winner": winner, "proposed": None if winner else state.experiment_state.proposal(name),
+            "stopped": stopped, "unattributed": counters.unattributed(),
+            "ramp": counters.ramp_log(name) if exp.ramp else None,
+            "winner": winner, "proposed": None if winner else counters.proposal(name),
             "held": held, "timeline": over_time["points"], "timeline_resolution": over_time["resolution"],
             "frozen_at": None}
 
 
-def _catalog_size(state: ServiceState) -> int | None:
+def _catalog_size(models: ModelManager) -> int | None:
     """The items the serving model knows (what coverage is a share of); None while no model serves."""
     try:
-        return len(state.recommender.bundle.vocab.items)
+        return len(models.serving_or_raise().bundle.vocab.items)
     except NoModelYet:
         return None
 
 
-def _breakdown(state: ServiceState, exp: Experiment, sums: dict[str, VariantSums], stopped: dict, alpha: float) -> dict:
+def _breakdown(counters: ExperimentState, exp: Experiment, sums: dict[str, VariantSums], stopped: dict,
+               alpha: float) -> dict:
     """Each declared metric per segment of users (by their behaviours before their first exposure), the arms
     still running only (a stopped arm's users go on converting under the default experience). Exploratory:
     nothing acts on it, and its many comparisons are not corrected for."""
-    by_segment = state.experiment_state.segments(exp.name)
+    by_segment = counters.segments(exp.name)
     running = [v for v in sums if v not in stopped]
     out = []
     for segment, least in SEGMENTS:

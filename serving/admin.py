@@ -18,9 +18,10 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.exceptions import HTTPException
 
-from dinrec.registry.store import AliasConflict, RegistryError
-from dinrec.serving.deps import ServiceState, State
-from dinrec.serving.models import ReloadFailed
+from dinrec.registry.store import AliasConflict, Registry, RegistryError
+from dinrec.serving.deps import Models, Settings
+from dinrec.serving.models import ModelManager, ReloadFailed
+from dinrec.serving.settings import ServingSettings
 from dinrec.storage import outage
 
 router = APIRouter(prefix="/admin", tags=["admin"])
@@ -62,16 +63,16 @@ def bearer(authorization: str | None, token: SecretStr | None) -> bool:
                                            token.get_secret_value().encode("latin-1", "replace")))
 
 
-def is_admin(state: ServiceState, authorization: str | None) -> bool:
+def is_admin(settings: ServingSettings, authorization: str | None) -> bool:
     """``Authorization: Bearer <DINREC_ADMIN_TOKEN>`` (False when no token is configured)."""
-    return bearer(authorization, state.settings.admin_token)
+    return bearer(authorization, settings.admin_token)
 
 
-def _authorize(state: ServiceState, authorization: str | None) -> None:
+def _authorize(settings: ServingSettings, authorization: str | None) -> None:
     """The admin routes: 404 when no token is configured (they do not exist), 401 without the token."""
-    if state.settings.admin_token is None:
+    if settings.admin_token is None:
         raise HTTPException(404, "admin endpoints are off: set DINREC_ADMIN_TOKEN")
-    if not is_admin(state, authorization):
+    if not is_admin(settings, authorization):
         raise HTTPException(401, "a valid `Authorization: Bearer <DINREC_ADMIN_TOKEN>` header is required",
                             headers={"WWW-Authenticate": "Bearer"})
 
@@ -83,11 +84,10 @@ def audit(request: Request, action: str, **change) -> None:
                       " ".join(f"{k}={v!r}" for k, v in change.items()) or "-")
 
 
-def _status(state: ServiceState, changed: bool = False, scope: str = "instance") -> ModelStatus:
-    models = state.models
+def _status(models: ModelManager, alias: str, changed: bool = False, scope: str = "instance") -> ModelStatus:
     previous = models.previous[1].model_version if models.previous else None
     return ModelStatus(model_version=models.model_version, version=models.version,
-                       alias=state.settings.model_alias if models.registry else None, previous=previous,
+                       alias=alias if models.registry else None, previous=previous,
                        changed=changed, held=models.held, watch_checks=models.watch_checks, scope=scope)
 
 
@@ -95,28 +95,28 @@ Auth = Annotated[str | None, Header()]
 
 
 @router.get("/model", response_model=ModelStatus)
-def model(state: State, authorization: Auth = None) -> ModelStatus:
-    _authorize(state, authorization)
-    return _status(state)
+def model(settings: Settings, models: Models, authorization: Auth = None) -> ModelStatus:
+    _authorize(settings, authorization)
+    return _status(models, settings.model_alias)
 
 
-def _fleet(state: ServiceState):
-    models = state.models
+def _fleet(models: ModelManager) -> Registry:
     if models.registry is None:
         raise HTTPException(409, "no registry (DINREC_REGISTRY): there is no alias for the fleet to follow; "
                                  "/admin/instance/reload and /admin/instance/rollback change this worker only")
-    return models, models.registry, state.settings.model_alias
+    return models.registry
 
 
 @router.post("/reload", response_model=ModelStatus)
-def reload(state: State, request: Request, body: ReloadRequest | None = None,
+def reload(settings: Settings, models: Models, request: Request, body: ReloadRequest | None = None,
            authorization: Auth = None) -> ModelStatus:
     """Fleet-wide. With a ``version``: check it serves here (loaded, verified, smoke-scored), then move the
     alias to it — every replica follows; 409 and nothing moved if it cannot be served or the alias moved
     meanwhile (or is not at ``expected``), 503 if the alias could not be written (this worker then serves
     what the alias names, as the others do). Without one: serve where the alias points now, here at once."""
-    _authorize(state, authorization)
-    models, registry, alias = _fleet(state)
+    _authorize(settings, authorization)
+    alias = settings.model_alias
+    registry = _fleet(models)
     before = models.model_version
     version, expected = (body.version, body.expected) if body else (None, None)
     if version is not None:
@@ -125,7 +125,7 @@ def reload(state: State, request: Request, body: ReloadRequest | None = None,
         except RegistryError as exc:
             audit(request, "reload failed", version=version, reason=str(exc), serving=before)
             raise HTTPException(503, f"the registry cannot be read: {exc}") from exc
-        _serve_then_move(state, request, "reload", version, expected or current, "admin reload")
+        _serve_then_move(models, alias, request, "reload", version, expected or current, "admin reload")
         changed = True
     else:
         try:
@@ -133,38 +133,39 @@ def reload(state: State, request: Request, body: ReloadRequest | None = None,
         except ReloadFailed as exc:
             audit(request, "reload refused", version=None, reason=str(exc))
             raise HTTPException(409, str(exc)) from exc
-    status = _status(state, changed, scope="fleet")
+    status = _status(models, alias, changed, scope="fleet")
     audit(request, "reload", alias=alias, asked=version, before=before, now=status.model_version)
     return status
 
 
 @router.post("/rollback", response_model=ModelStatus)
-def rollback(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
+def rollback(settings: Settings, models: Models, request: Request, authorization: Auth = None) -> ModelStatus:
     """Fleet-wide: the version the alias held before is checked to serve here first, then the alias moves
     back to it (a recorded move, by compare-and-swap); every replica follows. 409 and nothing moved if there
     is none, it cannot serve, or the alias raced; 503 if the alias could not be written."""
-    _authorize(state, authorization)
-    models, registry, alias = _fleet(state)
+    _authorize(settings, authorization)
+    alias = settings.model_alias
+    registry = _fleet(models)
     before = models.model_version
     try:
         current, back = registry.rollback_target(alias)
     except RegistryError as exc:  # nothing to go back to (409), or the registry cannot be read (503)
         audit(request, "rollback refused", reason=str(exc))
         raise HTTPException(503 if outage(exc) else 409, str(exc)) from exc
-    _serve_then_move(state, request, "rollback", back, current, f"rollback from {current}")
-    status = _status(state, changed=True, scope="fleet")
+    _serve_then_move(models, alias, request, "rollback", back, current, f"rollback from {current}")
+    status = _status(models, alias, changed=True, scope="fleet")
     audit(request, "rollback", alias=alias, version=back, before=before, now=status.model_version)
     return status
 
 
-def _serve_then_move(state: ServiceState, request: Request, action: str, version: str, expected: str | None,
-                     reason: str) -> None:
+def _serve_then_move(models: ModelManager, alias: str, request: Request, action: str, version: str,
+                     expected: str | None, reason: str) -> None:
     """Serve ``version`` here (what cannot serve is refused before anything moves), then move the alias to
     it by compare-and-swap from ``expected``, then follow the alias again (nothing pinned). If the alias
     does not move, this worker goes back to what the alias names — never a worker serving a version the
     alias does not name, nor an alias naming one nobody serves — and the request fails: 409 for a race,
     503 for a registry that could not be written. Every outcome leaves an audit line."""
-    models, registry, alias = _fleet(state)
+    registry = _fleet(models)
     try:
         models.reload(version)
     except ReloadFailed as exc:
@@ -193,31 +194,31 @@ def _serve_the_alias(models) -> str:
 
 
 @router.post("/instance/reload", response_model=ModelStatus)
-def reload_instance(state: State, request: Request, body: ReloadRequest | None = None,
+def reload_instance(settings: Settings, models: Models, request: Request, body: ReloadRequest | None = None,
                     authorization: Auth = None) -> ModelStatus:
     """This worker process only: load the alias' (or the given) version, smoke-score it and swap it in
     (a given version stays pinned until the alias moves); 409 (still serving the old one) if it cannot."""
-    _authorize(state, authorization)
-    before = state.models.model_version
+    _authorize(settings, authorization)
+    before = models.model_version
     try:
-        changed = state.models.reload(body.version if body else None)
+        changed = models.reload(body.version if body else None)
     except ReloadFailed as exc:
         audit(request, "instance reload refused", version=body.version if body else None, reason=str(exc))
         raise HTTPException(409, str(exc)) from exc
-    status = _status(state, changed)
+    status = _status(models, settings.model_alias, changed)
     audit(request, "instance reload", asked=body.version if body else None, before=before, now=status.model_version)
     return status
 
 
 @router.post("/instance/rollback", response_model=ModelStatus)
-def rollback_instance(state: State, request: Request, authorization: Auth = None) -> ModelStatus:
+def rollback_instance(settings: Settings, models: Models, request: Request, authorization: Auth = None) -> ModelStatus:
     """This worker process only: swap back to the model it served before (held until the alias moves)."""
-    _authorize(state, authorization)
-    before = state.models.model_version
+    _authorize(settings, authorization)
+    before = models.model_version
     try:
-        state.models.rollback()
+        models.rollback()
     except ReloadFailed as exc:
         raise HTTPException(409, str(exc)) from exc
-    status = _status(state, changed=True)
+    status = _status(models, settings.model_alias, changed=True)
     audit(request, "instance rollback", before=before, now=status.model_version)
     return status

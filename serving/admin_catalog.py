@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from dinrec.events.schema import ExternalId
 from dinrec.serving.admin import _authorize, audit
-from dinrec.serving.deps import State
+from dinrec.serving.deps import Settings, Store
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 
@@ -36,9 +36,9 @@ class Admitted(BaseModel):
 
 
 @router.post("/catalog", response_model=Admitted)
-def admit(state: State, request: Request, feed: CatalogFeed,
+def admit(settings: Settings, store: Store, request: Request, feed: CatalogFeed,
           authorization: Annotated[str | None, Header()] = None) -> Admitted:
-    _authorize(state, authorization)
-    admitted = state.store.admit([(i.item_id, i.category_id) for i in feed.items])
+    _authorize(settings, authorization)
+    admitted = store.admit([(i.item_id, i.category_id) for i in feed.items])
     audit(request, "catalog", received=len(feed.items), admitted=admitted)
     return Admitted(admitted=admitted, received=len(feed.items))

@@ -22,12 +22,14 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict
 from starlette.exceptions import HTTPException
 
-from dinrec.experiments.document import DocumentConflict
+from dinrec.experiments.document import DocumentConflict, ExperimentsDocument
+from dinrec.experiments.guardrail import Guardrail
 from dinrec.experiments.running import Experiments
 from dinrec.experiments.spec import Experiment, ExperimentFile
 from dinrec.serving.ab_routes import results_document
 from dinrec.serving.admin import _authorize, audit
-from dinrec.serving.deps import ServiceState, State
+from dinrec.serving.deps import Counters, Documents, Models, Running, Settings
+from dinrec.serving.models import ModelManager
 from dinrec.storage.loops import every
 
 log = logging.getLogger(__name__)
@@ -40,10 +42,10 @@ class StatusChange(BaseModel):
     status: Literal["draft", "running", "stopped"]
 
 
-def apply(state: ServiceState, new: Experiments) -> None:
+def apply(models: ModelManager, guardrail: Guardrail, new: Experiments) -> None:
     """Serve ``new``: load the models its variants name first (raises if one cannot be), then swap."""
-    state.models.load_variants(new.models() - set(state.models.variants))
-    state.guardrail.experiments = new  # what assigns users: the one place the running set lives
+    models.load_variants(new.models() - set(models.variants))
+    guardrail.experiments = new  # what assigns users: the one place the running set lives
 
 
 def _expected_version(if_match: str | None) -> int | None:
@@ -56,8 +58,8 @@ def _expected_version(if_match: str | None) -> int | None:
                                  "(an integer)") from None
 
 
-def _update(state: ServiceState, change, if_match: str | None) -> dict:
-    doc = state.experiments_doc
+def _update(doc: ExperimentsDocument | None, models: ModelManager, guardrail: Guardrail, change,
+            if_match: str | None) -> dict:
     if doc is None:
         raise HTTPException(409, "no DINREC_EXPERIMENTS_FILE to keep experiments in")
 
@@ -65,7 +67,7 @@ def _update(state: ServiceState, change, if_match: str | None) -> dict:
         new = change(exps)  # may raise HTTPException (404): nothing written
         try:
             # every model a variant names loads here, or nothing is written
-            state.models.load_variants(Experiments(new).models() - set(state.models.variants))
+            models.load_variants(Experiments(new).models() - set(models.variants))
         except (ValueError, RuntimeError) as exc:
             raise HTTPException(409, f"refused, nothing changed: {exc}") from exc
         return new
@@ -77,31 +79,33 @@ def _update(state: ServiceState, change, if_match: str | None) -> dict:
     except ValueError as exc:  # the new experiments do not validate together (names, …)
         raise HTTPException(409, f"refused, nothing changed: {exc}") from exc
     with _apply_lock:
-        if saved.version > state.guardrail.experiments.version:
-            apply(state, Experiments.of(saved))
+        if saved.version > guardrail.experiments.version:
+            apply(models, guardrail, Experiments.of(saved))
     return {"version": saved.version, "experiments": [e.name for e in saved.experiments]}
 
 
 @router.put("/experiments/{name}")
-def put_experiment(state: State, request: Request, name: str, body: Experiment,
+def put_experiment(settings: Settings, doc: Documents, models: Models, running: Running, request: Request, name: str,
+                   body: Experiment,
                    authorization: Annotated[str | None, Header()] = None,
                    if_match: Annotated[str | None, Header()] = None) -> dict:
     """Create or replace one experiment (``If-Match``: only if the document is still at that version)."""
-    _authorize(state, authorization)
+    _authorize(settings, authorization)
     if body.name != name:
         raise HTTPException(409, f"the body names experiment {body.name!r}, the path {name!r}")
-    saved = _update(state, lambda exps: [e for e in exps if e.name != name] + [body], if_match)
+    saved = _update(doc, models, running, lambda exps: [e for e in exps if e.name != name] + [body], if_match)
     audit(request, "experiment put", experiment=name, status=body.status, version=saved["version"],
           variants=[v.name for v in body.variants])
     return saved
 
 
 @router.post("/experiments/{name}/status")
-def set_status(state: State, request: Request, name: str, body: StatusChange,
+def set_status(settings: Settings, doc: Documents, models: Models, running: Running, counters: Counters,
+               request: Request, name: str, body: StatusChange,
                authorization: Annotated[str | None, Header()] = None,
                if_match: Annotated[str | None, Header()] = None) -> dict:
     """Start (running), pause (draft) or end (stopped) an experiment."""
-    _authorize(state, authorization)
+    _authorize(settings, authorization)
 
     now = datetime.now(UTC)
 
@@ -110,11 +114,11 @@ def set_status(state: State, request: Request, name: str, body: StatusChange,
             raise HTTPException(404, f"no experiment {name!r}")
         return [e.model_copy(update=_dated(e, body.status, now)) if e.name == name else e for e in exps]
 
-    saved = _update(state, change, if_match)
-    exp = state.guardrail.experiments.get(name)
+    saved = _update(doc, models, running, change, if_match)
+    exp = running.experiments.get(name)
     if body.status == "stopped" and exp is not None and exp.status == "stopped":
         # Its final results, kept: what its results call shows from now on (first stop's stand).
-        state.experiment_state.freeze(name, {**results_document(state, exp), "frozen_at": now.timestamp()})
+        counters.freeze(name, {**results_document(counters, running, models, exp), "frozen_at": now.timestamp()})
     audit(request, "experiment status", experiment=name, status=body.status, version=saved["version"])
     return saved
 
@@ -130,13 +134,13 @@ def _dated(exp: Experiment, status: str, now: datetime) -> dict:
 
 
 @router.post("/experiments/{name}/approve")
-def approve_winner(state: State, request: Request, name: str,
+def approve_winner(settings: Settings, running: Running, request: Request, name: str,
                    authorization: Annotated[str | None, Header()] = None) -> dict:
     """Promote the winner the guardrail proposed for ``name`` (where users are not verified, a winner
     waits for this): the alias moves to its model and every replica follows. 404 when none is proposed."""
-    _authorize(state, authorization)
+    _authorize(settings, authorization)
     try:
-        decision = state.guardrail.approve(name)
+        decision = running.approve(name)
     except LookupError as exc:
         raise HTTPException(404, str(exc)) from exc
     audit(request, "experiment approve", experiment=name, variant=decision["variant"], model=decision["model"],
@@ -144,10 +148,10 @@ def approve_winner(state: State, request: Request, name: str,
     return decision
 
 
-def watch_document(state: ServiceState, stop: threading.Event) -> threading.Thread | None:
+def watch_document(doc: ExperimentsDocument | None, models: ModelManager, guardrail: Guardrail, poll_s: float,
+                   stop: threading.Event) -> threading.Thread | None:
     """Apply the experiments document whenever a newer version is written (another replica, the retrain
     job, an operator)."""
-    doc = state.experiments_doc
     if doc is None:
         return None
     failed: list[str | None] = [None]  # the storage version last refused: logged once, not every poll
@@ -163,14 +167,14 @@ def watch_document(state: ServiceState, stop: threading.Event) -> threading.Thre
                 return
             new = ExperimentFile.parse(found.data, doc.uri)
             with _apply_lock:
-                if new.version == state.guardrail.experiments.version:
+                if new.version == guardrail.experiments.version:
                     return
-                apply(state, Experiments.of(new))
+                apply(models, guardrail, Experiments.of(new))
             log.info("experiments document %s: now serving version %d", doc.uri,
-                     state.guardrail.experiments.version)
+                     guardrail.experiments.version)
         except Exception as exc:  # noqa: BLE001 - a bad document: the old set serves until it changes
             failed[0] = token
             log.error("experiments document %s not applied; keeping version %d: %s", doc.uri,
-                      state.guardrail.experiments.version, exc)
+                      guardrail.experiments.version, exc)
 
-    return every(state.settings.reload_poll_s, stop, poll, name="dinrec-experiments-watch")
+    return every(poll_s, stop, poll, name="dinrec-experiments-watch")

@@ -28,7 +28,7 @@ from dinrec.serving.admin_experiments import watch_document
 from dinrec.serving.allocator import limit_arenas
 from dinrec.serving.catalog import Catalog
 from dinrec.serving.degraded import GuardedStore
-from dinrec.serving.deps import ServiceState
+from dinrec.serving.deps import RecommendParts, ServiceState
 from dinrec.serving.errors import install_error_handlers
 from dinrec.serving.http_timeouts import READ_TIMEOUT_KEY
 from dinrec.serving.impressions import ImpressionLog
@@ -133,13 +133,14 @@ def start_service(parts: ExitStack, settings: ServingSettings, fs_settings: Feat
                           auto_promote=settings.auto_promote == "always" or settings.user_header is not None)
     metrics.watch_guardrail(lambda: {exp.name: float(len(guardrail.held(exp.name)))
                                      for exp in guardrail.experiments.all if exp.status == "running"})
+    features = GuardedStore(store, settings.store_cooldown_s, popular_cache_s=settings.popular_cache_s)
     state = ServiceState(
         settings=settings, fs_settings=fs_settings, store=store, stream=stream, outbox=outbox, metrics=metrics,
-        features=GuardedStore(store, settings.store_cooldown_s, popular_cache_s=settings.popular_cache_s),
-        experiment_state=experiment_state, models=models, experiments_doc=experiments_doc, guardrail=guardrail,
-        impressions=impressions, catalog=catalog,
+        features=features, experiment_state=experiment_state, models=models, experiments_doc=experiments_doc,
+        guardrail=guardrail, impressions=impressions, catalog=catalog,
         quota=UserQuota(settings.events_per_user_per_minute) if settings.events_per_user_per_minute else None,
-        threads=threads)
+        threads=threads, recommending=RecommendParts(settings, metrics, guardrail, models, features, impressions,
+                                                     log_every_list=outbox is not None))
     _start_loops(parts, state, catalog)
     rec = models.current
     if rec is None:  # the watcher loads the first model the alias names (serving.models)
@@ -199,6 +200,6 @@ def _start_loops(parts: ExitStack, state: ServiceState, catalog: Catalog) -> Non
         except Exception as exc:  # noqa: BLE001 - the store may be down at start; the loop retries
             log.warning("guardrail: first check failed: %s", exc)
         every(settings.guardrail_interval_s, stop, check, name="dinrec-guardrail")
-    watch_document(state, stop)
+    watch_document(state.experiments_doc, state.models, state.guardrail, settings.reload_poll_s, stop)
     if settings.catalog_poll_s > 0:
         catalog.run(state.store, stop, settings.catalog_poll_s)

@@ -1,10 +1,10 @@
-"""What request handlers depend on: the service state the lifespan built, as a named dependency."""
+"""What request handlers depend on: the parts of the service state the lifespan built, each a named dependency."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -23,6 +23,19 @@ from dinrec.serving.quotas import UserQuota
 from dinrec.serving.settings import ServingSettings
 from dinrec.streams import EventStream
 from dinrec.streams.outbox import Outbox
+
+
+@dataclass(frozen=True)
+class RecommendParts:
+    """What /recommend reads, as one dependency (it is the hot path: one lookup per request)."""
+
+    settings: ServingSettings
+    metrics: ServiceMetrics
+    guardrail: Guardrail  # assigns the user to an experiment's variant
+    models: ModelManager
+    features: GuardedStore  # the store's reads, behind a circuit breaker
+    impressions: ImpressionLog
+    log_every_list: bool  # with the stream as sink every served list is logged; the store keeps only A/B ones
 
 
 @dataclass(frozen=True)
@@ -48,6 +61,7 @@ class ServiceState:
     quota: UserQuota | None  # what one user id may send to POST /events
     # The background threads answers depend on, by name: is each running? (readiness, dinrec_thread_alive)
     threads: Mapping[str, Callable[[], bool]]
+    recommending: RecommendParts
 
     def threads_down(self) -> list[str]:
         return sorted(name for name, alive in self.threads.items() if not alive())
@@ -59,8 +73,24 @@ class ServiceState:
         return self.models.serving_or_raise()
 
 
-async def get_state(request: Request) -> ServiceState:  # async: no thread-pool hop per request
-    return request.app.state.dinrec
+def _part(name: str) -> Any:
+    """A route's dependency on one part of the state (routes never receive the whole state)."""
+
+    async def part(request: Request) -> Any:  # async: no thread-pool hop per request
+        return getattr(request.app.state.dinrec, name)
+
+    part.__name__ = f"{name}_part"
+    return Depends(part)
 
 
-State = Annotated[ServiceState, Depends(get_state)]
+Settings = Annotated[ServingSettings, _part("settings")]
+Metrics = Annotated[ServiceMetrics, _part("metrics")]
+Models = Annotated[ModelManager, _part("models")]
+Running = Annotated[Guardrail, _part("guardrail")]  # the running experiments, as the guardrail's decisions stand
+Counters = Annotated[ExperimentState, _part("experiment_state")]
+Store = Annotated[OnlineStore, _part("store")]
+Documents = Annotated[ExperimentsDocument | None, _part("experiments_doc")]
+Journal = Annotated[Outbox | None, _part("outbox")]  # POST /events journals here when the sink is the stream
+Quota = Annotated[UserQuota | None, _part("quota")]
+Threads = Annotated[Mapping[str, Callable[[], bool]], _part("threads")]
+Recommending = Annotated[RecommendParts, _part("recommending")]

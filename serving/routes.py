@@ -24,9 +24,11 @@ from dinrec.experiments.spec import Experiment, Overrides, Variant
 from dinrec.feature_store.errors import StoreUnavailable
 from dinrec.models.ranking import Ranking, Recommender
 from dinrec.serving.admin import is_admin
-from dinrec.serving.deps import State
+from dinrec.serving.deps import Journal, Metrics, Models, Quota, Recommending, RecommendParts, Settings, Store, Threads
 from dinrec.serving.errors import InvalidRequest, error_response
 from dinrec.serving.impressions import ServedList
+from dinrec.serving.metrics import ServiceMetrics
+from dinrec.serving.quotas import UserQuota
 from dinrec.serving.schemas import (
     ContextItem,
     EventsRequest,
@@ -35,6 +37,7 @@ from dinrec.serving.schemas import (
     RecommendResponse,
     UserId,
 )
+from dinrec.serving.settings import ServingSettings
 from dinrec.streams.base import event_record
 
 log = logging.getLogger(__name__)
@@ -50,34 +53,35 @@ def _then_bundle(live: list[tuple[str, float]], bundled: list[tuple[str, float]]
     return live + [(item, floor * n / peak * 0.999) for item, n in bundled if item not in have]
 
 
-def _recommend(state: State, request: Request, user_id: str, k: int | None, *, operator: bool, explain: bool = False,
-               shown: list[str] | None = None, context: list[ContextItem] | None = None) -> Response:
+def _recommend(p: RecommendParts, request: Request, user_id: str, k: int | None, *, operator: bool,
+               explain: bool = False, shown: list[str] | None = None,
+               context: list[ContextItem] | None = None) -> Response:
     """assign → features → rank (or fall back) → log → render; ``reasons`` collects each degradation."""
-    k = k or state.settings.default_k
-    if k > state.settings.max_k:
-        raise InvalidRequest(f"k: must be <= {state.settings.max_k}", field="k")
+    k = k or p.settings.default_k
+    if k > p.settings.max_k:
+        raise InvalidRequest(f"k: must be <= {p.settings.max_k}", field="k")
     reasons: list[str] = []
-    cpu = state.metrics.recommend_cpu
+    cpu = p.metrics.recommend_cpu
     c0 = time.thread_time()  # what each stage costs the worker (it runs them inline, one request at a time)
-    experiment, variant, rec = _assign(state, user_id)
+    experiment, variant, rec = _assign(p, user_id)
     overrides = variant.overrides if variant else None
     started = getattr(request.state, "started", None) or time.perf_counter()  # the deadline counts from here
     c1 = time.thread_time()
-    history, seen = _features(state, rec, user_id, overrides, context, reasons)
+    history, seen = _features(p, rec, user_id, overrides, context, reasons)
     c2 = time.thread_time()
-    ranking = _rank(state, started, rec, user_id, history, seen, k, overrides, explain, set(shown or ()), reasons)
+    ranking = _rank(p, started, rec, user_id, history, seen, k, overrides, explain, set(shown or ()), reasons)
     c3 = time.thread_time()
     for stage, seconds in ranking.seconds.items():
-        state.metrics.stages.labels(stage).observe(seconds)
+        p.metrics.stages.labels(stage).observe(seconds)
     exp_name, variant_name = (experiment.name, variant.name) if experiment and variant else (None, None)
-    if state.impressions is not None and (exp_name or state.outbox is not None):  # the store keeps only A/B ones
-        state.impressions.log(ServedList(request.state.request_id, user_id,
-                                         [(x.item_id, x.category_id) for x in ranking.items], exp_name,
-                                         variant_name, rec.model_version, time.time(), degraded=bool(reasons),
-                                         latency_ms=1000 * (time.perf_counter() - started),
-                                         tail_items=sum(rec.long_tail(x.item_id) for x in ranking.items)))
+    if exp_name or p.log_every_list:
+        p.impressions.log(ServedList(request.state.request_id, user_id,
+                                     [(x.item_id, x.category_id) for x in ranking.items], exp_name,
+                                     variant_name, rec.model_version, time.time(), degraded=bool(reasons),
+                                     latency_ms=1000 * (time.perf_counter() - started),
+                                     tail_items=sum(rec.long_tail(x.item_id) for x in ranking.items)))
     for reason in reasons:
-        state.metrics.degraded.labels(reason).inc()
+        p.metrics.degraded.labels(reason).inc()
     c4 = time.thread_time()
     response = _render(request, user_id, ranking, reasons, {
         "model_version": rec.model_version, "strategy": ranking.strategy, "history_len": len(history),
@@ -90,29 +94,29 @@ def _recommend(state: State, request: Request, user_id: str, k: int | None, *, o
     return response
 
 
-def _assign(state: State, user_id: str) -> tuple[Experiment | None, Variant | None, Recommender]:
+def _assign(p: RecommendParts, user_id: str) -> tuple[Experiment | None, Variant | None, Recommender]:
     """The user's experiment and variant as the guardrail's decisions stand (a stopped variant's or a
     concluded experiment's users get the default experience; a ramp takes those within its step), and
     the model that serves them."""
-    assigned = state.guardrail.assign(user_id)
+    assigned = p.guardrail.assign(user_id)
     experiment, variant = assigned if assigned else (None, None)
-    rec = state.recommender
+    rec = p.models.serving_or_raise()  # read once: a swap mid-request is unseen (503 no_model before the first)
     if variant and variant.model:  # the variant serves its own model
-        rec = state.models.variant_model(variant.model)
+        rec = p.models.variant_model(variant.model)
     return experiment, variant, rec
 
 
-def _features(state: State, rec: Recommender, user_id: str, overrides: Overrides | None,
+def _features(p: RecommendParts, rec: Recommender, user_id: str, overrides: Overrides | None,
               context: list[ContextItem] | None, reasons: list[str]) -> tuple[list[HistoryItem], set[str]]:
     """The user's history (the store's; the request's own context when the store is down or slow) and
     the items the seen-item policy keeps out of the list."""
     t0 = time.perf_counter()
     if rec.settings.seen_policy == "all":  # the history and every item the user took, in one read
-        read = state.features.history_and_interacted(user_id, rec.seq_len)
+        read = p.features.history_and_interacted(user_id, rec.seq_len)
         history, interacted = read if read is not None else (None, frozenset())
     else:
-        history, interacted = state.features.history(user_id, rec.seq_len), frozenset()
-    state.metrics.stages.labels("features").observe(time.perf_counter() - t0)
+        history, interacted = p.features.history(user_id, rec.seq_len), frozenset()
+    p.metrics.stages.labels("features").observe(time.perf_counter() - t0)
     if history is None:
         reasons.append("feature_store")
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
@@ -122,7 +126,7 @@ def _features(state: State, rec: Recommender, user_id: str, overrides: Overrides
     return history, seen
 
 
-def _rank(state: State, started: float, rec: Recommender, user_id: str, history: list[HistoryItem],
+def _rank(p: RecommendParts, started: float, rec: Recommender, user_id: str, history: list[HistoryItem],
           seen: set[str], k: int, overrides: Overrides | None, explain: bool, shown: set[str],
           reasons: list[str]) -> Ranking:
     """DIN's list (or the popularity variant's); the bundle's popularity when the request is past its
@@ -131,9 +135,9 @@ def _rank(state: State, started: float, rec: Recommender, user_id: str, history:
     def popular(n: int) -> list[tuple[str, float]]:
         # Live popularity from the store (fresh, knows new items), then the bundle's after it, so a
         # store that has seen few items still fills the list. Asked for only when a list needs it.
-        return _then_bundle(state.features.popular(n) or [], rec.bundle.popularity)
+        return _then_bundle(p.features.popular(n) or [], rec.bundle.popularity)
 
-    if time.perf_counter() - started > state.settings.request_deadline_ms / 1000:
+    if time.perf_counter() - started > p.settings.request_deadline_ms / 1000:
         reasons.append("deadline")  # the store answered, but too late to rank: no further call
     elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
         return rec.rank_by_popularity(history, k, popular, shown=shown, seen=seen)
@@ -162,10 +166,10 @@ def _render(request: Request, user_id: str, ranking: Ranking, reasons: list[str]
         media_type="application/json")
 
 
-def _as_principal(state: State, request: Request, user_ids: set[str]) -> None:
+def _as_principal(settings: ServingSettings, request: Request, user_ids: set[str]) -> None:
     """With DINREC_USER_HEADER the gateway says who the caller is: a request may name that user only
     (else anyone could read or write any user's history by naming them)."""
-    header = state.settings.user_header
+    header = settings.user_header
     if header is None:
         return
     values = request.headers.getlist(header)
@@ -178,12 +182,12 @@ def _as_principal(state: State, request: Request, user_ids: set[str]) -> None:
         raise HTTPException(403, f"a request may name only its own user (the {header} header)")
 
 
-def _within_quota(state: State, events_by_user: Counter[str]) -> None:
-    wait = state.quota.take(events_by_user)  # type: ignore[union-attr]
+def _within_quota(quota: UserQuota, metrics: ServiceMetrics, per_minute: int | None,
+                  events_by_user: Counter[str]) -> None:
+    wait = quota.take(events_by_user)
     if not wait:
         return
-    state.metrics.over_quota.inc()
-    per_minute = state.settings.events_per_user_per_minute
+    metrics.over_quota.inc()
     if math.isinf(wait):
         raise HTTPException(429, f"one user's events in this request exceed a minute's quota ({per_minute} a "
                                  "minute, DINREC_EVENTS_PER_USER_PER_MINUTE): send them over time")
@@ -192,11 +196,11 @@ def _within_quota(state: State, events_by_user: Counter[str]) -> None:
                              f"in {seconds} s; nothing was accepted", headers={"Retry-After": str(seconds)})
 
 
-def _may_explain(state: State, authorization: str | None) -> None:
+def _may_explain(settings: ServingSettings, authorization: str | None) -> None:
     """``explain`` answers with the user's own recent behaviours: anyone who could ask for any user id
     could read every user's history. By default only callers holding the admin token may."""
-    policy = state.settings.explain
-    if policy == "public" or (policy == "admin" and is_admin(state, authorization)):
+    policy = settings.explain
+    if policy == "public" or (policy == "admin" and is_admin(settings, authorization)):
         return
     raise HTTPException(403, "explain names the user's own behaviours: " + (
         "it is off (DINREC_EXPLAIN=off)" if policy == "off" else
@@ -205,24 +209,24 @@ def _may_explain(state: State, authorization: str | None) -> None:
 
 
 @router.get("/recommend", response_model=RecommendResponse)
-async def recommend_get(state: State, request: Request, user_id: Annotated[UserId, Query()],
+async def recommend_get(p: Recommending, request: Request, user_id: Annotated[UserId, Query()],
                         k: Annotated[int | None, Query(ge=1)] = None, explain: bool = False,
                         shown: Annotated[list[ExternalId] | None, Query(max_length=500)] = None,
                         authorization: Annotated[str | None, Header()] = None):
-    _as_principal(state, request, {user_id})
+    _as_principal(p.settings, request, {user_id})
     if explain:
-        _may_explain(state, authorization)
-    return _recommend(state, request, user_id, k, operator=is_admin(state, authorization), explain=explain,
+        _may_explain(p.settings, authorization)
+    return _recommend(p, request, user_id, k, operator=is_admin(p.settings, authorization), explain=explain,
                       shown=shown)
 
 
 @router.post("/recommend", response_model=RecommendResponse)
-async def recommend_post(state: State, request: Request, body: RecommendRequest,
+async def recommend_post(p: Recommending, request: Request, body: RecommendRequest,
                          authorization: Annotated[str | None, Header()] = None):
-    _as_principal(state, request, {body.user_id})
+    _as_principal(p.settings, request, {body.user_id})
     if body.explain:
-        _may_explain(state, authorization)
-    return _recommend(state, request, body.user_id, body.k, operator=is_admin(state, authorization),
+        _may_explain(p.settings, authorization)
+    return _recommend(p, request, body.user_id, body.k, operator=is_admin(p.settings, authorization),
                       explain=body.explain, shown=body.shown, context=body.context)
 
 
@@ -249,30 +253,30 @@ def _refuse_what_clients_may_not_send(events: list[BehaviourEvent], max_future_s
 
 
 @router.post("/events", response_model=EventsResponse, status_code=202)
-def post_events(state: State, request: Request, body: EventsRequest,
-                authorization: Annotated[str | None, Header()] = None) -> EventsResponse:
+def post_events(settings: Settings, store: Store, journal: Journal, quota: Quota, metrics: Metrics, request: Request,
+                body: EventsRequest, authorization: Annotated[str | None, Header()] = None) -> EventsResponse:
     """Accept behaviour events (views, clicks, carts, …; a click names the ``request_id`` of the answer it
     came from). With the stream as sink they are journaled locally and sent in the background, so the
     request never waits for Kafka; 503 with Retry-After only when the journal is full. ``event_id`` is
     required: it is the idempotency key, sent again with a retry. Impressions and the A/B fields are the
     service's own (422); so is a ``ts`` ahead of the server's clock. One user id may send
     ``DINREC_EVENTS_PER_USER_PER_MINUTE`` (serving.quotas): more, 429 and nothing accepted."""
-    _as_principal(state, request, {e.user_id for e in body.events})
-    _refuse_what_clients_may_not_send(body.events, state.settings.events_max_future_s)
-    if state.quota is not None and not is_admin(state, authorization):
-        _within_quota(state, Counter(e.user_id for e in body.events))
-    if state.outbox is not None:
-        state.outbox.put([event_record(e) for e in body.events])
+    _as_principal(settings, request, {e.user_id for e in body.events})
+    _refuse_what_clients_may_not_send(body.events, settings.events_max_future_s)
+    if quota is not None and not is_admin(settings, authorization):
+        _within_quota(quota, metrics, settings.events_per_user_per_minute, Counter(e.user_id for e in body.events))
+    if journal is not None:
+        journal.put([event_record(e) for e in body.events])
     else:
-        state.store.write(body.events)
-    return EventsResponse(accepted=len(body.events), sink=state.settings.events_sink)
+        store.write(body.events)
+    return EventsResponse(accepted=len(body.events), sink=settings.events_sink)
 
 
 @router.get("/metrics", include_in_schema=False)
-def metrics(state: State) -> Response:
+def metrics(service_metrics: Metrics) -> Response:
     from prometheus_client import CONTENT_TYPE_LATEST
 
-    return Response(state.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    return Response(service_metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get("/healthz")
@@ -281,26 +285,26 @@ async def healthz() -> dict:
 
 
 @router.get("/readyz")
-def readyz(state: State, request: Request):
+def readyz(store: Store, metrics: Metrics, threads: Threads, models: Models, journal: Journal, request: Request):
     """Ready when a model serves, the background threads answers depend on run (impression logging,
     the outbox's sender, the in-app ingest) and the event journal accepts events. The feature store is
     reported (``store``, and ``dinrec_store_up``) but is no reason to leave the load balancer: without it
     answers are degraded, not refused, and a store outage must not take every replica out at once."""
     try:
-        state.store.ping()
-        store = "ok"
+        store.ping()
+        answer = "ok"
     except StoreUnavailable as exc:
         log.warning("readiness: %s", exc)
-        store = "unavailable"
-    state.metrics.store_up.set(store == "ok")
-    down = state.threads_down()
+        answer = "unavailable"
+    metrics.store_up.set(answer == "ok")
+    down = sorted(name for name, alive in threads.items() if not alive())
     if down:
         return error_response(503, "not_ready", f"background threads not running: {', '.join(down)}", request,
-                              threads_down=down, store=store)
-    waiting = state.models.waiting()
+                              threads_down=down, store=answer)
+    waiting = models.waiting()
     if waiting is not None:  # a new deployment before its first model: not ready, and why
-        return error_response(503, "not_ready", waiting, request, store=store)
-    journal = state.outbox.journal_problem() if state.outbox is not None else None
-    if journal is not None:  # POST /events would answer 503: send its clients to a replica that accepts them
-        return error_response(503, "not_ready", f"the event journal is failing: {journal}", request, store=store)
-    return {"status": "ready", "model_version": state.recommender.model_version, "store": store}
+        return error_response(503, "not_ready", waiting, request, store=answer)
+    problem = journal.journal_problem() if journal is not None else None
+    if problem is not None:  # POST /events would answer 503: send its clients to a replica that accepts them
+        return error_response(503, "not_ready", f"the event journal is failing: {problem}", request, store=answer)
+    return {"status": "ready", "model_version": models.serving_or_raise().model_version, "store": answer}
