@@ -12,6 +12,7 @@ import logging
 import math
 import time
 from collections import Counter
+from dataclasses import dataclass
 from typing import Annotated
 
 import orjson
@@ -31,6 +32,7 @@ from dinrec.serving.metrics import ServiceMetrics
 from dinrec.serving.quotas import UserQuota
 from dinrec.serving.schemas import (
     ContextItem,
+    Degraded,
     EventsRequest,
     EventsResponse,
     RecommendRequest,
@@ -56,21 +58,22 @@ def _then_bundle(live: list[tuple[str, float]], bundled: list[tuple[str, float]]
 def _recommend(p: RecommendParts, request: Request, user_id: str, k: int | None, *, operator: bool,
                explain: bool = False, shown: list[str] | None = None,
                context: list[ContextItem] | None = None) -> Response:
-    """assign → features → rank (or fall back) → log → render; ``reasons`` collects each degradation."""
+    """assign → features → rank (or fall back) → log → render; each stage says its own degradation, if any."""
     k = k or p.settings.default_k
     if k > p.settings.max_k:
         raise InvalidRequest(f"k: must be <= {p.settings.max_k}", field="k")
-    reasons: list[str] = []
     cpu = p.metrics.recommend_cpu
     c0 = time.thread_time()  # what each stage costs the worker (it runs them inline, one request at a time)
     experiment, variant, rec = _assign(p, user_id)
     overrides = variant.overrides if variant else None
     started = getattr(request.state, "started", None) or time.perf_counter()  # the deadline counts from here
     c1 = time.thread_time()
-    history, seen = _features(p, rec, user_id, overrides, context, reasons)
+    history, seen, without_store = _features(p, rec, user_id, overrides, context)
     c2 = time.thread_time()
-    ranking = _rank(p, started, rec, user_id, history, seen, k, overrides, explain, set(shown or ()), reasons)
+    plan = RankPlan(k, started, overrides, explain, frozenset(shown or ()), seen)
+    ranking, fell_back = _rank(p, rec, user_id, history, plan)
     c3 = time.thread_time()
+    reasons = [r for r in (without_store, fell_back) if r is not None]
     for stage, seconds in ranking.seconds.items():
         p.metrics.stages.labels(stage).observe(seconds)
     exp_name, variant_name = (experiment.name, variant.name) if experiment and variant else (None, None)
@@ -107,9 +110,9 @@ def _assign(p: RecommendParts, user_id: str) -> tuple[Experiment | None, Variant
 
 
 def _features(p: RecommendParts, rec: Recommender, user_id: str, overrides: Overrides | None,
-              context: list[ContextItem] | None, reasons: list[str]) -> tuple[list[HistoryItem], set[str]]:
-    """The user's history (the store's; the request's own context when the store is down or slow) and
-    the items the seen-item policy keeps out of the list."""
+              context: list[ContextItem] | None) -> tuple[list[HistoryItem], set[str], Degraded | None]:
+    """The user's history (the store's; the request's own context when the store is down or slow, said by
+    the third value) and the items the seen-item policy keeps out of the list."""
     t0 = time.perf_counter()
     if rec.settings.seen_policy == "all":  # the history and every item the user took, in one read
         read = p.features.history_and_interacted(user_id, rec.seq_len)
@@ -117,42 +120,58 @@ def _features(p: RecommendParts, rec: Recommender, user_id: str, overrides: Over
     else:
         history, interacted = p.features.history(user_id, rec.seq_len), frozenset()
     p.metrics.stages.labels("features").observe(time.perf_counter() - t0)
+    degraded = None
     if history is None:
-        reasons.append("feature_store")
+        degraded = Degraded.feature_store
         history = [HistoryItem(0.0, f"context-{i}", c.item_id, c.category_id) for i, c in enumerate(context or [])]
     seen = rec.seen_items(history, interacted)
     if overrides and overrides.seq_len:  # the variant looks at fewer behaviours (20 vs 50, say)
         history = history[-overrides.seq_len:]
-    return history, seen
+    return history, seen, degraded
 
 
-def _rank(p: RecommendParts, started: float, rec: Recommender, user_id: str, history: list[HistoryItem],
-          seen: set[str], k: int, overrides: Overrides | None, explain: bool, shown: set[str],
-          reasons: list[str]) -> Ranking:
+@dataclass(frozen=True)
+class RankPlan:
+    """What one request asks of the ranking stage."""
+
+    k: int
+    started: float  # perf_counter when the request began: its deadline counts from here
+    overrides: Overrides | None  # the variant's (strategy, recall candidates, tail share)
+    explain: bool
+    shown: frozenset[str]  # items the client showed already: not again
+    seen: set[str]  # items the seen-item policy keeps out
+
+
+def _rank(p: RecommendParts, rec: Recommender, user_id: str, history: list[HistoryItem],
+          plan: RankPlan) -> tuple[Ranking, Degraded | None]:
     """DIN's list (or the popularity variant's); the bundle's popularity when the request is past its
-    deadline or ranking fails — always an answer."""
+    deadline or ranking fails (said by the second value) — always an answer."""
 
     def popular(n: int) -> list[tuple[str, float]]:
         # Live popularity from the store (fresh, knows new items), then the bundle's after it, so a
         # store that has seen few items still fills the list. Asked for only when a list needs it.
         return _then_bundle(p.features.popular(n) or [], rec.bundle.popularity)
 
-    if time.perf_counter() - started > p.settings.request_deadline_ms / 1000:
-        reasons.append("deadline")  # the store answered, but too late to rank: no further call
-    elif overrides and overrides.strategy == "popular":  # the variant is the non-model baseline
-        return rec.rank_by_popularity(history, k, popular, shown=shown, seen=seen)
+    o = plan.overrides
+    if time.perf_counter() - plan.started > p.settings.request_deadline_ms / 1000:
+        degraded = Degraded.deadline  # the store answered, but too late to rank: no further call
+    elif o and o.strategy == "popular":  # the variant is the non-model baseline
+        return rec.rank_by_popularity(history, plan.k, popular, shown=plan.shown, seen=plan.seen), None
     else:
         try:
-            return rec.rank(history, k, popular, shown=shown, explain=explain,
-                            candidates=overrides.recall_candidates if overrides else None,
-                            tail_share=overrides.tail_share if overrides else None, seen=seen)
+            return rec.rank(history, plan.k, popular, shown=plan.shown, explain=plan.explain,
+                            candidates=o.recall_candidates if o else None, tail_share=o.tail_share if o else None,
+                            seen=plan.seen), None
         except Exception:  # recall or model failure: still an answer, from the bundle's popularity
             log.exception("ranking failed for user %r; answering with popular items", user_id)
-            reasons.append("ranking")
-    return rec.rank_by_popularity(history, k, lambda n: rec.bundle.popularity, shown=shown, seen=seen)
+            degraded = Degraded.ranking
+    fallback = rec.rank_by_popularity(history, plan.k, lambda n: rec.bundle.popularity, shown=plan.shown,
+                                      seen=plan.seen)
+    return fallback, degraded
 
 
-def _render(request: Request, user_id: str, ranking: Ranking, reasons: list[str], operator: dict | None) -> Response:
+def _render(request: Request, user_id: str, ranking: Ranking, reasons: list[Degraded],
+            operator: dict | None) -> Response:
     """``operator``: what only the operator's answers carry (OPERATOR_FIELDS)."""
     # Built as JSON here, not through the response model: validating and encoding the model again
     # costs more than ranking's Python work; tests hold these keys to RecommendResponse's schema.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from pydantic import BaseModel, ConfigDict, Field
 
 from dinrec.events.schema import BehaviourEvent, ExternalId
@@ -53,6 +55,14 @@ class RecommendedItem(BaseModel):
 _OPERATOR = "only in answers to the operator (`Authorization: Bearer <DINREC_ADMIN_TOKEN>`)"
 
 
+class Degraded(StrEnum):
+    """Why a list was answered without one of its dependencies (``degraded_reasons``)."""
+
+    feature_store = "feature_store"  # the store was down or slow: the request's context stood in for the history
+    deadline = "deadline"  # the request was past its deadline before ranking: popular items
+    ranking = "ranking"  # recall or scoring failed: popular items
+
+
 class RecommendResponse(BaseModel):
     """What a client sees: the list. Which arm of an experiment, which model and strategy served it, and how
     much of the user's history the store holds are the operator's: a client that saw its arm could click in
@@ -62,7 +72,7 @@ class RecommendResponse(BaseModel):
     user_id: str
     items: list[RecommendedItem]
     degraded: bool = Field(False, description="answered without a dependency (see degraded_reasons)")
-    degraded_reasons: list[str] = Field(default_factory=list, description="feature_store, deadline, ranking")
+    degraded_reasons: list[Degraded] = Field(default_factory=list, description="why, in the order they happened")
     model_version: str | None = Field(None, description=f"the model that ranked the list; {_OPERATOR}")
     strategy: str | None = Field(None, description=f"din or popular; {_OPERATOR}")
     history_len: int | None = Field(None, description=f"behaviours of the user's history read; {_OPERATOR}")

@@ -55,8 +55,10 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
                    what="a first snapshot")
         store.write(traffic("control", 150, 10, 1, "b") + traffic("bad", 150, 10, 0, "b")
                     + traffic("same", 150, 10, 1, "b"))
-        wait_until(lambda: (lambda r: len(r["timeline"]) >= 2 and "bad" in r["stopped"])(
-            c.get("/experiments/risky/results").json()), timeout_s=20, what="a second snapshot and the stop")
+        # a snapshot that counts the second batch (one taken just before it landed counts 150 users still)
+        wait_until(lambda: (lambda r: len(r["timeline"]) >= 2 and "bad" in r["stopped"] and sum(
+            d["users"]["control"] for d in r["results"]["srm"]["traffic_per_day"]) == 300)(
+            c.get("/experiments/risky/results").json()), timeout_s=20, what="a snapshot of both batches and the stop")
         want = c.get("/experiments/risky/results").json()
         # A second experiment, run and stopped through the admin API: its results are kept as they stood.
         done = {"name": "done", "status": "running", "owner": "ranking team", "hypothesis": "b is clicked more",
