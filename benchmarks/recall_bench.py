@@ -33,11 +33,11 @@ from dinrec.models.scorer import Scorer
 from dinrec.retrieval.baselines import ItemCF, ItemCFConfig, Popularity, hit_rate, long_tail_mask, long_tail_share
 from dinrec.retrieval.index import FaissIndex
 from dinrec.training.export import build_item_index, item_counts
-from dinrec.training.loop import train
 from dinrec.training.progress import Stages, showing
+from dinrec.training.run import train, train_towers
 from dinrec.training.samples import SampleSet, Split, build_samples, training_sequences
 from dinrec.training.settings import TrainSettings
-from dinrec.training.towers_train import towers_settings, train_towers
+from dinrec.training.towers_train import towers_settings
 
 NS = (50, 200, 1000)
 

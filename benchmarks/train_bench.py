@@ -26,9 +26,9 @@ from pathlib import Path
 import torch
 
 from dinrec.datasets import load_dataset
-from dinrec.training.loop import train
 from dinrec.training.metrics import auc, gauc, logloss
 from dinrec.training.progress import Stages, showing
+from dinrec.training.run import train
 from dinrec.training.samples import SampleSet, build_samples
 from dinrec.training.settings import TrainSettings
 from dinrec.training.telemetry import peak_rss_mb
@@ -45,7 +45,8 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings, peer_gauc: float |
         from dinrec.training.export import fit_covisitation
         from dinrec.training.lists import ListData
         from dinrec.training.pipeline import list_settings
-        from dinrec.training.towers_train import towers_settings, train_towers
+        from dinrec.training.run import train_towers
+        from dinrec.training.towers_train import towers_settings
 
         t0 = time.perf_counter()
         towers = train_towers(samples, towers_settings(settings)).model

@@ -21,7 +21,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -532,27 +531,3 @@ class Trainer:
                            file=sys.stderr)
         self.save_checkpoint()
         return bool(s.patience) and p.bad_epochs >= s.patience
-
-
-def train(samples: SampleSet, s: TrainSettings, out: Path | None = None, *, checkpoints: CheckpointStore | None = None,
-          resume: str | None = None, stop: threading.Event | None = None,
-          checkpoint_now: threading.Event | None = None, init: Callable[[DIN], dict] | None = None,
-          lists: ListData | None = None, on_epoch: Callable[[Trainer], None] | None = None) -> TrainResult:
-    """Train (resuming first when asked). ``out`` alone keeps checkpoints in ``out/checkpoints``.
-    ``lists``: the listwise objective's data (training.lists; training.pipeline builds it); ``on_epoch``: see
-    :class:`Trainer`."""
-    if checkpoints is None and out is not None:
-        from dinrec.training.checkpoint import open_checkpoint_store
-
-        checkpoints = open_checkpoint_store(out / "checkpoints", keep=s.keep_checkpoints)
-    if s.embeddings == "sharded":
-        from dinrec.training.sharded import ShardedTrainer
-
-        trainer: Trainer = ShardedTrainer(samples, s, checkpoints=checkpoints, stop=stop,
-                                          checkpoint_now=checkpoint_now, init=init)
-    else:
-        trainer = Trainer(samples, s, checkpoints=checkpoints, stop=stop, checkpoint_now=checkpoint_now, init=init,
-                          lists=lists, on_epoch=on_epoch)
-    if resume and resume != "none":
-        trainer.resume(resume)
-    return trainer.run()

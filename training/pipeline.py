@@ -63,8 +63,8 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
     (training.progress.Stages: the command's progress lines).
     Raises training.loop.TrainingInterrupted when ``stop`` ends it first."""
     from dinrec.training.export import export_bundle, fit_covisitation
-    from dinrec.training.loop import train
-    from dinrec.training.towers_train import towers_settings, train_towers
+    from dinrec.training.run import train, train_towers
+    from dinrec.training.towers_train import towers_settings
     from dinrec.training.warm_start import initializers
 
     say = say or (lambda _: None)

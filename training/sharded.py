@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 import torch
@@ -214,7 +215,30 @@ class ShardedTables:
         return full if is_main else None
 
 
-class ShardedTrainer(Trainer):
+class ShardCheckpoints:
+    """The sharded trainers' checkpoints (DIN's and the towers'): every rank writes its own shard of the tables
+    before rank 0 completes the checkpoint with the trainer's state; a resume loads this rank's shard after it.
+    Mixed in before the trainer class, whose ``save_checkpoint`` and ``resume`` it extends."""
+
+    tables: ShardedTables
+    checkpoints: CheckpointStore | None
+    info: tdist.DistInfo
+    progress: Any
+
+    def save_checkpoint(self) -> str | None:
+        if self.checkpoints is not None:
+            self.tables.save_shard(self.checkpoints, checkpoint_name(self.progress.global_step), self.info.rank)
+        tdist.barrier(self.info)  # every shard is written before rank 0 completes the checkpoint
+        return super().save_checkpoint()  # type: ignore[misc]
+
+    def resume(self, *which: str) -> str | None:
+        name = super().resume(*which)  # type: ignore[misc]
+        if name is not None and self.checkpoints is not None:
+            self.tables.load(self.checkpoints.load_shard(name, self.info.rank))
+        return name
+
+
+class ShardedTrainer(ShardCheckpoints, Trainer):
     """training.loop.Trainer with DIN's tables sharded (see the module docstring)."""
 
     def _build_model(self, init: Callable[[DIN], dict] | None) -> dict | None:
@@ -242,19 +266,6 @@ class ShardedTrainer(Trainer):
     def _optimizers(self) -> list[torch.optim.Optimizer]:
         """Adam for the dense part; the tables' fused optimizer runs inside the backward pass."""
         return [torch.optim.Adam(self._dense_parameters(), lr=self.s.lr)]
-
-    # ------------------------------------------------------------------ checkpoints
-    def save_checkpoint(self) -> str | None:
-        if self.checkpoints is not None:
-            self.tables.save_shard(self.checkpoints, checkpoint_name(self.progress.global_step), self.info.rank)
-        tdist.barrier(self.info)  # every shard is written before rank 0 completes the checkpoint
-        return super().save_checkpoint()
-
-    def resume(self, which: str) -> str | None:
-        name = super().resume(which)
-        if name is not None:
-            self.tables.load(self.checkpoints.load_shard(name, self.info.rank))  # type: ignore[union-attr]
-        return name
 
     # ------------------------------------------------------------------ evaluation and the result
     @torch.no_grad()

@@ -24,10 +24,8 @@ from torch import nn
 
 from dinrec.models.din import table_rows
 from dinrec.models.towers import TABLES, Towers
-from dinrec.training import dist as tdist
-from dinrec.training.checkpoint import checkpoint_name
 from dinrec.training.samples import Split
-from dinrec.training.sharded import ShardedTables, join_group, refuse_unsupported
+from dinrec.training.sharded import ShardCheckpoints, ShardedTables, join_group, refuse_unsupported
 from dinrec.training.towers_train import TowersTrainer, hit_rate_at, sampled_softmax
 
 # feature → table: behaviours look up X, targets and negatives look up E
@@ -77,7 +75,7 @@ class ShardedTowersLoss(nn.Module):
         return sampled_softmax(users, items[:b], items[b:], target, neg, self.dense.cfg.temperature)
 
 
-class ShardedTowersTrainer(TowersTrainer):
+class ShardedTowersTrainer(ShardCheckpoints, TowersTrainer):
     """training.towers_train.TowersTrainer with the four tables sharded (see the module docstring)."""
 
     def _build_model(self, init: Callable[[Towers], dict] | None) -> dict | None:
@@ -135,16 +133,4 @@ class ShardedTowersTrainer(TowersTrainer):
         if whole is not None and self.best_state is not None:
             whole.load_state_dict(self.best_state)
         return whole
-
-    def save_checkpoint(self) -> str | None:
-        if self.checkpoints is not None:
-            self.tables.save_shard(self.checkpoints, checkpoint_name(self.progress.global_step), self.info.rank)
-        tdist.barrier(self.info)  # every shard is written before rank 0 completes the checkpoint
-        return super().save_checkpoint()
-
-    def resume(self) -> str | None:
-        name = super().resume()
-        if name is not None:
-            self.tables.load(self.checkpoints.load_shard(name, self.info.rank))  # type: ignore[union-attr]
-        return name
 

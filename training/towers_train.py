@@ -307,24 +307,3 @@ class TowersTrainer:
                    "seconds": round(p.seconds, 1), "device": str(self.device), "world_size": self.info.world_size,
                    "global_step": p.global_step, "warm_start": self.init_info, "embeddings": s.embeddings}
         return TowersResult(final.cpu() if final is not None else None, metrics)
-
-
-def train_towers(samples: SampleSet, settings: TowersSettings = TowersSettings(),
-                 init: Callable[[Towers], dict] | None = None, *, checkpoints: CheckpointStore | None = None,
-                 resume: str | None = None, stop: threading.Event | None = None,
-                 checkpoint_now: threading.Event | None = None) -> TowersResult:
-    """``init``: called on the fresh towers before training (a warm start: training.warm_start); a
-    resumed checkpoint (``resume`` auto: the latest in ``checkpoints``' towers/) replaces it. Raises
-    training.loop.TrainingInterrupted when ``stop`` ends it first (after a checkpoint)."""
-    trainer_type = TowersTrainer
-    if settings.embeddings == "sharded":
-        from dinrec.training.sharded_towers import ShardedTowersTrainer
-
-        trainer_type = ShardedTowersTrainer
-    trainer = trainer_type(samples, settings, init, checkpoints=checkpoints, stop=stop,
-                           checkpoint_now=checkpoint_now)
-    if resume and resume != "none":
-        if resume != "auto":
-            raise ValueError("the towers resume from their latest checkpoint (auto) only")
-        trainer.resume()
-    return trainer.run()

@@ -5,7 +5,7 @@ import torch
 
 from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.training.amp import choose_precision
-from dinrec.training.loop import train
+from dinrec.training.run import train
 from dinrec.training.samples import build_samples
 from dinrec.training.settings import TrainSettings
 

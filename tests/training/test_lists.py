@@ -16,7 +16,8 @@ from dinrec.training.samples import build_samples, training_ends
 
 @pytest.fixture(scope="module")
 def lists():
-    from dinrec.training.towers_train import TowersSettings, train_towers
+    from dinrec.training.run import train_towers
+    from dinrec.training.towers_train import TowersSettings
 
     data = generate(SyntheticConfig(n_users=150, n_items=120, n_categories=6, mean_events_per_user=20, seed=5))
     samples = build_samples(data, seq_len=20)

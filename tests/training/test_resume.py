@@ -15,7 +15,8 @@ import torch
 
 from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.training.checkpoint import CheckpointError, open_checkpoint_store
-from dinrec.training.loop import Trainer, TrainingInterrupted, train
+from dinrec.training.loop import Trainer, TrainingInterrupted
+from dinrec.training.run import train
 from dinrec.training.samples import build_samples
 from dinrec.training.settings import TrainSettings
 from tests.conftest import REPO, synthetic_dataset_dir

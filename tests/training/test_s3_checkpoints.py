@@ -8,7 +8,8 @@ import pytest
 from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.storage import S3Storage
 from dinrec.training.checkpoint import CheckpointError, open_checkpoint_store
-from dinrec.training.loop import TrainingInterrupted, train
+from dinrec.training.loop import TrainingInterrupted
+from dinrec.training.run import train
 from dinrec.training.samples import build_samples
 from tests.training.test_resume import StopAfter, settings
 

@@ -70,8 +70,9 @@ def test_sharded_towers_on_two_ranks_train_like_one_unsharded_process(data, tmp_
 
 
 def test_one_sharded_process_trains_the_towers_as_the_unsharded_trainer(data, tmp_path):
+    from dinrec.training.run import train_towers
     from dinrec.training.samples import SampleSet
-    from dinrec.training.towers_train import TowersSettings, train_towers
+    from dinrec.training.towers_train import TowersSettings
 
     _train(data, tmp_path / "s", env={"DINREC_TRAIN_RECALL_EPOCHS": "0"})
     samples = SampleSet.load(tmp_path / "s" / "samples")

@@ -17,8 +17,9 @@ from dinrec.models.recall import RecallSpace
 from dinrec.models.towers import Towers, TowersConfig
 from dinrec.retrieval.baselines import Popularity, hit_rate
 from dinrec.training.export import export_bundle
+from dinrec.training.run import train_towers
 from dinrec.training.samples import build_samples, training_sequences
-from dinrec.training.towers_train import TowersSettings, train_towers
+from dinrec.training.towers_train import TowersSettings
 
 
 @pytest.fixture(scope="module")
