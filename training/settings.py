@@ -110,7 +110,18 @@ class TrainSettings(BaseSettings):
     recall_lr: float = Field(3e-3, gt=0, le=1.0, description="the recall towers' Adam learning rate")
     recall_full_softmax_items: int = Field(200_000, ge=0, description=(
         "the towers score every item per step while the catalog has at most this many; past it (and with "
-        "sharded tables) each target meets 8,192 sampled negatives"))
+        "sharded tables) each target meets recall_sampled_negatives sampled negatives"))
+    recall_sampled_negatives: int = Field(8192, ge=1, le=1_000_000, description=(
+        "negatives each recall target meets when the catalog is past recall_full_softmax_items (uniform draws "
+        "shared by the batch)"))
+    recall_batch_size: int = Field(512, ge=1, le=1_000_000, description="the recall towers' samples per step")
+    recall_weight_decay: float = Field(0.0, ge=0, le=1.0, description="the recall towers' Adam weight decay")
+    recall_temperature: float = Field(0.07, gt=0, le=10.0, description=(
+        "the recall towers' softmax temperature (the scores are cosine similarities)"))
+    recall_eval_n: int = Field(200, ge=1, le=100_000, description=(
+        "the recall towers' early stopping reads validation HR at this many candidates"))
+    recall_patience: int = Field(3, ge=1, le=1000, description=(
+        "the recall towers stop after this many epochs without a better validation HR"))
 
     @model_validator(mode="after")
     def _objective_defaults(self) -> TrainSettings:

@@ -60,13 +60,17 @@ class TowersSettings:
 
 
 def towers_settings(train: TrainSettings) -> TowersSettings:
-    """The recall towers' settings from ``dinrec train``'s (the device is DIN's)."""
+    """The recall towers' settings from ``dinrec train``'s (the device is DIN's): every field is reachable from
+    a DINREC_TRAIN_RECALL_* variable or one DIN shares (tests/training/test_towers.py holds the defaults
+    equal)."""
     device = train.device if train.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    return TowersSettings(dim=train.recall_dim, epochs=train.recall_epochs, lr=train.recall_lr, seed=train.seed,
-                          checkpoint_every=train.checkpoint_every, device=device,
-                          full_softmax_items=train.recall_full_softmax_items, table_optimizer=train.table_optimizer,
-                          table_lr=train.table_lr, embeddings=train.embeddings,
-                          sharding=train.embedding_sharding)
+    return TowersSettings(dim=train.recall_dim, epochs=train.recall_epochs, batch_size=train.recall_batch_size,
+                          lr=train.recall_lr, weight_decay=train.recall_weight_decay,
+                          temperature=train.recall_temperature, full_softmax_items=train.recall_full_softmax_items,
+                          sampled_negatives=train.recall_sampled_negatives, eval_n=train.recall_eval_n,
+                          patience=train.recall_patience, checkpoint_every=train.checkpoint_every, device=device,
+                          seed=train.seed, table_optimizer=train.table_optimizer, table_lr=train.table_lr,
+                          embeddings=train.embeddings, sharding=train.embedding_sharding)
 
 
 @dataclass

@@ -107,3 +107,24 @@ def test_stopped_towers_resume_to_the_weights_of_an_uninterrupted_run(samples, t
     for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert resumed.metrics["epochs"] == whole.metrics["epochs"] and resumed.metrics["seconds"] > 0
+
+
+def test_every_towers_setting_is_reachable_from_the_training_settings(monkeypatch):
+    """`dinrec train` reaches each of the towers' settings (a DINREC_TRAIN_RECALL_* variable or one DIN shares),
+    and its defaults are the towers' own."""
+    import dataclasses
+
+    from dinrec.training.settings import TrainSettings
+    from dinrec.training.towers_train import towers_settings
+
+    assert towers_settings(TrainSettings(device="cpu")) == TowersSettings()
+    monkeypatch.setenv("DINREC_TRAIN_RECALL_TEMPERATURE", "0.2")
+    assert towers_settings(TrainSettings(device="cpu")).temperature == 0.2
+    moved = towers_settings(TrainSettings(
+        device="cpu", recall_dim=16, recall_epochs=3, recall_batch_size=64, recall_lr=0.01, recall_weight_decay=0.1,
+        recall_full_softmax_items=10, recall_sampled_negatives=100, recall_eval_n=50, recall_patience=5,
+        checkpoint_every=7, seed=3, embedding_lr=0.1, embeddings="sharded",
+        embedding_sharding="row_wise", objective="pointwise"))
+    unmoved = [f.name for f in dataclasses.fields(TowersSettings)
+               if f.name != "device" and getattr(moved, f.name) == getattr(TowersSettings(), f.name)]
+    assert unmoved == []
