@@ -8,6 +8,7 @@ path entry does not activate, so the only dinrec the venv can import is the whee
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -40,8 +41,14 @@ def _other_project(root: Path, name: str) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    dist = tmp_path_factory.mktemp("dist")
-    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(REPO))
+    # Built from a copy of what the wheel is made of: a build in the repository would leave build/lib there,
+    # whose files from an earlier layout a later local build would carry along.
+    source, dist = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("dist")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for room in ROOMS:
+        shutil.copytree(REPO / room, source / room, ignore=shutil.ignore_patterns("__pycache__"))
+    _pip("wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source))
     return next(dist.glob("dinrec-*.whl"))
 
 
