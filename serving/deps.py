@@ -63,9 +63,6 @@ class ServiceState:
     threads: Mapping[str, Callable[[], bool]]
     recommending: RecommendParts
 
-    def threads_down(self) -> list[str]:
-        return sorted(name for name, alive in self.threads.items() if not alive())
-
     @property
     def recommender(self) -> Recommender:
         """The model serving now (a request reads it once, when it starts: a swap mid-request is unseen).
