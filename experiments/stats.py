@@ -307,7 +307,11 @@ def with_theta(a: Stat, b: Stat) -> tuple[Stat, Stat]:
 
 
 def _relative_variance(a: Stat, b: Stat) -> float:
-    """Var of (b − a) / a's unadjusted mean: the delta method, with CUPED's adjustment where it applies."""
+    """Var of (b − a) / a's unadjusted mean: the delta method, with CUPED's adjustment where it applies.
+    An arm with no users yet has no variance to speak of: 0, which :func:`relative_effect` reads as nothing
+    to compare (a timeline's first point can hold control's first users and none of a treatment's)."""
+    if a.n < 1 or b.n < 1:
+        return 0.0
     mean_a = a.unadjusted_mean
     if isinstance(a, CupedMeanStat) and isinstance(b, CupedMeanStat):
         if b.n * mean_a**2 == 0 or a.n * mean_a**2 == 0:

@@ -85,6 +85,17 @@ def test_a_lift_interval_is_cut_at_minus_100_percent():
     assert r.lift == -1 and r.ci_low == -1 and r.cs_low == -1 and r.sequential == "worse"
 
 
+def test_an_arm_with_no_users_yet_is_nothing_to_compare_not_an_error():
+    """A timeline point can hold control's first users and none of a treatment's (or the reverse): the
+    results page showed a 500 for the whole experiment when either arm's n was 0."""
+    some = VariantSums.of([(10, 1)] * 50 + [(10, 0)] * 50)
+    nobody = VariantSums(0, 0, 0, 0, 0, 0)
+    for control, treatment in ((some, nobody), (nobody, some), (nobody, nobody)):
+        r = compare(control, treatment, "t")
+        assert math.isnan(r.lift) and r.sequential == "inconclusive" and not r.significant
+    assert compare(some, some, "t").lift == 0  # the guard only takes the empty arm
+
+
 def test_the_running_intersection_only_narrows_so_a_verdict_stands():
     from dinrec.experiments.stats import intersect, verdict
 
