@@ -32,10 +32,11 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
-from dinrec.experiments.stats import CupedMeanStat, CupedRatioStat, MeanStat, Moments, RatioStat, relative_effect
+from dinrec.experiments.stats import CupedMeanStat, CupedRatioStat, MeanStat, Moments, RatioStat, Stat, relative_effect
 from dinrec.training.progress import Stages, showing
 
 
@@ -82,7 +83,7 @@ def _m(s: dict[str, float], x: str) -> Moments:
     return Moments(int(s["1"]), s[x], s[f"{x}*{x}"])
 
 
-def _stats(s: dict[str, float]) -> dict[str, object]:
+def _stats(s: dict[str, float]) -> dict[str, Stat]:
     """The four analyses of one arm at one look."""
     return {
         "ctr": RatioStat(_m(s, "c"), _m(s, "n"), s["c*n"]),
@@ -94,6 +95,14 @@ def _stats(s: dict[str, float]) -> dict[str, object]:
 
 
 ANALYSES = ("ctr", "conversion", "ctr_cuped", "conversion_cuped")
+
+
+class _Plan(TypedDict):
+    """:func:`_run`'s experiment, the same for every run of a bench."""
+    users: int
+    looks: int
+    alpha: float
+    tuning_users: float
 
 
 def _run(rng: np.random.Generator, world: World, lift: float, *, users: int, looks: int, alpha: float,
@@ -134,8 +143,8 @@ def bench_ab(*, runs: int = 2000, users: int = 20_000, looks: int = 20, impressi
     say = Stages(showing(progress))
     rng = np.random.default_rng(seed)
     world = World(impressions=impressions, ctr=ctr, concentration=concentration)
-    kw = dict(users=users, looks=looks, alpha=alpha,
-              tuning_users=2 * users)  # tightest near the planned sample: both arms, full length
+    kw: _Plan = {"users": users, "looks": looks, "alpha": alpha,
+                 "tuning_users": 2 * users}  # tightest near the planned sample: both arms, full length
     t0 = time.perf_counter()
     aa = [_run(rng, world, 0.0, analyses=ANALYSES, **kw) for _ in range(runs)]
     say(f"a/a: {runs} experiments simulated, four analyses each (ctr fixed-test fpr "

@@ -145,9 +145,11 @@ def bench_serve_cmd(
 ) -> None:
     """The service under a fixed request rate: rps, p50/p95/p99, errors, degraded (DINREC_REDIS_URL); with
     --vs fastapi, the rate it holds against the framework's own ceiling on this box."""
-    from dinrec.benchmarks.serve_bench import bench_serve
+    from dinrec.benchmarks.serve_bench import INDEX_KINDS, bench_serve
     from dinrec.feature_store.settings import FeatureStoreSettings
 
+    if index not in INDEX_KINDS:
+        raise typer.BadParameter(f"--index {index!r}: {', '.join(INDEX_KINDS)}")
     if store not in ("redis", "redis-cluster"):
         raise typer.BadParameter(f"--store {store!r}: redis or redis-cluster")
     if store == "redis-cluster" and not cluster_url:

@@ -45,6 +45,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
@@ -115,7 +116,9 @@ def _served_lists(bundle: Path, events: Interactions, test: Sequence[Case], n: i
     fs = FeatureStoreSettings(store="memory", stream="inprocess")
     store = MemoryStore(history_cap=fs.history_len)  # held here to see when ingest has caught up
     app = create_app(settings, fs, store=store)
-    lists, strategies, degraded = [], {}, 0
+    lists: list[list[str]] = []
+    strategies: dict[str, int] = {}  # answers by the strategy that served them
+    degraded = 0
     t0 = time.perf_counter()
     port = free_port()
     with serve_in_thread(app, port, name="dinrec-bench-e2e"), \
@@ -287,8 +290,8 @@ def _stage_variants(bundle, samples: SampleSet, test: Sequence[Case]) -> tuple[d
     served = Recommender(bundle, index, RankingSettings(), precision="fp32")
     served.memo = {}
 
-    def stage(blend: Blend | None | str = "bundle") -> Recommender:
-        served.blend = bundle.blend if blend == "bundle" else blend
+    def stage(blend: Blend | None | Literal["bundle"] = "bundle") -> Recommender:
+        served.blend = bundle.blend if isinstance(blend, str) else blend  # "bundle": the bundle's own
         return served
 
     out: dict[str, list[list[str]]] = {}
@@ -372,6 +375,7 @@ def bench_e2e(data: Path, *, seeds: Sequence[int] = (0,), max_users: int | None 
         with tempfile.TemporaryDirectory(prefix="dinrec-bench-e2e-") as tmp:
             ts = time.perf_counter()
             bundle_path = train_bundle(seed_samples, settings, Path(tmp) / "bundle", run_dir=Path(tmp)).bundle
+            assert bundle_path is not None  # exported: None only on a torchrun rank but the first
             dinrec_info["train_seconds"].append(round(time.perf_counter() - ts, 1))
             _progress(f"seed {seed}: dinrec trained")
             bundle = load_bundle(bundle_path)

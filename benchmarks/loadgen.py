@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import gc
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,10 @@ class Outcome:
     status: int       # 0: no answer (see ``failure``)
     degraded: bool    # the answer said "degraded": true
     failure: str = ""  # why there was no answer: timeout, connect, connection limit, …
+
+
+# What both uvloop.run and asyncio.run are, as called here (their optional keywords differ).
+_Runner = Callable[[Coroutine[Any, Any, list[Outcome]]], list[Outcome]]
 
 
 def percentile(values: Sequence[float], q: float) -> float | None:
@@ -86,7 +91,7 @@ async def drive(host: str, port: int, requests: Sequence[bytes], rps: float, sec
                 try:
                     status, body = await _exchange(*conn, request)
                 except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
-                    if not reused or getattr(exc, "partial", b""):
+                    if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
                         raise
                     # The server closed this idle connection (its keep-alive timeout) as the request
                     # left: nothing was answered, so send it again on a fresh one, as HTTP clients do.
@@ -128,7 +133,7 @@ def run(host: str, port: int, requests: Sequence[bytes], rps: float, seconds: fl
     vocabulary, torch) stalls the loop for 100+ ms, which would show as the service's latency."""
     try:
         import uvloop
-        runner = uvloop.run
+        runner: _Runner = uvloop.run
     except ImportError:
         runner = asyncio.run
     gc.collect()
@@ -166,7 +171,7 @@ def closed_loop(host: str, port: int, requests: Sequence[bytes], concurrency: in
     """What the service completes when it is never idle and never queued past ``concurrency``: its capacity."""
     try:
         import uvloop
-        runner = uvloop.run
+        runner: _Runner = uvloop.run
     except ImportError:
         runner = asyncio.run
     return runner(_closed(host, port, requests, concurrency, seconds))

@@ -77,7 +77,9 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
     settings = TrainSettings(epochs=epochs, seq_len=seq_len, seed=seed, progress=False, recall_epochs=recall_epochs,
                              objective="pointwise")
     with tempfile.TemporaryDirectory(prefix="dinrec-bench-recall-") as tmp:
-        din = train(samples, settings, Path(tmp)).model.eval()
+        model = train(samples, settings, Path(tmp)).model
+        assert model is not None  # None only on a sharded run's other ranks; this one trains alone
+        din = model.eval()
     t_din = time.perf_counter()
     say("din trained")
     towers = train_towers(samples, towers_settings(settings))
@@ -100,16 +102,16 @@ def bench_recall(data: Path, *, epochs: int = 3, recall_epochs: int = 20, seq_le
     seqs = training_sequences(samples)
     tuned = {w: ItemCF.fit(seqs, samples.vocab.n_items, ItemCFConfig(window=w)) for w in (5, 10, 20)}
     val_hr = {w: hit_rate(cf.recall, [(c[0], c[2]) for c in val], [200])["hr@200"] for w, cf in tuned.items()}
-    best = max(val_hr, key=val_hr.get)
+    best = max(val_hr, key=val_hr.__getitem__)
     # Popularity from the training behaviours only: a deployed popularity recall knows only the past.
     cf = tuned[best]
     pop = Popularity(np.bincount(samples.train.target_item[samples.train.label == 1], minlength=len(counts)))
     cf_lists = [cf.recall(c[0], max(NS)) for c in test]
     pop_lists = [pop.recall(c[0], max(NS)) for c in test]
     result["item_cf"] = {**_hr(cf_lists, test), "window": best, "val_hr@200_by_window": val_hr,
-                         "long_tail_share": long_tail_share([x[:k] for x in cf_lists], counts)}
-    result["popularity"] = {**_hr(pop_lists, test), "long_tail_share": long_tail_share([x[:k] for x in pop_lists],
-                                                                                       counts)}
+                         "long_tail_share": long_tail_share([x[:k].tolist() for x in cf_lists], counts)}
+    result["popularity"] = {**_hr(pop_lists, test),
+                            "long_tail_share": long_tail_share([x[:k].tolist() for x in pop_lists], counts)}
     say(f"item-cf (window {best}) and popularity recalled")
 
     # The final lists as the service ranks them: DIN's scores over the 200 candidates, then the

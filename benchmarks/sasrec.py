@@ -37,6 +37,8 @@ class SASRecConfig:
 
 
 class SASRec(nn.Module):
+    causal: torch.Tensor  # a buffer (register_buffer), which nn.Module's attribute lookup types as Tensor | Module
+
     def __init__(self, n_items: int, cfg: SASRecConfig) -> None:
         super().__init__()
         self.cfg = cfg

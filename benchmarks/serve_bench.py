@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, TypedDict
 
 import numpy as np
 import torch
@@ -49,6 +50,35 @@ from dinrec.serving.server import free_port
 from dinrec.training.export import build_item_index
 from dinrec.training.progress import Stages, showing
 
+IndexKind = Literal["auto", "flat", "hnsw"]  # IndexSpec.kind
+INDEX_KINDS: tuple[IndexKind, ...] = ("auto", "flat", "hnsw")
+
+
+def index_kind(index: str) -> IndexKind:
+    """``index`` as an IndexSpec kind; an unknown one is refused (IndexSpec would build it as flat)."""
+    for kind in INDEX_KINDS:
+        if index == kind:
+            return kind
+    raise ValueError(f"index {index!r}: one of {', '.join(INDEX_KINDS)}")
+
+
+class _ServiceShape(TypedDict):
+    """:func:`_service`'s catalog, users and workers."""
+    items: int
+    categories: int
+    users: int
+    seq_len: int
+    workers: int | None
+    index: IndexKind
+
+
+class _LoadShape(_ServiceShape):
+    """:func:`_serve_once`'s: the service's and the load's."""
+    rps: float
+    seconds: float
+    timeout_s: float
+    warmup_s: float
+
 
 def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0,
                      index: IndexSpec | None = None) -> Path:
@@ -63,8 +93,12 @@ def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed:
     towers = Towers(TowersConfig(n_items=items + 1, n_categories=categories + 1, seq_len=seq_len)).eval()
     built, info = build_item_index(RecallSpace(model, towers, item_category), index)
     popular = [(f"i{i}", float(items - i)) for i in range(1, 1001)]
+
+    def write_info(path: Path) -> None:
+        path.write_text(json.dumps(info))
+
     return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, towers=towers, extra_files={
-        ITEM_INDEX_FILE: built.save, ITEM_INDEX_INFO_FILE: lambda p: p.write_text(json.dumps(info))})
+        ITEM_INDEX_FILE: built.save, ITEM_INDEX_INFO_FILE: write_info})
 
 
 def load_histories(store: RedisStore, users: int, items: int, seq_len: int, seed: int = 1) -> None:
@@ -99,7 +133,7 @@ class StoreSpec:
 
 @contextlib.contextmanager
 def _service(spec: StoreSpec, *, items: int, categories: int, users: int, seq_len: int, workers: int | None,
-             index: str, env: dict[str, str] | None,
+             index: IndexKind, env: dict[str, str] | None,
              say: Callable[[str], None] | None = None) -> Iterator[tuple[int, dict]]:
     """`dinrec serve` on a synthetic bundle and ``users`` histories in Redis; yields (port, index card).
     ``say``: told each stage (progress)."""
@@ -158,8 +192,9 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
     if vs not in (None, "fastapi"):
         raise ValueError(f"vs {vs!r}: fastapi or None")
     say = Stages(showing(progress))
-    shape = {"rps": rps, "seconds": seconds, "items": items, "categories": categories, "users": users,
-             "seq_len": seq_len, "workers": workers, "timeout_s": timeout_s, "warmup_s": warmup_s, "index": index}
+    shape: _LoadShape = {"rps": rps, "seconds": seconds, "items": items, "categories": categories, "users": users,
+                         "seq_len": seq_len, "workers": workers, "timeout_s": timeout_s, "warmup_s": warmup_s,
+                         "index": index_kind(index)}
     single_spec = StoreSpec(redis_url)
     search = {"probe_s": probe_seconds, "timeout_s": timeout_s, "p99_ms": p99_ms} if vs else None
     single = {"store": single_spec.kind, **_serve_once(single_spec, say=say, search=search, **shape)}
@@ -183,7 +218,7 @@ def bench_serve(redis_url: str, *, rps: float = 400, seconds: float = 20, items:
 
 
 def _serve_once(spec: StoreSpec, *, rps: float, seconds: float, items: int, categories: int, users: int,
-                seq_len: int, workers: int | None, timeout_s: float, warmup_s: float, index: str,
+                seq_len: int, workers: int | None, timeout_s: float, warmup_s: float, index: IndexKind,
                 say: Callable[[str], None], search: dict | None = None) -> dict:
     """The fixed-rate run; with ``search`` (held_rate's bounds), then the held-rate search on the same
     service: its figure under ``held_rps``, the probes under ``held``."""
@@ -277,7 +312,8 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
     from dinrec.benchmarks.machine import machine
 
     say = Stages(showing(progress))
-    shape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers, "index": "auto"}
+    shape: _ServiceShape = {"items": items, "categories": 1000, "users": users, "seq_len": 50, "workers": workers,
+                            "index": "auto"}
     health = free_port()
     settings = {"DINREC_REQUEST_DEADLINE_MS": str(deadline_ms), "DINREC_HEALTH_PORT": str(health)}
     with _service(StoreSpec(redis_url), env={**settings, "DINREC_MAX_IN_FLIGHT": str(cap)},
@@ -328,7 +364,8 @@ class _SlowClients:
     def __init__(self, port: int, n: int) -> None:
         import threading
 
-        self.port, self.n, self.opened, self.answers = port, n, 0, Counter()
+        self.port, self.n, self.opened = port, n, 0
+        self.answers: Counter[str] = Counter()  # the status codes the service answered the slow ones with
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._hold, args=(j,), name=f"bench-slow-{j}", daemon=True)
                          for j in range(n)]
@@ -372,7 +409,8 @@ class _HealthProbe:
     def __init__(self, base: str) -> None:
         import threading
 
-        self.base, self.latencies_ms, self.failed = base, [], 0
+        self.base, self.failed = base, 0
+        self.latencies_ms: list[float] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-healthz", daemon=True)
 

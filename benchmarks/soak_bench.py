@@ -19,6 +19,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Literal, TypedDict
 
 import numpy as np
 
@@ -32,6 +33,16 @@ from dinrec.training.progress import Stages, showing
 # Short windows, so that what invented ids make the store hold expires within the run.
 SHORT_WINDOWS = {"DINREC_DEDUP_WINDOW_S": "60", "DINREC_ATTRIBUTION_WINDOW_S": "60",
                  "DINREC_USER_TTL_DAYS": str(120 / 86400), "DINREC_POPULARITY_WINDOW_H": str(60 / 3600)}
+
+
+class _Window(TypedDict):
+    """One window of a soak: its end, the memory held then, its latency and answers."""
+    t_s: int
+    rss_mb: float
+    redis_used_mb: float | None  # None on the embedded store
+    p99_ms: float | None  # None when nothing was answered
+    ok_share: float
+    errors: dict[str, int]
 
 
 def _post(port: int, path: str, body: dict) -> bytes:
@@ -75,9 +86,10 @@ def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: f
     if kind == "memory":
         env["DINREC_WORKERS"] = "1"  # the embedded store lives in one process
     r = redis.Redis.from_url(redis_url) if kind == "redis" else None
-    used = (lambda: round(r.info("memory")["used_memory"] / 2**20, 1)) if r is not None else (lambda: None)
+    used: Callable[[], float | None] = ((lambda: round(r.info("memory")["used_memory"] / 2**20, 1)) if r is not None
+                                        else (lambda: None))
     rng = np.random.default_rng(seed)
-    windows = []
+    windows: list[_Window] = []
     try:
         with running_process([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(bundle),
                               "--port", str(port)], port, folder / "serve.log", env) as proc:
@@ -107,10 +119,11 @@ def _soak(kind: str, redis_url: str, *, minutes: float, window_s: float, rate: f
     first_p99 = [w["p99_ms"] for w in windows[:2] if w["p99_ms"] is not None]
     last_p99 = [w["p99_ms"] for w in windows[-2:] if w["p99_ms"] is not None]
 
-    def growth(field: str, start: float | None) -> dict:
+    def growth(field: Literal["rss_mb", "redis_used_mb"], start: float | None) -> dict:
         if start is None or not windows:
             return {}
         mid, end = windows[half - 1][field] if half else start, windows[-1][field]
+        assert mid is not None and end is not None  # measured in every window when it was at the start
         return {f"{field}_start": start, f"{field}_growth_first_half": round(mid - start, 1),
                 f"{field}_growth_second_half": round(end - mid, 1)}
 

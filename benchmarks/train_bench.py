@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
+from typing import Any, TypedDict
 
 import torch
 
@@ -32,6 +33,23 @@ from dinrec.training.run import train
 from dinrec.training.samples import SampleSet, build_samples
 from dinrec.training.settings import TrainSettings
 from dinrec.training.telemetry import peak_rss_mb
+
+
+class _Common(TypedDict):
+    """The TrainSettings both sides share (validated there: device and activation against its choices)."""
+    epochs: int
+    seq_len: int
+    batch_size: int
+    item_dim: int
+    cat_dim: int
+    attention_hidden: tuple[int, ...]
+    mlp_hidden: tuple[int, ...]
+    mlp_activation: str
+    seed: int
+    device: str
+    progress: bool
+    patience: int
+
 
 _REPORTED = ("samples_per_s", "candidates_per_s", "test_auc", "test_gauc", "test_logloss", "val_gauc")
 
@@ -127,9 +145,10 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
     peer: list[dict] = []
     pointwise: list[dict] = []
     for seed in seeds:
-        common = dict(epochs=epochs, seq_len=seq_len, batch_size=batch_size, item_dim=item_dim, cat_dim=cat_dim,
-                      attention_hidden=attention_hidden, mlp_hidden=mlp_hidden, mlp_activation=mlp_activation,
-                      seed=seed, device=device, progress=False, patience=0)
+        common: _Common = {"epochs": epochs, "seq_len": seq_len, "batch_size": batch_size, "item_dim": item_dim,
+                           "cat_dim": cat_dim, "attention_hidden": attention_hidden, "mlp_hidden": mlp_hidden,
+                           "mlp_activation": mlp_activation, "seed": seed, "device": device, "progress": False,
+                           "patience": 0}
         # DeepCTR (and dinrec's pointwise objective) with the paper's activation unit; listwise lists need
         # a unit without batch statistics (models.din), PReLU in its place.
         peer_settings = TrainSettings(objective="pointwise", attention_activation=attention_activation, **common)
@@ -140,14 +159,15 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
             settings = peer_settings
         else:  # dinrec as it ships: its listwise unit (one narrow PReLU layer, run per candidate) and batch
             shipped = TrainSettings()
-            settings = TrainSettings(objective="listwise", **{**common, "attention_hidden": shipped.attention_hidden,
-                                                              "batch_size": shipped.batch_size})
+            listwise: _Common = {**common, "attention_hidden": shipped.attention_hidden,
+                                 "batch_size": shipped.batch_size}
+            settings = TrainSettings(objective="listwise", **listwise)
         mine.append(_dinrec_once(samples, settings, peer[-1]["test_gauc"] if peer else None))
         say(f"seed {seed}: dinrec {objective} trained (test gauc {mine[-1]['test_gauc']:.4f})")
         if also_pointwise and objective != "pointwise":
             pointwise.append(_dinrec_once(samples, peer_settings))
             say(f"seed {seed}: dinrec pointwise trained (test gauc {pointwise[-1]['test_gauc']:.4f})")
-    out = {
+    out: dict[str, Any] = {  # JSON-shaped: the figures, the settings, each side's summary
         "dataset": str(data), "train_samples": len(samples.train), "test_samples": len(samples.test),
         "n_items": samples.vocab.n_items, "n_categories": samples.vocab.n_categories,
         "sample_build_s": prep_s, "threads": torch.get_num_threads(),

@@ -196,6 +196,7 @@ def _first_model(smoke: bool, out: Path, say: Callable[[str], None], *, progress
     window = {"start": float(data.ts.min()), "end": cut, "source": data.source}
     trained = train_bundle(samples, settings, out / "bundle", run_dir=out,
                            lineage={"trained_by": trained_by, "data_window": window})
+    assert trained.bundle is not None  # exported: None only on a torchrun rank but the first
     m = trained.result.metrics
     say(f"3/{steps} trained DIN: test AUC {m['test_auc']:.4f}, GAUC {m['test_gauc']:.4f}, "
         f"{m['samples_per_s']:.0f} samples/s")

@@ -75,6 +75,7 @@ def _configure_logging() -> None:
     from dinrec.serving.settings import ServingSettings
 
     field = ServingSettings.model_fields["log_format"]  # the one definition of the setting and its values
+    assert field.annotation is not None  # a declared field: pydantic's None is for ones built without a type
     value = os.environ.get("DINREC_LOG_FORMAT", field.default)
     try:
         fmt = TypeAdapter(field.annotation).validate_python(value)

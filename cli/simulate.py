@@ -69,6 +69,7 @@ def simulate(
     train_settings = TrainSettings(epochs=3, progress=False)
     trained = train_bundle(samples, train_settings, out / "bundle", run_dir=out)
     result, bundle = trained.result, trained.bundle
+    assert bundle is not None  # exported: None only on a torchrun rank but the first
     say(f"trained DIN on {len(data)} synthetic behaviours: test AUC {result.metrics['test_auc']:.3f}")
     models = {"champion": {"test_auc": result.metrics["test_auc"]}}
     serving_model: dict = {"bundle_dir": bundle}
@@ -82,6 +83,7 @@ def simulate(
         # against exactly this); the origin story is a worse *ranker* shipped, and that is what it serves.
         shuffled = train_bundle(bad_samples, bad_settings, out / "shuffled-bundle", run_dir=out / "shuffled-run")
         bad, bad_bundle = shuffled.result, shuffled.bundle
+        assert bad_bundle is not None  # exported, as the first
         models["shuffled"] = {"test_auc": bad.metrics["test_auc"]}
         say(f"trained the shuffled-label model: test AUC {bad.metrics['test_auc']:.3f}")
         registry = Registry(out / "registry")

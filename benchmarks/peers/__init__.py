@@ -17,6 +17,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypedDict
 
 import numpy as np
 
@@ -49,7 +50,21 @@ class PeerRun:
     info: dict  # library, settings, epochs, seconds
 
 
-def _inputs(samples: SampleSet, test_rows: np.ndarray) -> dict[str, np.ndarray]:
+class _Inputs(TypedDict):
+    """What :func:`_inputs` writes for the runner, one array a name (``rectools_peer.py`` reads them)."""
+    fit_user: np.ndarray
+    fit_item: np.ndarray
+    fit_ts: np.ndarray
+    fit_is_val: np.ndarray
+    ask_user: np.ndarray
+    ask_item: np.ndarray
+    ask_ts: np.ndarray
+    test_user: np.ndarray
+    val_user: np.ndarray
+    val_target: np.ndarray
+
+
+def _inputs(samples: SampleSet, test_rows: np.ndarray) -> _Inputs:
     """The split as the runner takes it: training behaviours and validation targets to fit on, each test
     user's behaviours before their target to recommend from (user and item ids: the samples' indices)."""
     starts, ends = samples.user_offsets[:-1], training_ends(samples)
