@@ -23,7 +23,7 @@ import threading
 import time
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -72,7 +72,7 @@ def retrain(
     from dinrec.training.settings import TrainSettings
 
     logging.getLogger().setLevel(logging.INFO)  # a service: say what it does
-    overrides = {k: v for k, v in {"rollout": rollout, "registry": registry, "archive_dir": archive_dir,
+    overrides: dict[str, Any] = {k: v for k, v in {"rollout": rollout, "registry": registry, "archive_dir": archive_dir,
                                    "work_dir": work_dir}.items() if v is not None}
     end = parse_time(until) if until else None
     period = parse_duration(every) if every else None

@@ -52,5 +52,5 @@ def degrade_model(model: DIN, drill: str | None) -> None:
         if model.calibration is not None:  # a listwise DIN: its logits pass through (scale, bias) last
             model.calibration.mul_(LOGIT_SCALE)
             return
-        model.out.weight.mul_(LOGIT_SCALE)  # logits = out(x): scaling the last layer scales every logit
-        model.out.bias.mul_(LOGIT_SCALE)
+        for param in model.out.parameters():  # logits = out(x): scaling the last layer scales every logit
+            param.mul_(LOGIT_SCALE)

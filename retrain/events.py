@@ -65,7 +65,7 @@ def window_of(records: Iterable[bytes], topic: str, start: float, end: float) ->
         rows.append((e.user_id, e.item_id, e.category_id, e.event_type, e.ts,
                      np.nan if e.value is None else e.value))
     rows.sort(key=lambda r: r[4])
-    cols = list(zip(*rows, strict=True)) if rows else [[]] * 6
+    cols: list[tuple] = list(zip(*rows, strict=True)) if rows else [()] * 6
     data = Interactions.from_columns(cols[0], cols[1], cols[2], np.asarray(cols[4], dtype=np.float64),
                                      event_type=np.asarray(cols[3], dtype=object), value=cols[5],
                                      source=f"archive:{topic}")

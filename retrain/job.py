@@ -1,7 +1,10 @@
 """`dinrec retrain`: one run of the job a scheduler starts.
 
-    lock → window → samples → train (warm start, checkpoints) → candidate bundle (DIN + towers)
-         → champion vs candidate on one holdout → gate → publish → roll out → report
+    lock → window (samples, holdout) → train (a candidate bundle: DIN + towers, warm start, checkpoints)
+         → measure (candidate, champion and baselines on one holdout) → gate → publish → roll out → report
+
+Each stage (``RetrainJob._stages``) hands the next what it needs or ends the run with a typed
+:class:`Stop`; the run has one exit, which completes the :class:`RetrainReport` and keeps it.
 
 * **Window**: ``[end − history_days, end)`` with ``end`` the latest multiple of ``align_s`` (or
   ``--until``). Everything a run makes lives in ``{work_dir}/runs/{run id}/`` — the id is the window
@@ -23,8 +26,9 @@ import json
 import logging
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
+from enum import StrEnum
 
 import numpy as np
 
@@ -32,7 +36,7 @@ from dinrec.models.bundle import Bundle, code_version, load_bundle
 from dinrec.registry.store import ANY, AliasConflict, UnknownAlias, open_registry
 from dinrec.retrain.drills import DRILLS, degrade_model, degrade_samples
 from dinrec.retrain.events import read_window
-from dinrec.retrain.gate import checks_json, decide
+from dinrec.retrain.gate import Check, checks_json, decide
 from dinrec.retrain.settings import RetrainSettings
 from dinrec.retrain.spot import SpotFailed, train_on_spot
 from dinrec.spot.protocol import EXIT_INTERRUPTED
@@ -60,11 +64,107 @@ class EmptyWindow(Exception):
         self.stats = stats
 
 
+class Status(StrEnum):
+    PROMOTED = "promoted"
+    REFUSED = "refused"
+    SKIPPED = "skipped"
+    LOCKED = "locked"
+    INTERRUPTED = "interrupted"
+    FAILED = "failed"
+    DRILL_PASSED = "drill-passed"
+
+
+@dataclass(frozen=True)
+class Stop:
+    """How a run ends: the verdict of the stage that ended it. ``decided``: the window is decided, its
+    report is kept as ``report.json`` and a rerun replays it; otherwise (stopped, a failed spot job) a
+    rerun of the window resumes or retries it."""
+
+    status: Status
+    exit_code: int
+    reason: str
+    decided: bool = True
+
+
+@dataclass
+class Champion:
+    version: str | None
+    data_end: float | None  # the end of its training window: the holdout starts there
+    holdout: dict | None = None  # training.evaluation.measure on the run's holdout
+
+
+@dataclass
+class Candidate:
+    version: str
+    train: dict  # _train_summary of its metrics
+    spot: dict | None = None  # the spot job's cost report, when it trained on one
+    holdout: dict | None = None
+
+
+@dataclass
+class RetrainReport:
+    """What a run did, stage by stage: printed as one JSON object and kept in the run's folder."""
+
+    run: str
+    start: float
+    end: float
+    champion: Champion
+    code_version: str
+    rollout: str
+    drill: str | None
+    warning: str | None = None
+    data: dict | None = None  # the window's counts (retrain.events), then the holdout's
+    spot: dict | None = None  # a spot job that failed: its own report
+    candidate: Candidate | None = None
+    baselines: dict | None = None  # training.evaluation.baselines: the served lists a candidate must hold against
+    checks: list[dict] | None = None  # retrain.gate.checks_json: every check, passed or not
+    rolled_out: dict | None = None
+    status: Status | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    seconds: float | None = None
+
+    def to_json(self) -> dict:
+        """The report's document; a part no stage reached is left out."""
+        out: dict = {"run": self.run, "window": {"start": self.start, "end": self.end, "start_iso": _iso(self.start),
+                                                 "end_iso": _iso(self.end)},
+                     "champion": _without_none(asdict(self.champion), keep=("version", "data_end")),
+                     "code_version": self.code_version, "rollout": self.rollout, "drill": self.drill}
+        if self.candidate is not None:
+            out["candidate"] = _without_none(asdict(self.candidate), keep=("version", "train"))
+        optional = {"warning": self.warning, "data": self.data, "spot": self.spot, "baselines": self.baselines,
+                    "checks": self.checks, "rolled_out": self.rolled_out, "seconds": self.seconds}
+        out.update({k: v for k, v in optional.items() if v is not None})
+        out.update({"status": None if self.status is None else str(self.status), "exit_code": self.exit_code,
+                    "reason": self.reason})
+        return out
+
+
+def _without_none(part: dict, keep: tuple[str, ...]) -> dict:
+    return {k: v for k, v in part.items() if v is not None or k in keep}
+
+
 @dataclass
 class Outcome:
-    status: str  # promoted | refused | skipped | locked | interrupted | failed | drill-passed
+    status: str  # a Status, or "locked" before the run began
     exit_code: int
-    report: dict
+    report: dict  # the report's document (RetrainReport.to_json)
+
+
+@dataclass(frozen=True)
+class _Window:
+    """The window's samples and the holdout the candidate and the champion are compared on."""
+
+    samples: SampleSet
+    rows: np.ndarray  # test-split rows of the holdout
+
+
+@dataclass(frozen=True)
+class _Verdict:
+    promote: bool
+    failures: str  # the failed checks' reasons, "; "-joined
+    checks: list[Check]
+    differences: dict[str, dict]  # candidate − champion and − each baseline, paired (training.evaluation)
 
 
 def _iso(ts: float) -> str:
@@ -97,106 +197,151 @@ class RetrainJob:
         self.run_dir = settings.work_dir / "runs" / self.run_id
         self.files = LocalStorage(self.run_dir)  # the run's JSON documents, each written whole
         self.registry = open_registry(settings.registry, settings.registry_cache)
+        self.lease = Lease(self.registry.storage, LEASE_KEY, ttl_s=self.s.lease_s)
 
     # ------------------------------------------------------------------ the run
     def run(self) -> Outcome:
         """One run at a time per registry (the lease; another run holding it: exit 4 at once)."""
-        self.lease = Lease(self.registry.storage, LEASE_KEY, ttl_s=self.s.lease_s)
         try:
             with self.lease:
                 return self._run_locked()
         except LeaseHeld as exc:
             why = f"another retrain holds the lease: {exc}"
-            return Outcome("locked", EXIT_LOCKED, {"status": "locked", "reason": why, "holder": exc.holder})
+            return Outcome(Status.LOCKED, EXIT_LOCKED, {"status": Status.LOCKED, "reason": why, "holder": exc.holder})
 
     def _run_locked(self) -> Outcome:
         t0 = time.time()
         decided = self.files.get_json("report.json")
         if decided is not None:  # this window was decided: say so again, change nothing
-            report = {**decided, "replayed": True}
-            return Outcome(report["status"], report["exit_code"], report)
+            return Outcome(decided["status"], decided["exit_code"], {**decided, "replayed": True})
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        champion_version, champion = self._champion()
+        version, champion = self._champion()
         since = (champion.manifest.get("lineage") or {}).get("data_window", {}).get("end") if champion else None
-        report: dict = {"run": self.run_id, "window": {"start": self.start, "end": self.end,
-                                                       "start_iso": _iso(self.start), "end_iso": _iso(self.end)},
-                        "champion": {"version": champion_version, "data_end": since},
-                        "code_version": code_version(), "rollout": self.s.rollout, "drill": self.drill}
+        report = RetrainReport(self.run_id, self.start, self.end, Champion(version, since), code_version(),
+                               self.s.rollout, self.drill)
         if champion is not None and since is None:
-            report["warning"] = ("the champion records no data window: the holdout may include behaviours it was "
-                                 "trained on, which favours keeping it")
+            report.warning = ("the champion records no data window: the holdout may include behaviours it was "
+                              "trained on, which favours keeping it")
+        stop = self._stages(report, champion)
+        report.status, report.exit_code, report.reason = stop.status, stop.exit_code, stop.reason
+        report.seconds = round(time.time() - t0, 1)
+        document = report.to_json()
+        if stop.decided:
+            self.files.put_json("report.json", document)  # last: its presence means this window is decided
+            LocalStorage(self.s.work_dir).put_json("latest.json", document)
+        return Outcome(stop.status, stop.exit_code, document)
+
+    def _stages(self, report: RetrainReport, champion: Bundle | None) -> Stop:
+        """window → samples → candidate → measure → gate → publish → roll out: each stage goes on with what
+        the next one needs, or ends the run with a :class:`Stop`."""
+        window = self._window(report)
+        if isinstance(window, Stop):
+            return window
+        candidate = self._train(report, window, champion)
+        if isinstance(candidate, Stop):
+            return candidate
+        differences = self._measure(report, window, candidate, champion)
+        verdict = self._gate(report, differences)
+        if isinstance(verdict, Stop):
+            return verdict
+        published = self._publish(report, candidate, verdict)
+        if isinstance(published, Stop):
+            return published
+        return self._roll_out(report, candidate)
+
+    # ------------------------------------------------------------------ stages
+    def _window(self, report: RetrainReport) -> _Window | Stop:
+        """The window's samples and its holdout: enough that is new since the champion's window, or skipped."""
         try:
             samples, data_stats = self._samples()
         except EmptyWindow as exc:  # a new deployment's first runs: nothing archived yet
-            report.update({"data": exc.stats, "reason": f"nothing to retrain on: {exc}"})
-            return self._finish(report, "skipped", EXIT_OK, t0)
-        report["data"] = data_stats
+            report.data = exc.stats
+            return Stop(Status.SKIPPED, EXIT_OK, f"nothing to retrain on: {exc}")
+        since = report.champion.data_end
         new = int((samples.seq_ts >= since).sum()) if since is not None else len(samples.seq_ts)
         rows = holdout_rows(samples, since, self._attributed() if self.s.holdout == "organic" else ())
         holdout_users = len(np.unique(samples.test.user[rows]))
-        report["data"].update({"new_behaviours": new, "holdout": self.s.holdout, "holdout_rows": int(len(rows)),
-                               "holdout_users": holdout_users})
+        report.data = {**data_stats, "new_behaviours": new, "holdout": self.s.holdout, "holdout_rows": int(len(rows)),
+                       "holdout_users": holdout_users}
         if new < self.s.min_new_events or holdout_users < self.s.min_holdout_users:
-            report["reason"] = (f"nothing to retrain on: {new} new behaviours (need {self.s.min_new_events}), "
-                                f"{holdout_users} holdout users (need {self.s.min_holdout_users})")
-            return self._finish(report, "skipped", EXIT_OK, t0)
+            return Stop(Status.SKIPPED, EXIT_OK,
+                        f"nothing to retrain on: {new} new behaviours (need {self.s.min_new_events}), "
+                        f"{holdout_users} holdout users (need {self.s.min_holdout_users})")
+        return _Window(samples, rows)
 
+    def _train(self, report: RetrainReport, window: _Window, champion: Bundle | None) -> Bundle | Stop:
         try:
-            candidate = self._candidate(samples, champion, champion_version, data_stats)
+            assert report.data is not None  # the window stage counted it
+            candidate = self._candidate(window.samples, champion, report.champion.version, report.data)
         except SpotFailed as exc:  # no candidate; the champion keeps serving. Rerun: a new window or job
-            report.update({"spot": exc.report, "reason": f"{exc}; the champion keeps serving"})
-            return Outcome("failed", EXIT_FAILED, {**report, "status": "failed", "exit_code": EXIT_FAILED})
+            report.spot = exc.report
+            return Stop(Status.FAILED, EXIT_FAILED, f"{exc}; the champion keeps serving", decided=False)
         if candidate is None:
-            return Outcome("interrupted", EXIT_INTERRUPTED, {**report, "status": "interrupted",
-                                                             "reason": "stopped; rerun to resume this window"})
-        report["candidate"] = {"version": candidate.model_version, "train": _train_summary(candidate.metrics)}
-        spot = self.files.get_json("spot-report.json")
-        if spot is not None:
-            report["candidate"]["spot"] = spot
-        cand_units, champ_units = {}, {}
-        report["candidate"]["holdout"] = measure(candidate, samples, rows, self.s.recall_k, units=cand_units)
+            return Stop(Status.INTERRUPTED, EXIT_INTERRUPTED, "stopped; rerun to resume this window", decided=False)
+        report.candidate = Candidate(candidate.model_version, _train_summary(candidate.metrics),
+                                     spot=self.files.get_json("spot-report.json"))
+        return candidate
+
+    def _measure(self, report: RetrainReport, window: _Window, candidate: Bundle,
+                 champion: Bundle | None) -> dict[str, dict]:
+        """Candidate, champion and the baselines' served lists on the same holdout; returns the candidate's
+        differences from the champion and from each baseline, paired over the holdout's units."""
+        assert report.candidate is not None  # the train stage set it
+        cand_units: dict = {}
+        champ_units: dict = {}
+        report.candidate.holdout = measure(candidate, window.samples, window.rows, self.s.recall_k, units=cand_units)
         if champion is not None:
-            report["champion"]["holdout"] = measure(champion, samples, rows, self.s.recall_k, units=champ_units)
-        report["baselines"], baseline_hits = baselines(samples, rows)
+            report.champion.holdout = measure(champion, window.samples, window.rows, self.s.recall_k,
+                                              units=champ_units)
+        report.baselines, baseline_hits = baselines(window.samples, window.rows)
         differences = paired_differences(cand_units, champ_units)
         differences.update({f"served_hr_vs_{name}": d  # candidate − baseline, paired over the same behaviours
                             for name, d in baseline_differences(cand_units["served_hr"], baseline_hits).items()})
-        promote, checks = decide(report["candidate"]["holdout"], report["champion"].get("holdout"), self.s,
-                                 differences, report["baselines"])
-        report["checks"] = checks_json(checks)
+        return differences
+
+    def _gate(self, report: RetrainReport, differences: dict[str, dict]) -> _Verdict | Stop:
+        """retrain.gate's checks; a drill's candidate ends here, whatever they say (it never ships)."""
+        assert report.candidate is not None and report.candidate.holdout is not None
+        promote, checks = decide(report.candidate.holdout, report.champion.holdout, self.s, differences,
+                                 report.baselines)
+        report.checks = checks_json(checks)
         failures = "; ".join(c.why() for c in checks if not c.passed)
-        if self.drill:  # a drill candidate never ships, whatever the gate says
-            if promote:
-                report["reason"] = f"drill {self.drill}: the gate PASSED a deliberately degraded candidate"
-                return self._finish(report, "drill-passed", EXIT_DRILL_UNCAUGHT, t0)
-            report["reason"] = f"drill {self.drill}: refused as it should be: {failures}"
-            return self._finish(report, "refused", EXIT_REFUSED, t0)
-        self._publish(candidate)
-        self._record_evaluation(candidate.model_version, report, differences, promote)
-        if not promote:
-            worse_than = sorted({"the baselines" if c.metric.startswith("served_hr_vs_") else "the champion"
-                                 for c in checks if not c.passed})
-            report["reason"] = f"the candidate is worse than {' and '.join(worse_than)}: {failures}"
-            return self._finish(report, "refused", EXIT_REFUSED, t0)
+        if self.drill and promote:
+            return Stop(Status.DRILL_PASSED, EXIT_DRILL_UNCAUGHT,
+                        f"drill {self.drill}: the gate PASSED a deliberately degraded candidate")
+        if self.drill:
+            return Stop(Status.REFUSED, EXIT_REFUSED, f"drill {self.drill}: refused as it should be: {failures}")
+        return _Verdict(promote, failures, checks, differences)
+
+    def _publish(self, report: RetrainReport, candidate: Bundle, verdict: _Verdict) -> None | Stop:
+        """Published either way (a refused candidate stays inspectable, promotable by hand), with what the
+        gate measured of it; a refused one moves no alias."""
+        if candidate.model_version not in self.registry.versions():  # a resumed run may have published it
+            self.registry.publish(candidate.path)
+        self._record_evaluation(candidate.model_version, report, verdict)
+        if verdict.promote:
+            return None
+        worse_than = sorted({"the baselines" if c.metric.startswith("served_hr_vs_") else "the champion"
+                             for c in verdict.checks if not c.passed})
+        return Stop(Status.REFUSED, EXIT_REFUSED,
+                    f"the candidate is worse than {' and '.join(worse_than)}: {verdict.failures}")
+
+    def _roll_out(self, report: RetrainReport, candidate: Bundle) -> Stop:
+        """Move the alias; the champion only if it is still the one the candidate was gated against."""
+        gated_against = report.champion.version
         try:
             self.lease.check()  # a run that stalled past its lease may have been overtaken: it moves nothing
         except LeaseLost as exc:
-            report["reason"] = f"passed the gate, but this run lost its lease: not rolled out: {exc}"
-            return self._finish(report, "locked", EXIT_LOCKED, t0)
+            return Stop(Status.LOCKED, EXIT_LOCKED, f"passed the gate, but this run lost its lease: not rolled out: "
+                                                    f"{exc}")
         try:
-            report["rolled_out"] = self._roll_out(candidate.model_version, champion_version)
+            report.rolled_out = self._move_aliases(candidate.model_version, gated_against)
         except AliasConflict as exc:  # the champion moved (a rollback, an A/B winner) while this one was gated
-            report["reason"] = (f"passed the gate against champion {champion_version}, which is no longer the "
-                                f"champion: not rolled out (the next run gates against the new one): {exc}")
-            return self._finish(report, "refused", EXIT_REFUSED, t0)
-        report["reason"] = "passed the gate" + ("" if champion else " (first model: no champion to compare with)")
-        return self._finish(report, "promoted", EXIT_OK, t0)
-
-    def _finish(self, report: dict, status: str, code: int, t0: float) -> Outcome:
-        report.update({"status": status, "exit_code": code, "seconds": round(time.time() - t0, 1)})
-        self.files.put_json("report.json", report)  # last: its presence means this window is decided
-        LocalStorage(self.s.work_dir).put_json("latest.json", report)
-        return Outcome(status, code, report)
+            return Stop(Status.REFUSED, EXIT_REFUSED,
+                        f"passed the gate against champion {gated_against}, which is no longer the champion: not "
+                        f"rolled out (the next run gates against the new one): {exc}")
+        return Stop(Status.PROMOTED, EXIT_OK,
+                    "passed the gate" + ("" if gated_against else " (first model: no champion to compare with)"))
 
     # ------------------------------------------------------------------ stages
     def _champion(self) -> tuple[str | None, Bundle | None]:
@@ -227,8 +372,11 @@ class RetrainJob:
         return samples, stats
 
     def _attributed(self) -> list[tuple[str, str, float]]:
-        rows = self.files.get_json("attributed.json")["attributed"]
-        return [(u, i, float(t)) for u, i, t in rows]
+        written = self.files.get_json("attributed.json")  # written before data.json, which marks the samples
+        if written is None:
+            raise FileNotFoundError(f"{self.run_dir}/attributed.json is missing beside complete samples: remove "
+                                    f"{self.run_dir} to rebuild the run")
+        return [(u, i, float(t)) for u, i, t in written["attributed"]]
 
     def _candidate(self, samples: SampleSet, champion: Bundle | None, parent: str | None,
                    data_stats: dict) -> Bundle | None:
@@ -272,28 +420,24 @@ class RetrainJob:
             return None
         return None if trained.bundle is None else load_bundle(trained.bundle)
 
-    def _publish(self, candidate: Bundle) -> None:
-        if candidate.model_version not in self.registry.versions():  # a resumed run may have published it
-            self.registry.publish(candidate.path)
-
-    def _record_evaluation(self, version: str, report: dict, differences: dict, promote: bool) -> None:
+    def _record_evaluation(self, version: str, report: RetrainReport, verdict: _Verdict) -> None:
         """Beside the version in the registry, what this gate measured of it: ``dinrec models describe``
         shows the served list against champion and baselines without the run's work folder."""
-        champion = report["champion"]
-        versus = {"champion": differences.get("served_hr")} if champion.get("holdout") else {}
-        versus.update({name: differences.get(f"served_hr_vs_{name}") for name in report["baselines"]})
+        champion, data, differences = report.champion, report.data or {}, verdict.differences
+        baselines_measured = report.baselines or {}
+        versus = {"champion": differences.get("served_hr")} if champion.holdout else {}
+        versus.update({name: differences.get(f"served_hr_vs_{name}") for name in baselines_measured})
+        assert report.candidate is not None and report.candidate.holdout is not None  # measured before the gate
         self.registry.record_evaluation(version, self.run_id, {
-            "run": self.run_id, "window": report["window"], "holdout": report["data"].get("holdout"),
-            "holdout_users": report["data"].get("holdout_users"), "decision": "promoted" if promote else "refused",
-            "served_hr": report["candidate"]["holdout"].get("served_hr"),
-            "champion": {"version": champion.get("version"),
-                         "served_hr": (champion.get("holdout") or {}).get("served_hr")},
-            "baselines": {name: b.get("served_hr") for name, b in report["baselines"].items()},
+            "run": self.run_id, "window": report.to_json()["window"], "holdout": data.get("holdout"),
+            "holdout_users": data.get("holdout_users"), "decision": "promoted" if verdict.promote else "refused",
+            "served_hr": report.candidate.holdout.get("served_hr"),
+            "champion": {"version": champion.version, "served_hr": (champion.holdout or {}).get("served_hr")},
+            "baselines": {name: b.get("served_hr") for name, b in baselines_measured.items()},
             "candidate_minus": versus,  # {"difference", "se"} per comparison, paired over the same behaviours
-            "failed_checks": [c["metric"] for c in report["checks"] if not c["passed"]]})
+            "failed_checks": [c.metric for c in verdict.checks if not c.passed]})
 
-    def _roll_out(self, version: str, champion: str | None) -> dict:
-        """Move the alias; the champion only if it is still the one the candidate was gated against."""
+    def _move_aliases(self, version: str, champion: str | None) -> dict:
         reason = f"retrain {self.run_id}: passed the gate"
         if self.s.rollout == "champion":
             self._move("champion", version, reason, expected=champion)
