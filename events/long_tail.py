@@ -12,6 +12,7 @@ since) — so "tail" means the same thing wherever it is shown, over the counts 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -35,7 +36,7 @@ def long_tail_mask(counts: np.ndarray) -> np.ndarray:
     return tail
 
 
-def head_of(counts: dict[str, float]) -> set[str]:
+def head_of(counts: Mapping[str, float]) -> set[str]:
     """The head of a live ``{item id: count}`` (items with a count above 0), as :func:`long_tail_mask`
     ranks it."""
     ranked = sorted(((c, i) for i, c in counts.items() if c > 0), reverse=True)

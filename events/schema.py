@@ -16,13 +16,13 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
 
 from dinrec.events.errors import InvalidEvent
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 # A valid event is well under 1 KiB (five ids of at most 128 characters); anything far larger is
 # refused before it is parsed, so one huge record cannot stall ingestion.
 MAX_EVENT_BYTES = 16 * 1024

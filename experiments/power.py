@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 from collections.abc import Collection
 from dataclasses import dataclass
+from typing import TypedDict
 
 from dinrec.experiments.stats import best_rho2, conjmix_margin
 
@@ -70,6 +71,14 @@ def mde(mean: float, variance: float, users: float, *, variations: int = 2, alph
     return (treated - mean) / mean
 
 
+class _Test(TypedDict):
+    """How the experiment is tested: :func:`power`'s and :func:`mde`'s keyword arguments."""
+
+    variations: int
+    alpha: float
+    sequential_tuning: float | None
+
+
 @dataclass(frozen=True)
 class PlanDay:
     day: int
@@ -82,7 +91,7 @@ def plan(mean: float, variance: float, effect: float, users_per_day: float, *, d
          alpha: float = 0.05, target: float = 0.8, sequential_tuning: float | None = None) -> dict:
     """Day by day: the power for ``effect`` and the MDE at ``target`` power; the first day ``effect`` reaches
     ``target`` power (rounded to two places, as GrowthBook's calculator rounds), or None within ``days``."""
-    kw = dict(variations=variations, alpha=alpha, sequential_tuning=sequential_tuning)
+    kw = _Test(variations=variations, alpha=alpha, sequential_tuning=sequential_tuning)
     rows = [PlanDay(d, d * users_per_day, power(mean, variance, effect, d * users_per_day, **kw),
                     mde(mean, variance, d * users_per_day, target=target, **kw)) for d in range(1, days + 1)]
     reached = next((r.day for r in rows if round(r.power, 2) >= target), None)

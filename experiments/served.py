@@ -11,7 +11,7 @@ way Prometheus' ``histogram_quantile`` reads one (linear within the bucket it fa
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 LATENCY_BUCKETS_MS = (5, 10, 25, 50, 100, 250, 500, 1000, 2500)  # the last bucket is open above
@@ -37,7 +37,7 @@ def _bucket(latency_ms: float) -> str:
     return next((_bucket_name(b) for b in LATENCY_BUCKETS_MS if latency_ms <= b), "lat_inf")
 
 
-def p95_ms(counts: dict[str, float]) -> float | None:
+def p95_ms(counts: Mapping[str, float]) -> float | None:
     """The 95th percentile latency from the bucket counts (None: nothing served; the open bucket: its floor)."""
     total = sum(counts.get(_bucket_name(b), 0) for b in LATENCY_BUCKETS_MS) + counts.get("lat_inf", 0)
     if total <= 0:
@@ -55,7 +55,7 @@ def _bucket_name(bound: int) -> str:
     return f"lat_le_{bound}"
 
 
-def summary(counts: dict[str, float], distinct_items: int, catalog_size: int | None) -> dict:
+def summary(counts: Mapping[str, float], distinct_items: int, catalog_size: int | None) -> dict:
     """The figures the results show for one arm."""
     lists, items = counts.get("lists", 0), counts.get("items", 0)
     return {"lists": int(lists), "degraded_rate": counts.get("degraded", 0) / lists if lists else None,

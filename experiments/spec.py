@@ -73,7 +73,7 @@ class MetricUse(BaseModel):
     it; a ``secondary`` one is shown."""
 
     model_config = ConfigDict(extra="forbid")
-    name: Literal[METRIC_NAMES]  # type: ignore[valid-type] - the names experiments.metrics defines
+    name: Literal[METRIC_NAMES]  # type: ignore[valid-type]  # the names experiments.metrics defines (built at run time)
     role: Literal["goal", "secondary", "guardrail"] = "secondary"
     direction: Literal["higher", "lower"] = Field("higher", description="which way is better")
 

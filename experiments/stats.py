@@ -327,11 +327,11 @@ def _relative_variance(a: Stat, b: Stat) -> float:
         g_abs = (b.mean - a.mean) * math.copysign(1.0, mean_a)
         den = abs(mean_a)
         ga, gb = a.gradient(), b.gradient()
-        control = [-(den + g_abs) / a.d.mean / den**2, a.m.mean * (den + g_abs) / a.d.mean**2 / den**2,
-                   -ga[2] / den, -ga[3] / den]
-        treatment = [x / den for x in gb]
-        return (_quadratic(control, a.covariance_matrix()) / a.n
-                + _quadratic(treatment, b.covariance_matrix()) / b.n)
+        control_grad = [-(den + g_abs) / a.d.mean / den**2, a.m.mean * (den + g_abs) / a.d.mean**2 / den**2,
+                        -ga[2] / den, -ga[3] / den]
+        treatment_grad = [x / den for x in gb]
+        return (_quadratic(control_grad, a.covariance_matrix()) / a.n
+                + _quadratic(treatment_grad, b.covariance_matrix()) / b.n)
     if mean_a == 0:
         return 0.0
     return _ratio_variance(b.unadjusted_mean, b.variance / b.n, mean_a, a.variance / a.n, 0.0)

@@ -70,7 +70,8 @@ def traffic_per_day(snapshots: list[dict], days: int = 14) -> list[dict]:
     last: dict[int, dict] = {}
     for s in snapshots:
         last[int(s["t"] // DAY_S)] = s
-    rows, before = [], {}
+    rows: list[dict] = []
+    before: dict[str, int] = {}
     for day in sorted(last):
         users = {v: int(row.get("users", 0)) for v, row in last[day].get("variants", {}).items()}
         rows.append({"day": time.strftime("%Y-%m-%d", time.gmtime(day * DAY_S)),

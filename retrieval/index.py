@@ -131,6 +131,7 @@ class FaissIndex:
         spec = spec or IndexSpec()
         vectors, ids = _check(vectors, ids)
         dim = vectors.shape[1]
+        inner: faiss.Index
         if spec.resolve(len(ids), dim) == "hnsw":
             inner = faiss.IndexHNSWFlat(dim, spec.hnsw_m, faiss.METRIC_INNER_PRODUCT)
             inner.hnsw.efConstruction = spec.ef_construction
@@ -174,7 +175,7 @@ class FaissIndex:
         if self.kind == "hnsw":
             import faiss
 
-            params = faiss.SearchParametersHNSW()
+            params = faiss.SearchParametersHNSW()  # type: ignore[attr-defined]  # missing from faiss' stubs
             params.efSearch = max(self.ef_search, want)  # per call: safe with concurrent searches
             scores, ids = self._index.search(queries, want, params=params)
         else:

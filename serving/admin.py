@@ -18,7 +18,7 @@ from fastapi import APIRouter, Header, Request
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 from starlette.exceptions import HTTPException
 
-from dinrec.registry.store import AliasConflict, Registry, RegistryError
+from dinrec.registry.store import AliasConflict, Registry, RegistryError, S3Registry
 from dinrec.serving.deps import Models, Settings
 from dinrec.serving.models import ModelManager, ReloadFailed
 from dinrec.serving.settings import ServingSettings
@@ -100,7 +100,7 @@ def model(settings: Settings, models: Models, authorization: Auth = None) -> Mod
     return _status(models, settings.model_alias)
 
 
-def _fleet(models: ModelManager) -> Registry:
+def _fleet(models: ModelManager) -> Registry | S3Registry:
     if models.registry is None:
         raise HTTPException(409, "no registry (DINREC_REGISTRY): there is no alias for the fleet to follow; "
                                  "/admin/instance/reload and /admin/instance/rollback change this worker only")

@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 class Catalog:
     def __init__(self, known: Callable[[str], bool] | None = None,
-                 apply: Callable[[list[tuple[str, str]]], None] | None = None, per_category: int = 1000) -> None:
+                 apply: Callable[[list[tuple[str, str]]], object] | None = None, per_category: int = 1000) -> None:
         """``known(item)``: whether the serving model knows it; ``apply(items)``: give the models the
         current list of (item, category) they may not know (or :meth:`attach` a ModelManager);
         ``per_category``: the newest this many of a category are kept (what the models hold is bounded by

@@ -43,7 +43,7 @@ class ReadTimeoutHttpToolsProtocol(HttpToolsProtocol):
         if not self.transport.is_closing():
             self.transport.close()
 
-    def connection_made(self, transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport) -> None:
         super().connection_made(transport)
         self._arm()  # a connection that sends nothing is dropped too
 

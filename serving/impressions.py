@@ -50,7 +50,7 @@ class ServedList:
 
 
 class ImpressionLog:
-    def __init__(self, sink: Callable[[list[BehaviourEvent]], None], *, max_pending: int = 20_000,
+    def __init__(self, sink: Callable[[list[BehaviourEvent]], object], *, max_pending: int = 20_000,
                  batch: int = 200, on_drop: Callable[[int], None] = lambda n: None,
                  on_served: Callable[[str, dict[str, Tally]], None] | None = None) -> None:
         """``on_served(experiment, tallies)``: each batch's lists of an experiment, tallied per variant

@@ -120,19 +120,19 @@ class ServiceMetrics:
                           recall_index=rec.index.kind).set(1)
 
     def watch_threads(self, threads: Mapping[str, Callable[[], bool]]) -> None:
-        self.local.register(_Observed(  # type: ignore[arg-type]
+        self.local.register(_Observed(
             "dinrec_thread_alive", "background threads the answers depend on: 1 while running (this worker)",
             "name", lambda: {name: float(alive()) for name, alive in threads.items()}))
 
     def watch_outbox(self, pending_bytes: Callable[[], int]) -> None:
-        self.local.register(_Observed(  # type: ignore[arg-type]
+        self.local.register(_Observed(
             "dinrec_outbox_pending_bytes", "events accepted and not yet acknowledged by the stream (this worker)",
             None, lambda: {"": float(pending_bytes())}))
 
     def watch_guardrail(self, held: Callable[[], Mapping[str, float]]) -> None:
         """``held``: per running experiment, how many reasons the guardrail's last check found not to trust
         its counts (a bot-shaped arm, counts that do not add up): while above 0 nothing is stopped or promoted."""
-        self.local.register(_Observed(  # type: ignore[arg-type]
+        self.local.register(_Observed(
             "dinrec_experiment_held", "reasons the guardrail holds off deciding on a running experiment (0: it "
             "decides; this worker's view)", "experiment", held))
 

@@ -84,7 +84,6 @@ class RequestContext:
             await send(message)
 
         state = getattr(scope["app"].state, "dinrec", None)  # None until the lifespan has built it
-        capped = state is not None and scope["path"] not in _PROBES
         held = False
         try:
             refused = None
@@ -103,7 +102,7 @@ class RequestContext:
                 await _send_json(send_with_id, code, {"error": error, "message": message, "request_id": rid},
                                  retry_after=b"1" if code == 429 else None, close=code == 408)
                 return
-            if capped:
+            if state is not None and scope["path"] not in _PROBES:  # capped: all but the probes
                 if self.max_in_flight and self._held + self._waiting(scope) >= self.max_in_flight:
                     state.metrics.shed.inc()
                     await _send_json(send_with_id, 503, {

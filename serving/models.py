@@ -67,7 +67,7 @@ def smoke_score(rec: Recommender) -> None:
 
 class ModelManager:
     def __init__(self, settings: ServingSettings, on_swap: Callable[[Recommender], None],
-                 prepare: Callable[[Recommender], None] | None = None) -> None:
+                 prepare: Callable[[Recommender], object] | None = None) -> None:
         """``prepare(rec)``: called on every model loaded, before it may serve (the catalog's new items)."""
         self.settings = settings
         self._prepare = prepare
@@ -199,6 +199,7 @@ class ModelManager:
         with self._lock:
             if self.previous is None:
                 raise ReloadFailed("no previous model to roll back to")
+            assert self.current is not None  # a model was swapped in when the previous one was kept
             (version, rec), self.previous = self.previous, (self.version, self.current)
             self.version = version
             if self.registry is not None:  # the alias still names what was rolled back from

@@ -64,7 +64,7 @@ def simulate(client, world: World, *, users: int, rounds: int, k: int = 10, seed
     list's impressions off the request path — and a click whose impression is not logged yet is
     rightly counted apart (an orphan). Pass :func:`wait_until_logged` to click as people do."""
     rng = np.random.default_rng(seed)
-    served: dict[str, dict[str, int]] = {}
+    served: dict[str, dict[str, float]] = {}  # counts, and "value" summed prices
     for _ in range(rounds):
         batch = []
         for u in rng.permutation(users):

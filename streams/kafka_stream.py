@@ -16,7 +16,7 @@ from confluent_kafka import Consumer as _RdConsumer
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from dinrec.streams.base import Consumer, EventStream, OutgoingRecord, PartitionsHook, Record
+from dinrec.streams.base import Consumer, EventStream, Headers, OutgoingRecord, PartitionsHook, Record
 from dinrec.streams.errors import StreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -173,8 +173,11 @@ class _KafkaConsumer(Consumer):
                 log.warning("kafka: %s", err.str())  # transient: librdkafka retries by itself
                 continue
             kind, ts = m.timestamp()
-            out.append(Record(m.value() or b"", m.partition(), m.offset(), m.key(), tuple(m.headers() or ()),
-                              ts if kind != 0 else None))
+            partition, offset = m.partition(), m.offset()
+            assert partition is not None and offset is not None  # None only on a message that is an error
+            # A consumed message's headers are a list of (name, bytes) pairs; the stubs' type is produce()'s.
+            headers: Headers = tuple(m.headers() or ())  # type: ignore[arg-type]
+            out.append(Record(m.value() or b"", partition, offset, m.key(), headers, ts if kind != 0 else None))
         return out
 
     def seek(self, partition: int, offset: int) -> None:

@@ -11,11 +11,15 @@ import atexit
 import os
 import uuid
 from pathlib import Path
+from typing import TYPE_CHECKING, TextIO
 
 import pytest
 
 from dinrec.cli.teardown import quiet_triton_teardown
 from dinrec.serving.server import free_port
+
+if TYPE_CHECKING:
+    import subprocess  # the fixtures import it when they run
 
 atexit.register(quiet_triton_teardown)  # after pytest's summary: Triton's leak report is noise
 
@@ -268,13 +272,12 @@ def aws_env(moto_endpoint, monkeypatch):
 def metadata_mock(tmp_path):
     """Start AWS's amazon-ec2-metadata-mock (IMDSv2 only) with the given sub-command and flags on a
     free loopback port; returns its base URL. Built by deploy/local/services.sh (DINREC_AEMM)."""
-    import subprocess
     import urllib.request
 
     exe = _need("DINREC_AEMM")
     if not Path(exe).exists():
         pytest.fail(f"DINREC_AEMM={exe} does not exist: run deploy/local/services.sh start")
-    started: list[tuple[subprocess.Popen, object]] = []
+    started: list[tuple[subprocess.Popen, TextIO]] = []
 
     def start(*args: str, port: int | None = None) -> str:
         port = port or free_port()
@@ -300,7 +303,7 @@ class RedisServer:
     def __init__(self, folder: Path) -> None:
         self.folder, self.port = folder, free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.proc = None
+        self.proc: subprocess.Popen | None = None
 
     def start(self) -> None:
         import subprocess
@@ -360,12 +363,13 @@ class RedisClusterServers:
     a killed primary's slots within seconds."""
 
     def __init__(self, folder: Path) -> None:
-        self.folder, self.ports = folder, []
+        self.folder = folder
+        self.ports: list[int] = []
         while len(self.ports) < 6:
             port = cluster_port()
             if not {port, port + 10_000} & {q for p in self.ports for q in (p, p + 10_000)}:
                 self.ports.append(port)
-        self.procs: dict[int, object] = {}
+        self.procs: dict[int, subprocess.Popen] = {}
         self.url = f"redis://127.0.0.1:{self.ports[0]}"
 
     def start(self) -> None:
@@ -406,12 +410,12 @@ class RedisClusterServers:
 
     def healthy(self) -> bool:
         """Every live node says cluster_state:ok."""
-        live = [p for p in self.ports if self.procs[p].poll() is None]  # type: ignore[attr-defined]
+        live = [p for p in self.ports if self.procs[p].poll() is None]
         return all("cluster_state:ok" in (self._answer(p, "CLUSTER", "INFO") or "") for p in live)
 
     def primary_of(self, key: str) -> int:
         """The port of the primary serving ``key``'s slot now."""
-        live = next(p for p in self.ports if self.procs[p].poll() is None)  # type: ignore[attr-defined]
+        live = next(p for p in self.ports if self.procs[p].poll() is None)
         slot = self._answer(live, "CLUSTER", "KEYSLOT", key)
         for start, end, primary, *_ in self._answer(live, "CLUSTER", "SLOTS"):
             if start <= slot <= end:
@@ -420,14 +424,14 @@ class RedisClusterServers:
 
     def kill(self, port: int) -> None:
         proc = self.procs[port]
-        proc.kill()  # type: ignore[attr-defined]
-        proc.wait(timeout=10)  # type: ignore[attr-defined]
+        proc.kill()
+        proc.wait(timeout=10)
 
     def stop(self) -> None:
         for proc in self.procs.values():
-            if proc.poll() is None:  # type: ignore[attr-defined]
-                proc.kill()  # type: ignore[attr-defined]
-                proc.wait(timeout=10)  # type: ignore[attr-defined]
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
 
 
 @pytest.fixture

@@ -280,7 +280,8 @@ def test_the_image_installs_a_lock_that_agrees_with_pyproject():
         req = Requirement(text)
         name = canonicalize_name(req.name)
         assert name in locked, f"{name} is not in requirements.lock: run deploy/docker/lock.py"
-        assert req.specifier.contains(locked[name]), f"requirements.lock has {name}=={locked[name]}, pyproject {req}"
+        pin = locked[name]
+        assert pin is not None and req.specifier.contains(pin), f"requirements.lock has {name}=={pin}, pyproject {req}"
         assert set(req.extras) == set() or name in {"uvicorn", "redis"}  # their extras' packages are locked too
     assert {"httptools", "uvloop", "hiredis"} <= set(locked)
     assert not [n for n in locked if n.startswith(("nvidia-", "cuda-")) or n == "triton"]  # the CPU wheel's closure
@@ -313,6 +314,7 @@ def test_compose_runs_every_part_with_healthchecks_and_volumes():
     # The same Redis major and Kafka version as the tests' servers.
     assert services["redis"]["image"].startswith("redis:7.0-")
     kafka_version = re.search(r"<kafka.version>(.+)</kafka.version>", (REPO / "deploy/local/pom.xml").read_text())
+    assert kafka_version is not None
     assert services["kafka"]["image"] == f"apache/kafka:{kafka_version[1]}"
     assert services["retrain"]["command"] == ["retrain", "--every", "1h"]
     assert services["api"]["command"] == ["serve"] and services["ingest"]["command"] == ["ingest"]

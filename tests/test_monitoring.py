@@ -197,7 +197,7 @@ def test_the_dashboard_reads_valid_promql_over_metrics_dinrec_exports(exported, 
     assert variables["datasource"]["type"] == "datasource" and variables["datasource"]["query"] == "prometheus"
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
-    cells = set()
+    cells: set[tuple[int, int]] = set()
     for p in board["panels"]:
         g = p["gridPos"]
         assert g["x"] >= 0 and g["x"] + g["w"] <= 24 and g["h"] > 0, p["title"]

@@ -185,7 +185,7 @@ class MemoryStore(OnlineStore):
                 counted = self._counted[user]
                 _drop_oldest(counted, lambda at: at <= now - self.popularity_window_s)
                 kept = {h.event_id for h in self._hist[user]}
-                fresh = []
+                fresh: list[HistoryItem] = []
                 for r in new:
                     h = r.item
                     if h.event_id in seen:

@@ -52,10 +52,11 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import redis
-from redis.cluster import RedisCluster
+from redis.cluster import ClusterPipeline, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
 
 from dinrec.events.features import (
@@ -82,6 +83,8 @@ SEP = "\x1f"
 LAYOUT_VERSION = "2"
 # What a redis-py client raises: its cluster client's own errors are not RedisErrors.
 REDIS_ERRORS = (RedisError, RedisClusterException)
+# What the client's pipeline() makes: a server's, or a cluster's (per node).
+Pipe = redis.client.Pipeline | ClusterPipeline
 
 # KEYS: the shard's offsets hash, its popularity, then (history, seen, items) per user of the shard.
 # ARGV: now, dedup window (s), cap, the shard's key base ("{prefix}:{s}"), interacted cap, n_partitions,
@@ -443,10 +446,10 @@ class RedisStore(OnlineStore):
                 have = client.hgetall(key)
         except REDIS_ERRORS as exc:
             raise StoreUnavailable(f"redis read failed ({self._url}): {exc}") from exc
-        if have != want:
+        if have != want:  # !s below: the client decodes replies to str, which redis-py's types cannot tell
             raise StoreLayoutError(
-                f"redis {self._url} prefix {self.prefix!r} has layout {have.get('version')} with "
-                f"{have.get('partitions')} partitions; this store is configured for layout {LAYOUT_VERSION} with "
+                f"redis {self._url} prefix {self.prefix!r} has layout {have.get('version')!s} with "
+                f"{have.get('partitions')!s} partitions; this store is configured for layout {LAYOUT_VERSION} with "
                 f"{self.partitions} (DINREC_STORE_PARTITIONS must be the same in every process of a prefix)")
         self._layout_checked = True
 
@@ -464,8 +467,11 @@ class RedisStore(OnlineStore):
         try:
             client = self._client()
             if self.cluster:
-                answers = client.config_get("maxmemory-policy", target_nodes=RedisCluster.PRIMARIES)
-                policies = {a.get("maxmemory-policy") for a in answers.values()}
+                # Each primary's reply by node name, but the reply alone from a cluster of one primary
+                # (redis-py's types know only the second shape).
+                answers: dict[Any, Any] = client.config_get("maxmemory-policy", target_nodes=RedisCluster.PRIMARIES)
+                replies = [answers] if "maxmemory-policy" in answers else answers.values()
+                policies = {a.get("maxmemory-policy") for a in replies}
             else:
                 policies = {(client.config_get("maxmemory-policy") or {}).get("maxmemory-policy")}
         except (*REDIS_ERRORS, StoreUnavailable):
@@ -566,7 +572,9 @@ class RedisStore(OnlineStore):
         return joined
 
     # -------------------------------------------------------------- reads
-    def _read(self, queue: Callable[[redis.client.Pipeline], None]) -> list:
+    def _read(self, queue: Callable[[Pipe], object]) -> list[Any]:
+        """The replies to the commands ``queue`` puts on a pipeline, in order. What ``queue`` returns is
+        ignored (a lambda's list of the queued commands, which in a pipeline return the pipeline)."""
         try:
             pipe = self._r.pipeline(transaction=False)
             queue(pipe)
@@ -600,7 +608,7 @@ class RedisStore(OnlineStore):
         return {u: frozenset(items) for u, items in zip(user_ids, results, strict=True)}
 
     def history_and_interacted(self, user_id: str, limit: int) -> tuple[list[HistoryItem], frozenset[str]]:
-        def queue(pipe: redis.client.Pipeline) -> None:  # one slot: one node, one round trip
+        def queue(pipe: Pipe) -> None:  # one slot: one node, one round trip
             pipe.zrange(self._user_key("hist", user_id), -max(limit, 1), -1, withscores=True)
             pipe.zrange(self._user_key("items", user_id), 0, -1)
 
@@ -619,14 +627,21 @@ class RedisStore(OnlineStore):
         totals: dict[str, float] = {}
         pos = 0
         while True:
-            pages = self._read(lambda pipe, at=pos: [pipe.zrange(key, at, at + step - 1, desc=True, withscores=True)
-                                                     for key in keys])
+            def page(pipe: Pipe, at: int = pos) -> None:
+                for key in keys:
+                    pipe.zrange(key, at, at + step - 1, desc=True, withscores=True)
+
+            pages = self._read(page)
             if len(keys) == 1:
                 totals.update((m, float(s)) for m, s in pages[0])
             else:
                 met = sorted({m for page in pages for m, _ in page} - totals.keys())
                 if met:
-                    scores = self._read(lambda pipe, names=met: [pipe.zmscore(key, names) for key in keys])
+                    def score(pipe: Pipe, names: list[str] = met) -> None:
+                        for key in keys:
+                            pipe.zmscore(key, names)
+
+                    scores = self._read(score)
                     totals.update((m, sum(float(col[j] or 0) for col in scores)) for j, m in enumerate(met))
             ranked = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0]))
             bound = sum(float(page[-1][1]) for page in pages if len(page) == step)  # 0 where a shard ran out

@@ -45,24 +45,24 @@ def test_changes_write_the_next_version_and_a_stale_one_is_refused(location):
     assert doc.read()[0].version == 2
 
 
-def test_a_writer_that_loses_the_race_writes_nothing(location):
+def test_a_writer_that_loses_the_race_writes_nothing(location, monkeypatch):
     doc, other = ExperimentsDocument.open(location), ExperimentsDocument.open(location)
     doc.update(adding(exp("base")))
     write = doc.storage.put_if
 
     def lose(key: str, data: bytes, version: str | None) -> str:  # the other writer lands in between
-        doc.storage.put_if = write
+        monkeypatch.setattr(doc.storage, "put_if", write)
         other.update(adding(exp("theirs", "running")))
         return write(key, data, version)
 
-    doc.storage.put_if = lose
+    monkeypatch.setattr(doc.storage, "put_if", lose)
     with pytest.raises(DocumentConflict, match="changed while this change was made") as info:
         doc.update(adding(exp("mine")))
     assert info.value.version == 2
     assert [e.name for e in doc.read()[0].experiments] == ["base", "theirs"]
 
 
-def test_the_retrain_rollout_redoes_its_change_on_top_of_an_admin_change(tmp_path):
+def test_the_retrain_rollout_redoes_its_change_on_top_of_an_admin_change(tmp_path, monkeypatch):
     from dinrec.retrain.rollout import start_challenger_experiment
     from dinrec.retrain.settings import RetrainSettings
 
@@ -80,11 +80,9 @@ def test_the_retrain_rollout_redoes_its_change_on_top_of_an_admin_change(tmp_pat
             admin.update(adding(exp("admins-2")))
         return found
 
-    ExperimentsDocument.read = admin_writes_after_the_first_read
-    try:
+    with monkeypatch.context() as patched:
+        patched.setattr(ExperimentsDocument, "read", admin_writes_after_the_first_read)
         name = start_challenger_experiment(settings, "v7")
-    finally:
-        ExperimentsDocument.read = read
     final, _ = doc.read()
     assert raced and name == "retrain-v7"
     assert [e.name for e in final.experiments] == ["admins", "admins-2", "retrain-v7"] and final.version == 3

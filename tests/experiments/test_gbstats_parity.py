@@ -12,7 +12,9 @@ import math
 import os
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -23,6 +25,7 @@ from dinrec.experiments.stats import (
     MeanStat,
     Moments,
     RatioStat,
+    Stat,
     relative_effect,
     with_theta,
 )
@@ -30,6 +33,7 @@ from tests.conftest import REPO
 
 REFERENCE = REPO / "tests" / "reference" / "gbstats"
 GBSTATS_PYTHON_ENV = "DINREC_GBSTATS_PYTHON"
+close = partial(pytest.approx, rel=1e-9, abs=1e-12)  # equal to gbstats' figures but for rounding
 
 
 def _python() -> Path:
@@ -61,7 +65,11 @@ def _sums(x: np.ndarray) -> list[float]:
     return [float(x.sum()), float((x * x).sum())]
 
 
-def _arm(rng: np.random.Generator, kind: str, n: int, lift: float, shape: float = 2.0) -> tuple[object, dict]:
+def _dot(x: np.ndarray, y: np.ndarray) -> float:
+    return float((x * y).sum())
+
+
+def _arm(rng: np.random.Generator, kind: str, n: int, lift: float, shape: float = 2.0) -> tuple[Stat, dict]:
     """One arm's users, drawn from a world with a per-user propensity (mean 1; a smaller ``shape``, users
     differ more) that persists from the pre-period: (dinrec's statistic, the reference's sums)."""
     taste = rng.gamma(shape, 1 / shape, n)  # a user's propensity, shared by the pre- and post-period
@@ -80,8 +88,7 @@ def _arm(rng: np.random.Generator, kind: str, n: int, lift: float, shape: float 
                                                                "m_d": float((m * d).sum())}
     d_pre = (1 + rng.poisson(6, n)).astype(float)
     m_pre = rng.binomial(d_pre.astype(int), ctr).astype(float)
-    products = tuple(float((x * y).sum()) for x, y in
-                     ((m, d), (m, m_pre), (m, d_pre), (d, m_pre), (d, d_pre), (m_pre, d_pre)))
+    products = (_dot(m, d), _dot(m, m_pre), _dot(m, d_pre), _dot(d, m_pre), _dot(d, d_pre), _dot(m_pre, d_pre))
     return (CupedRatioStat(_m(m), _m(d), _m(m_pre), _m(d_pre), products),
             {"n": n, "m": _sums(m), "d": _sums(d), "m_pre": _sums(m_pre), "d_pre": _sums(d_pre),
              "products": list(products)})
@@ -92,7 +99,8 @@ KINDS = ("mean", "ratio", "cuped_mean", "cuped_ratio")
 
 def test_every_figure_equals_gbstats_from_the_same_sums():
     rng = np.random.default_rng(42)
-    ours, cases = [], []
+    ours = []
+    cases: list[dict[str, Any]] = []  # what the reference reads, as JSON
     for kind in KINDS:
         for n_a, n_b, lift, alpha, tuning in ((40, 35, 0.0, 0.05, 5000), (600, 650, 0.1, 0.05, 5000),
                                                (20_000, 19_800, 0.03, 0.1, 40_000), (5000, 5000, -0.2, 0.01, 2000)):
@@ -104,13 +112,12 @@ def test_every_figure_equals_gbstats_from_the_same_sums():
     for case, mine, ref in zip(cases, ours, theirs, strict=True):
         assert ref["error"] is None, (case["kind"], ref)
         what = f"{case['kind']} n={case['a']['n']}"
-        close = dict(rel=1e-9, abs=1e-12)
-        assert mine.lift == pytest.approx(ref["lift"], **close), what
-        assert mine.lift_se == pytest.approx(ref["se"], **close), what
-        assert (mine.ci_low, mine.ci_high) == pytest.approx((max(-1.0, ref["ci"][0]), ref["ci"][1]), **close), what
-        assert mine.p_value == pytest.approx(ref["p"], **close), what
-        assert (mine.cs_low, mine.cs_high) == pytest.approx((max(-1.0, ref["cs"][0]), ref["cs"][1]), **close), what
-        assert mine.p_sequential == pytest.approx(ref["p_sequential"], **close), what
+        assert mine.lift == close(ref["lift"]), what
+        assert mine.lift_se == close(ref["se"]), what
+        assert (mine.ci_low, mine.ci_high) == close((max(-1.0, ref["ci"][0]), ref["ci"][1])), what
+        assert mine.p_value == close(ref["p"]), what
+        assert (mine.cs_low, mine.cs_high) == close((max(-1.0, ref["cs"][0]), ref["cs"][1])), what
+        assert mine.p_sequential == close(ref["p_sequential"]), what
 
 
 def test_cuped_narrows_the_interval_on_a_world_with_a_pre_period():
@@ -119,16 +126,21 @@ def test_cuped_narrows_the_interval_on_a_world_with_a_pre_period():
     rng = np.random.default_rng(7)
     for kind in ("cuped_mean", "cuped_ratio"):
         (a, _), (b, _) = _arm(rng, kind, 20_000, 0.0, shape=0.5), _arm(rng, kind, 20_000, 0.05, shape=0.5)
-        adjusted, _ = with_theta(a, b)
+        adjusted, _ = with_theta(a, b)  # a, with the pooled θ
+        assert isinstance(adjusted, CupedMeanStat | CupedRatioStat)
         assert adjusted.theta > 0  # the pre-period explains part of the post-period
-        plain = (MeanStat(a.post), MeanStat(b.post)) if kind == "cuped_mean" else \
-            (RatioStat(a.m, a.d, a.products[0]), RatioStat(b.m, b.d, b.products[0]))
-        with_cuped, without = relative_effect(a, b, "b"), relative_effect(*plain, "b")
+        plain: tuple[Stat, Stat]
+        if isinstance(a, CupedMeanStat) and isinstance(b, CupedMeanStat):
+            plain = (MeanStat(a.post), MeanStat(b.post))
+        else:
+            assert isinstance(a, CupedRatioStat) and isinstance(b, CupedRatioStat)
+            plain = (RatioStat(a.m, a.d, a.products[0]), RatioStat(b.m, b.d, b.products[0]))
+        with_cuped, without = relative_effect(a, b, "b"), relative_effect(plain[0], plain[1], "b")
         # A click-through rate is mostly a few binomial draws per user, so its pre-period explains less.
         assert with_cuped.lift_se < (0.9 if kind == "cuped_mean" else 0.97) * without.lift_se, kind
         assert math.isclose(with_cuped.lift, without.lift, abs_tol=3 * without.lift_se)
-        if kind == "cuped_mean":  # ρ² from the control's sums
-            rho2 = adjusted.covariance**2 / (a.post.variance * a.pre.variance)
+        if isinstance(adjusted, CupedMeanStat):  # ρ² from the control's sums
+            rho2 = adjusted.covariance**2 / (adjusted.post.variance * adjusted.pre.variance)
             assert (with_cuped.lift_se / without.lift_se) ** 2 == pytest.approx(1 - rho2, abs=0.05)
 
 
@@ -142,13 +154,14 @@ def test_an_adjustment_with_nothing_to_explain_is_the_plain_statistic():
 def test_the_users_still_needed_equal_gbstats_mid_experiment_power():
     from dinrec.experiments.power import users_still_needed
 
-    cases = [{"kind": "power", "se": se, "n": n, "mde": mde, "alpha": alpha, "target": 0.8, "sequential": seq,
-              "tuning": tuning}
-             for se, n, mde, alpha, seq, tuning in ((0.04, 2000, 0.05, 0.05, False, 5000),
-                                                     (0.04, 2000, 0.05, 0.05, True, 5000),
-                                                     (0.01, 40_000, 0.02, 0.1, True, 80_000),
-                                                     (0.002, 40_000, 0.05, 0.05, False, 5000),  # powered already
-                                                     (0.3, 100, 0.01, 0.01, True, 5000))]
+    cases: list[dict[str, Any]] = [
+        {"kind": "power", "se": se, "n": n, "mde": mde, "alpha": alpha, "target": 0.8, "sequential": seq,
+         "tuning": tuning}
+        for se, n, mde, alpha, seq, tuning in ((0.04, 2000, 0.05, 0.05, False, 5000),
+                                                (0.04, 2000, 0.05, 0.05, True, 5000),
+                                                (0.01, 40_000, 0.02, 0.1, True, 80_000),
+                                                (0.002, 40_000, 0.05, 0.05, False, 5000),  # powered already
+                                                (0.3, 100, 0.01, 0.01, True, 5000))]
     theirs = _gbstats(cases)
     for case, ref in zip(cases, theirs, strict=True):
         mine = users_still_needed(case["se"], case["n"], case["mde"], alpha=case["alpha"], target=case["target"],
@@ -187,12 +200,12 @@ def _variant_sums(u: dict[str, np.ndarray]):
 def _reference(metric: str, u: dict[str, np.ndarray]) -> dict:
     """The same metric as gbstats' statistic from the per-user arrays (CUPED: x the covariate, 1 per user the
     pre-period denominator of a ratio)."""
-    num, den = {"ctr": ("c", "n"), "conversions_per_impression": ("b", "n")}.get(metric, (None, None))
+    ratio = {"ctr": ("c", "n"), "conversions_per_impression": ("b", "n")}.get(metric)
     x, one = u["x"], np.ones_like(u["x"])
-    if num is None:
+    if ratio is None:
         y = u[{"conversions_per_user": "b", "carts_per_user": "k", "value_per_user": "val"}[metric]]
         return {"n": len(y), "post": _sums(y), "pre": _sums(x), "post_pre": float((y * x).sum())}
-    m, d = u[num], u[den]
+    m, d = u[ratio[0]], u[ratio[1]]
     products = [float((p * q).sum()) for p, q in ((m, d), (m, x), (m, one), (d, x), (d, one), (x, one))]
     return {"n": len(m), "m": _sums(m), "d": _sums(d), "m_pre": _sums(x), "d_pre": _sums(one), "products": products}
 
@@ -203,7 +216,8 @@ def test_every_metric_from_the_stores_sums_equals_gbstats_with_cuped():
     from dinrec.experiments.metrics import METRICS, compare_metric
 
     rng = np.random.default_rng(11)
-    ours, cases = [], []
+    ours = []
+    cases: list[dict[str, Any]] = []  # what the reference reads, as JSON (and the metric's name)
     for n_a, n_b, lift in ((3000, 3100, 0.0), (20_000, 19_500, 0.05)):
         ua, ub = _users(rng, n_a, 0.0), _users(rng, n_b, lift)
         sa, sb = _variant_sums(ua), _variant_sums(ub)
@@ -217,9 +231,8 @@ def test_every_metric_from_the_stores_sums_equals_gbstats_with_cuped():
     theirs = _gbstats([{k: v for k, v in c.items() if k != "metric"} for c in cases])
     for case, mine, ref in zip(cases, ours, theirs, strict=True):
         assert ref["error"] is None, (case["metric"], ref)
-        close = dict(rel=1e-9, abs=1e-12)
         what = f"{case['metric']} n={case['a']['n']}"
-        assert (mine.lift, mine.lift_se, mine.p_value, mine.p_sequential) == pytest.approx(
-            (ref["lift"], ref["se"], ref["p"], ref["p_sequential"]), **close), what
-        assert (mine.ci_low, mine.ci_high, mine.cs_low, mine.cs_high) == pytest.approx(
-            (max(-1.0, ref["ci"][0]), ref["ci"][1], max(-1.0, ref["cs"][0]), ref["cs"][1]), **close), what
+        assert (mine.lift, mine.lift_se, mine.p_value, mine.p_sequential) == close(
+            (ref["lift"], ref["se"], ref["p"], ref["p_sequential"])), what
+        assert (mine.ci_low, mine.ci_high, mine.cs_low, mine.cs_high) == close(
+            (max(-1.0, ref["ci"][0]), ref["ci"][1], max(-1.0, ref["cs"][0]), ref["cs"][1])), what

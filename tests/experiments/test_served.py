@@ -32,6 +32,7 @@ def test_the_p95_from_buckets_is_within_its_bucket_of_the_true_one():
         t.add([], degraded=False, latency_ms=float(x), tail_items=0)
     true = float(np.quantile(latencies, 0.95))
     estimate = p95_ms(t.counts)
+    assert estimate is not None
     low = max((b for b in (0, *LATENCY_BUCKETS_MS) if b < true), default=0)
     high = min(b for b in LATENCY_BUCKETS_MS if b >= true)
     assert low <= estimate <= high and estimate == pytest.approx(true, rel=0.15)

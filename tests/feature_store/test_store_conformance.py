@@ -662,6 +662,20 @@ def test_a_redis_that_may_evict_the_stores_keys_is_refused_at_open_unless_allowe
     assert "running on it" in line
 
 
+@pytest.mark.parametrize("reply", [
+    {"maxmemory-policy": "allkeys-lru"},  # a cluster of one primary: its reply alone
+    {"10.0.0.1:6379": {"maxmemory-policy": "noeviction"}, "10.0.0.2:6379": {"maxmemory-policy": "allkeys-lru"}},
+])
+def test_a_cluster_that_may_evict_is_named_whatever_its_number_of_primaries(reply, monkeypatch):
+    class Client:  # redis-py's cluster client: one reply per primary by node name, unless there is one
+        def config_get(self, pattern, target_nodes=None):
+            return reply
+
+    store = RedisStore("redis://localhost:1", cluster=True)
+    monkeypatch.setattr(store, "_r_client", Client())
+    assert "maxmemory-policy allkeys-lru" in (store.eviction_problem() or "")
+
+
 @pytest.fixture(params=STORE_KINDS)
 def bounded_store(request, unique, clock):
     """A user's keys expire 2 h after its last write; at most 3 event ids per user in the dedup set."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 import httpx
 import pytest
@@ -12,9 +13,18 @@ from pydantic import SecretStr
 from dinrec.models.bundle import load_bundle
 from dinrec.registry.store import Registry
 from dinrec.serving.app import create_app
+from dinrec.serving.deps import ServiceState
+from dinrec.serving.liveness import LoopHeartbeat
 from dinrec.serving.server import free_port, serve_in_thread
 from dinrec.training.export import export_bundle
 from tests.conftest import ADMIN_HEADERS, ADMIN_TOKEN
+
+
+class ServiceClient(httpx.Client):
+    """A client of a service in this process, which can reach into it."""
+
+    service_state: Callable[[], ServiceState]  # the state its lifespan built
+    app_liveness: Callable[[], LoopHeartbeat]  # its event loop's heartbeat (with a health_port)
 
 
 @contextlib.contextmanager
@@ -27,8 +37,8 @@ def live_server(settings, fs_settings=None, *, operator: bool = False, **deps):
     port = free_port()
     app = create_app(settings, fs_settings, **deps)
     with serve_in_thread(app, port, start_timeout_s=30), \
-            httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                         headers=ADMIN_HEADERS if operator else None) as client:
+            ServiceClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
+                          headers=ADMIN_HEADERS if operator else None) as client:
         client.service_state = lambda: app.state.dinrec
         client.app_liveness = lambda: app.state.liveness
         yield client
@@ -41,6 +51,7 @@ def registry(tiny_run, tmp_path):
     reg = Registry(tmp_path / "registry")
     reg.publish(bundle_dir, "v1")
     v1 = load_bundle(bundle_dir)
+    assert v1.covisit is not None  # trained with towers: the bundle has its lane, which v2 keeps
     model = v1.model
     with torch.no_grad():  # a different model: its scores and version differ
         for p in model.parameters():

@@ -34,7 +34,7 @@ def test_no_route_receives_the_whole_state():
 
 
 def test_the_state_is_frozen():
-    assert ServiceState.__dataclass_params__.frozen
+    assert ServiceState.__dataclass_params__.frozen  # type: ignore[attr-defined]  # set by @dataclass, not in stubs
     field = dataclasses.fields(ServiceState)[0]
     state = object.__new__(ServiceState)
     with pytest.raises(dataclasses.FrozenInstanceError):

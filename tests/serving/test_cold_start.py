@@ -91,7 +91,9 @@ def test_new_items_are_appended_to_the_lane_and_a_request_keeps_the_version_it_r
     assert now.vectors.rows.data_ptr() == held.vectors.rows.data_ptr()
     same = {v.scorer.item_vectors.data_ptr() for v in (now, held)} | {rec.scorer.item_vectors.data_ptr()}
     assert len(same) == 1
-    found = held.search(rec.recall.cold_item_vectors(torch.tensor([1])), 5, set())[0].tolist()
+    query = rec.recall.cold_item_vectors(torch.tensor([1]))
+    assert query is not None  # the tiny model has towers
+    found = held.search(query, 5, set())[0].tolist()
     assert sorted(found) == [-1, -1, -1, held.base, held.base + 1]  # the held version finds its two, not the third
     # Extending the older version forks its lists: the newer version keeps its third item, the fork has its own.
     fork = held.with_items([("other", cats[0])], torch.tensor([1]),

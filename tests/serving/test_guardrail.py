@@ -77,7 +77,9 @@ def test_the_service_stops_the_worse_arm_and_its_users_leave_the_experiment(tiny
     store = MemoryStore()
     store.write(list(tiny_run[0].events()))
     exp = Experiments.load(path).get("risky")
-    bad_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist())) if exp.assign(u).name == "bad")
+    assert exp is not None
+    bad_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist()))
+                    if (arm := exp.assign(u)) is not None and arm.name == "bad")
     settings = ServingSettings(bundle_dir=tiny_run[2], experiments_file=path, events_sink="store",
                                guardrail_interval_s=0.2, guardrail_min_users=50, score_precision="fp32")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
@@ -179,8 +181,9 @@ def test_a_significant_winner_takes_the_alias_and_the_service_reloads_it(registr
                                guardrail_min_users=50, score_precision="fp32",
                                auto_promote="always" if users == "trusted" else "verified")
     exp = Experiments.load(path).get("rollout")
+    assert exp is not None
     challenger_user = next(u for u in sorted(set(tiny_run[0].user_id.tolist()))
-                           if exp.assign(u).name == "challenger")
+                           if (arm := exp.assign(u)) is not None and arm.name == "challenger")
     with live_server(settings, FeatureStoreSettings(), store=store, stream=InProcessStream(), operator=True) as c:
         assert c.get("/admin/model", headers=ADMIN_HEADERS).json()["version"] == "v1"
         assert c.get("/recommend", params={"user_id": challenger_user}).json()["variant"] == "challenger"
@@ -225,9 +228,15 @@ def test_an_arm_that_wins_on_the_goal_but_loses_on_a_guardrail_is_stopped_not_pr
     buys is stopped, and its model never takes the alias."""
     exp = {"name": "risky", "status": "running", "seed": "g", "promote": "champion",
            "variants": [{"name": "control"}, {"name": "bad", "model": "challenger"}]}
-    store, moved = MemoryStore(), []
+    store = MemoryStore()
+    moved: list[tuple[str, str]] = []
+
+    def promote(alias: str, model: str) -> str:
+        moved.append((alias, model))
+        return "v2"
+
     guard = Guardrail(open_state(store), Experiments([Experiment.model_validate(exp)]), min_users=100,
-                      promote=lambda alias, model: moved.append((alias, model)) or "v2")
+                      promote=promote)
     store.write(traffic("control", 400, 10, 1) + traffic("bad", 400, 10, 4))
     store.write(buys("control", 200, 1) + buys("bad", 40, 1))
     made = guard.check()

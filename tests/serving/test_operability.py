@@ -47,7 +47,9 @@ def test_metrics_show_requests_stages_and_the_model(tiny_run):
     assert "dinrec_in_flight_requests 1.0" in text  # the scrape itself
     assert "dinrec_outbox_pending_bytes" in text
     # The process collector: this worker's memory and open files (the alerts and dashboard read them).
-    rss = float(re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M)[1])
+    rss_line = re.search(r"^process_resident_memory_bytes (\S+)$", text, re.M)
+    assert rss_line is not None
+    rss = float(rss_line[1])
     assert rss > 50e6 and re.search(r"^process_open_fds \d", text, re.M) and "python_info{" in text
 
 

@@ -138,7 +138,7 @@ def test_explanations_are_the_models_attention_weights(served, tiny_run):
     for item in body["items"]:
         assert 1 <= len(item["because"]) <= 3
         target = torch.tensor([[item_idx[item["item_id"]]]])
-        target_cat = torch.tensor([[vocab.item_category[target.item()]]])
+        target_cat = torch.tensor([[vocab.item_category[int(target.item())]]])
         with torch.inference_mode():
             context = (served_context(model.cfg, pairs, counts, h_items, h_cats, ts, target, target_cat)
                        if model.cfg.has_context else None)

@@ -9,7 +9,7 @@ from dinrec.storage.loops import every
 
 def test_a_failing_round_is_reported_and_the_loop_goes_on_until_stopped(caplog):
     stop, third = threading.Event(), threading.Event()
-    calls = []
+    calls: list[int] = []
 
     def fn() -> None:
         calls.append(len(calls))

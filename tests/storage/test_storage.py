@@ -58,7 +58,8 @@ def test_of_many_local_writers_racing_from_one_read_exactly_one_wins(tmp_path):
 
     storage = open_storage(tmp_path / "store")
     version = storage.put_if("doc", b"0", None)
-    start, outcomes = threading.Barrier(8), []
+    start = threading.Barrier(8)
+    outcomes: list[int | None] = []
 
     def writer(n: int) -> None:
         start.wait()
@@ -84,7 +85,12 @@ def test_upload_dir_puts_the_commit_file_last(storage, tmp_path):
         (src / name).write_bytes(name.encode())
     written: list[str] = []
     put = storage.put_bytes
-    storage.put_bytes = lambda key, data: (written.append(key), put(key, data))  # type: ignore[method-assign]
+
+    def put_recorded(key: str, data: bytes) -> None:
+        written.append(key)
+        put(key, data)
+
+    storage.put_bytes = put_recorded
     storage.upload_dir(src, "v1", last="manifest.json")
     assert written[-1] == "v1/manifest.json" and sorted(written) == ["v1/a.bin", "v1/manifest.json", "v1/sub/z.bin"]
     assert storage.get_bytes("v1/sub/z.bin") == b"sub/z.bin"

@@ -122,8 +122,10 @@ def test_security_settings_reach_every_kafka_client_and_other_keys_are_refused(k
     settings = FeatureStoreSettings(stream="kafka", kafka_bootstrap=kafka_bootstrap, topic=unique)
     assert "pw-123" not in repr(settings)  # secret in logs and errors
     stream = open_stream(settings)
+    dead = stream.dead_letters()
+    assert isinstance(stream, KafkaStream) and isinstance(dead, KafkaStream)
     assert stream._conf()["security.protocol"] == "PLAINTEXT"
-    assert stream.dead_letters()._conf()["ssl.key.password"] == "pw-123"  # siblings get it too
+    assert dead._conf()["ssl.key.password"] == "pw-123"  # siblings get it too
     stream.ensure_topic(1)
     stream.publish(events(2))  # the broker is plaintext: the settings were taken, and they work
     consumer = stream.consumer("sec")
