@@ -21,7 +21,8 @@ partition would put it where serving never looks.
 
 Records that fail validation go to the dead-letter topic (``<topic>.dlq``) with the reason and the
 original bytes, before the offsets covering them are written; ingestion never stops on bad input.
-A store or stream failure is retried with backoff, holding the batch, for as long as it takes.
+A store or stream failure is retried with backoff, holding the batch, for as long as it takes (the
+consumer loop shared with the archive does that: streams.consuming).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ from dinrec.feature_store.errors import OffsetConflict, StoreLayoutError, StoreU
 from dinrec.feature_store.ingest_stats import IngestStats
 from dinrec.feature_store.online.base import OnlineStore, StreamOffsets
 from dinrec.storage.loops import Backoff
-from dinrec.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record
+from dinrec.streams.base import EventStream, OutgoingRecord, Record
+from dinrec.streams.consuming import ConsumerLoop, PartitionedSink
 from dinrec.streams.errors import StreamUnavailable
 
 log = logging.getLogger(__name__)
@@ -70,13 +72,18 @@ class _Write:
     applied_at: float = 0.0    # the same moment on the wall clock (records' ages end there)
 
 
-class Ingestor:
-    """Consumes one topic in a consumer group into an online store (see the module docstring).
+class Ingestor(PartitionedSink):
+    """Consumes one topic in a consumer group into an online store (see the module docstring): a sink
+    of the shared consumer loop (streams.consuming), which polls, hands over the group's assignments,
+    retries the store's and the stream's outages and decides when to stop; what is here is ingestion's
+    own: decoding, dead letters, the store's offsets and the pipelined writes.
 
     Writes are pipelined one deep: while the store applies batch k (on a writer thread, so a
     network round trip or Redis' own work overlaps), the loop polls and decodes batch k+1. Batch
     k+1's write starts only after k's has returned, since it names the offsets k left behind.
     """
+
+    name = "ingest"
 
     def __init__(self, stream: EventStream, store: OnlineStore, group: str, *, batch_size: int = 500,
                  commit_interval_s: float = 1.0, backoff: Backoff | None = None,
@@ -88,11 +95,9 @@ class Ingestor:
         self._dead = stream.dead_letters()
         self._batch_size = batch_size
         self._commit_interval_s = commit_interval_s
-        self._backoff = backoff or Backoff()
         self._on_applied = on_applied  # told of each batch once the store has it (benchmarks time it)
         # partition -> the last offset the store holds, as far as we know; None: ask the store.
         self._believed: dict[int, int | None] = {}
-        self._changes = MembershipChanges()
         self._queue: deque[_Batch] = deque()  # polled, not yet written, in stream order
         self._inflight: _Write | None = None
         self._writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dinrec-ingest-write")
@@ -101,7 +106,8 @@ class Ingestor:
         self._shards = store.partitions
         if self._shards > 1:
             self._check_partition_count(stream)
-        self.consumer = stream.consumer(group, on_assigned=self._changes.assigned, on_revoked=self._changes.revoked)
+        self._loop = ConsumerLoop(stream, group, self, backoff=backoff)
+        self.consumer = self._loop.consumer
 
     def _check_partition_count(self, stream: EventStream) -> None:
         try:
@@ -125,82 +131,74 @@ class Ingestor:
                     "user with that partitioner")
         return event
 
-    # -------------------------------------------------------------- the loop
+    # -------------------------------------------------------------- the loop (streams.consuming runs it)
     def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
             idle_exit_s: float | None = None, poll_timeout_s: float = 0.5) -> IngestStats:
         """Consume until ``stop`` is set, ``max_records`` are settled, or nothing arrives for
         ``idle_exit_s`` seconds; then finish the batches in hand, commit and return the stats."""
-        stop = stop or threading.Event()
         log.info("ingest: consuming %s into the store", self.topic)
-        last_data = time.monotonic()
-        while not stop.is_set():
-            in_hand = self._in_hand()
-            if max_records is not None and self.stats.consumed >= max_records and not in_hand:
-                break
-            try:
-                want = self._batch_size if max_records is None else \
-                    min(self._batch_size, max_records - self.stats.consumed - in_hand)
-                if not self._queue and want > 0:
-                    # Overlaps the write in flight. With one waiting, poll briefly: it is due now.
-                    records = self.consumer.poll(max_records=want,
-                                                 timeout_s=0.0 if self._inflight else poll_timeout_s)
-                    self._take_assignment_changes()
-                    if records:
-                        last_data = time.monotonic()
-                        self._queue.append(_Batch([(r, self._decode_routed(r)) for r in records]))
-                    elif self._inflight is None:
-                        self._maybe_commit()
-                        if idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
-                            break
-                        continue
-                # The next batch goes to the writer before the finished one is accounted for (its
-                # per-record bookkeeping would otherwise hold the writer idle between two writes).
-                done = self._settle_write()
-                try:
-                    if self._queue:
-                        self._start_write()
-                finally:
-                    if done is not None:
-                        self._account(*done)
-                self._maybe_commit()
-                self._backoff.reset()
-            except (StoreUnavailable, StreamUnavailable) as exc:
-                delay = self._backoff.next_delay()
-                with self.stats.lock:
-                    self.stats.retries += 1
-                log.warning("ingest: %s; retrying in %.2fs", exc, delay)
-                stop.wait(delay)
-        self._drain()
-        self._commit(force=True)
+        self._loop.run(stop, max_records=max_records, idle_exit_s=idle_exit_s, poll_timeout_s=poll_timeout_s)
         return self.stats
 
     def close(self) -> None:
         self._writer.shutdown(wait=True)
-        self.consumer.close()
+        self._loop.close()
         self._dead.close()
 
-    def _in_hand(self) -> int:
+    def wanted(self) -> int:
+        return 0 if self._queue else self._batch_size  # a batch waiting is written (or retried) first
+
+    @property
+    def busy(self) -> bool:
+        return self._inflight is not None  # polls overlap the write; with one waiting, briefly: it is due now
+
+    def accept(self, records: list[Record]) -> None:
+        self._queue.append(_Batch([(r, self._decode_routed(r)) for r in records]))
+
+    def work(self, finishing: bool) -> None:
+        """Settle the write in flight and start the next (Store/StreamUnavailable: the batch is kept, and
+        the loop retries); commit hints when due."""
+        # The next batch goes to the writer before the finished one is accounted for (its per-record
+        # bookkeeping would otherwise hold the writer idle between two writes).
+        done = self._settle_write()
+        try:
+            if self._queue:
+                self._start_write()
+        finally:
+            if done is not None:
+                self._account(*done)
+        self._maybe_commit()
+
+    def in_hand(self) -> int:
         return sum(len(b.items) for b in self._queue) + (len(self._inflight.batch.items) if self._inflight else 0)
 
-    def _drain(self) -> None:
+    def settled(self) -> int:
+        return self.stats.consumed
+
+    def is_transient(self, exc: Exception) -> bool:
+        return isinstance(exc, StoreUnavailable)
+
+    def retried(self, exc: Exception) -> None:
+        with self.stats.lock:
+            self.stats.retries += 1
+
+    def drain(self) -> None:
         """At a stop: finish the write in flight and write what was polled, once each (what fails is
-        redelivered to whoever consumes next, and the store's offsets keep that exact)."""
+        redelivered to whoever consumes next, and the store's offsets keep that exact); commit."""
         try:
             self._finish_write()
             while self._queue:
                 self._start_write()
                 self._finish_write()
-        except (StoreUnavailable, StreamUnavailable) as exc:
-            log.warning("ingest: stopping with %d records unwritten (%s); they will be redelivered",
-                        self._in_hand(), exc)
+        finally:
+            self._commit(force=True)
 
     # -------------------------------------------------------------- one batch
     def _start_write(self) -> None:
         """Send the first queued batch to the writer thread (raises Store/StreamUnavailable, the
         batch kept, to be retried)."""
-        self._take_assignment_changes()
         batch = self._queue[0]
-        batch.items = self._drop_what_the_store_holds(batch.items)
+        batch.items, expected = self._drop_what_the_store_holds(batch.items)
         if not batch.items:
             self._queue.popleft()
             return
@@ -208,7 +206,7 @@ class Ingestor:
             self._send_dead_letters(batch.items)
             batch.dead_sent = True
         parts = {r.partition for r, _ in batch.items}
-        offsets = StreamOffsets(self.topic, expected={p: self._believed[p] for p in parts},  # type: ignore[misc]
+        offsets = StreamOffsets(self.topic, expected=expected,
                                 last={p: max(r.offset for r, _ in batch.items if r.partition == p) for p in parts})
         events = [e for _, e in batch.items if isinstance(e, BehaviourEvent)]
         self._inflight = _Write(batch, offsets, self._writer.submit(self.store.write, events, offsets),
@@ -261,7 +259,9 @@ class Ingestor:
         if self._on_applied is not None:
             self._on_applied([r for r, _ in items])
 
-    def _drop_what_the_store_holds(self, batch: list[Decoded]) -> list[Decoded]:
+    def _drop_what_the_store_holds(self, batch: list[Decoded]) -> tuple[list[Decoded], dict[int, int]]:
+        """The records of ``batch`` the store does not hold yet, and what it holds of their partitions
+        (the offsets their write expects)."""
         unknown = {r.partition for r, _ in batch if self._believed.get(r.partition) is None}
         rewound: set[int] = set()
         if unknown:
@@ -273,12 +273,14 @@ class Ingestor:
                     rewound.add(p)
                 else:
                     self._believed[p] = held
-        kept = [d for d in batch if d[0].partition not in rewound and d[0].offset > self._believed[d[0].partition]]
+        # Every partition of the batch is known now (asked above), but a rewound one: its records come again.
+        known = {p: o for p, o in self._believed.items() if o is not None and p not in rewound}
+        kept = [d for d in batch if d[0].partition in known and d[0].offset > known[d[0].partition]]
         skipped = sum(1 for r, _ in batch if r.partition not in rewound) - len(kept)
         if skipped:
             with self.stats.lock:
                 self.stats.skipped += skipped
-        return kept
+        return kept, {p: known[p] for p in {r.partition for r, _ in kept}}
 
     def _rewind(self, partition: int, held: int) -> None:
         """Resume ``partition`` right after what the store holds."""
@@ -301,18 +303,16 @@ class Ingestor:
             self._dead.publish_raw(dead)
 
     # -------------------------------------------------------------- group membership and commits
-    def _take_assignment_changes(self) -> None:
-        for kind, parts in self._changes.take():
-            log.info("ingest: partitions %s %s", sorted(parts), kind)
-            for p in parts:
-                if kind == "assigned":
-                    self._believed[p] = None
-                else:
-                    self._believed.pop(p, None)
-                    self._committed.pop(p, None)
-            if kind == "revoked":  # the new owner resumes them from the store's offsets
-                for b in self._queue:
-                    b.items = [d for d in b.items if d[0].partition not in parts]
+    def assigned(self, partitions: set[int]) -> None:
+        for p in partitions:
+            self._believed[p] = None  # asked of the store before its first write
+
+    def revoked(self, partitions: set[int]) -> None:
+        for p in partitions:
+            self._believed.pop(p, None)
+            self._committed.pop(p, None)
+        for b in self._queue:  # the new owner resumes them from the store's offsets
+            b.items = [d for d in b.items if d[0].partition not in partitions]
 
     def _maybe_commit(self) -> None:
         if time.monotonic() - self._last_commit >= self._commit_interval_s:

@@ -150,11 +150,12 @@ def dlq(
                 continue
             for r in records:
                 headers = dict(r.headers)
-                row = {"source": headers.get(SOURCE_HEADER, b"").decode(),
-                       "error": headers.get(ERROR_HEADER, b"").decode(errors="replace"),
-                       "value": r.value[:2000].decode(errors="replace"), "bytes": len(r.value)}
+                source = headers.get(SOURCE_HEADER, b"").decode()
+                error = headers.get(ERROR_HEADER, b"").decode(errors="replace")
+                value = r.value[:2000].decode(errors="replace")
+                row = {"source": source, "error": error, "value": value, "bytes": len(r.value)}
                 seen += 1
-                text = f"{row['source']}  {row['error']}\n    {row['value'][:200]!r}"
+                text = f"{source}  {error}\n    {value[:200]!r}"
                 typer.echo(json.dumps(row) if as_json else text)
     finally:
         consumer.close()
@@ -228,7 +229,8 @@ def archive(
     file_age: Annotated[float, typer.Option(help="seconds a partition's open file may wait")] = 60.0,
 ) -> None:
     """Write the stream (behaviours, impressions, clicks) to time-partitioned JSON-lines files,
-    each record exactly once: the training data of record, beyond Kafka's retention."""
+    each record exactly once: the training data of record, beyond Kafka's retention. An outage of
+    the storage or the broker is waited out with backoff (counted as retries)."""
     from dinrec.streams import open_stream
     from dinrec.streams.archive import Archiver
 
@@ -244,4 +246,5 @@ def archive(
     finally:
         archiver.close()
         stream.close()
-    typer.echo(json.dumps({"records": stats.records, "files": stats.files, "redelivered": stats.redelivered}))
+    typer.echo(json.dumps({"records": stats.records, "files": stats.files, "redelivered": stats.redelivered,
+                           "retries": stats.retries}))

@@ -22,6 +22,7 @@ import numpy as np
 from dinrec.datasets.base import Interactions
 from dinrec.events.errors import InvalidEvent
 from dinrec.events.schema import BehaviourEvent
+from dinrec.storage import Storage
 from dinrec.streams.archive import read_hours
 
 
@@ -34,7 +35,7 @@ class WindowEvents:
     attributed: list[tuple[str, str, float]] = field(default_factory=list)
 
 
-def read_window(archive_dir: str | Path, topic: str, start: float, end: float, *, late_s: float = 6 * 3600,
+def read_window(archive_dir: str | Path | Storage, topic: str, start: float, end: float, *, late_s: float = 6 * 3600,
                 skew_s: float = 300.0) -> WindowEvents:
     """The archived events of ``topic`` with ``start <= ts < end``, oldest first."""
     return window_of(read_hours(archive_dir, topic, start - skew_s, end + late_s), topic, start, end)

@@ -19,6 +19,10 @@ the record names it as pending, after it the offset moves past it; an archiver t
 two finds the pending file there or not (one existence check). An archive without records (older
 than them) is listed once and gets them.
 
+The consuming is the shared partitioned loop (streams.consuming): an outage of the storage (S3
+unreachable or throttled) or of the stream is waited out with backoff, what is buffered kept and
+written again, for as long as it takes.
+
 Readers take the hours they need (:func:`read_hours`): a retrain reads its window's hours, not the
 topic's history.
 """
@@ -36,7 +40,11 @@ from pathlib import Path
 
 from dinrec.events.schema import BehaviourEvent
 from dinrec.storage import Storage, open_storage
-from dinrec.streams.base import EventStream, MembershipChanges, OutgoingRecord, Record, event_record
+from dinrec.storage.loops import Backoff
+from dinrec.storage.outage import outage
+from dinrec.streams.base import EventStream, OutgoingRecord, Record, event_record
+from dinrec.streams.consuming import ConsumerLoop, PartitionedSink
+from dinrec.streams.errors import StreamUnavailable
 
 log = logging.getLogger(__name__)
 _FILE = re.compile(r"^p(\d+)-(\d{12})-(\d{12})\.jsonl$")
@@ -47,6 +55,7 @@ class ArchiveStats:
     records: int = 0
     files: int = 0
     redelivered: int = 0  # records dropped because a file already holds them
+    retries: int = 0  # rounds that met an outage (the storage's or the stream's) and ran again
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
@@ -143,80 +152,135 @@ def archive_events(events: Sequence[BehaviourEvent], root: str | Path | Storage,
         stream.close()
 
 
-class Archiver:
+class Archiver(PartitionedSink):
+    """Archives one topic as its own consumer group (see the module docstring): a sink of the shared
+    consumer loop (streams.consuming), which polls, hands over the group's assignments, waits out the
+    stream's and the storage's outages with backoff and decides when to stop; what is here is the
+    archive's own: hour files and the high-water records.
+
+    A write that fails is written again, whole, by a later round: its key is fixed by its records
+    (partition, offsets, the first one's hour), so a retry replaces the same file and the high-water
+    record's pending step covers a crash in between."""
+
+    name = "archive"
+
     def __init__(self, stream: EventStream, root: str | Path | Storage, group: str = "dinrec-archive", *,
-                 max_file_records: int = 10_000, max_file_age_s: float = 60.0) -> None:
+                 max_file_records: int = 10_000, max_file_age_s: float = 60.0, backoff: Backoff | None = None) -> None:
         self.stream, self.storage, self.topic = stream, _storage(root), stream.topic
         self.max_file_records, self.max_file_age_s = max_file_records, max_file_age_s
         self.stats = ArchiveStats()
-        self._archived: dict[int, int] = {}  # partition -> last offset in a file (read on assignment)
+        # Owned partition -> the last offset in a file, read on assignment: a record of a partition not
+        # here is not archived by this member (revoked, or read from before the seek that locates it).
+        self._archived: dict[int, int] = {}
+        # Assigned partitions whose place in the archive is not read yet: nothing is polled until it is
+        # (their records before the seek would be thrown away).
+        self._to_locate: set[int] = set()
         self._buffers: dict[int, list[Record]] = {}
-        self._opened: dict[int, float] = {}  # partition -> when its buffer got its first record
-        self._changes = MembershipChanges()
-        self.consumer = stream.consumer(group, on_assigned=self._changes.assigned, on_revoked=self._changes.revoked)
+        self._opened: dict[int, float] = {}  # partition -> when its buffer's oldest hour got its first record
+        self._behind = False  # the last flush failed: take nothing more until it succeeds (no pile-up in memory)
+        self._loop = ConsumerLoop(stream, group, self, backoff=backoff)
+        self.consumer = self._loop.consumer
 
     def run(self, stop: threading.Event | None = None, *, max_records: int | None = None,
             idle_exit_s: float | None = None, poll_timeout_s: float = 0.5) -> ArchiveStats:
         """Archive until ``stop``, ``max_records`` archived, or ``idle_exit_s`` without records; then
         write what is buffered."""
-        stop = stop or threading.Event()
-        last_data = time.monotonic()
-        while not stop.is_set():
-            if max_records is not None and self.stats.records + self._buffered() >= max_records:
-                break
-            self._take_assignment_changes()
-            want = 1000 if max_records is None else min(1000, max_records - self.stats.records - self._buffered())
-            records = self.consumer.poll(max_records=want, timeout_s=poll_timeout_s)
-            self._take_assignment_changes()
-            for r in records:
-                if r.offset <= self._archived.get(r.partition, -1):
-                    self.stats.redelivered += 1
-                    continue
-                buf = self._buffers.setdefault(r.partition, [])
-                if buf and r.offset <= buf[-1].offset:  # redelivered after a rewind: already buffered
-                    self.stats.redelivered += 1
-                    continue
-                if buf and _hour(r) != _hour(buf[0]):  # a file holds one hour: its records are all in it
-                    self._write(r.partition, buf)
-                    buf = self._buffers[r.partition] = []
-                if not buf:
-                    self._opened[r.partition] = time.monotonic()
-                buf.append(r)
-            if records:
-                last_data = time.monotonic()
-            self._flush(force=False)
-            if not records and idle_exit_s is not None and time.monotonic() - last_data >= idle_exit_s:
-                break
-        self._flush(force=True)
+        self._loop.run(stop, max_records=max_records, idle_exit_s=idle_exit_s, poll_timeout_s=poll_timeout_s)
         return self.stats
 
     def close(self) -> None:
-        self.consumer.close()
+        self._loop.close()
 
-    def _buffered(self) -> int:
+    # -------------------------------------------------------------- the consumer loop's sink
+    def assigned(self, partitions: set[int]) -> None:
+        for p in partitions:  # another member may have archived more of it meanwhile: read where it ends
+            self._buffers.pop(p, None)
+            self._archived.pop(p, None)
+            self._to_locate.add(p)
+
+    def revoked(self, partitions: set[int]) -> None:
+        for p in partitions:  # what we hold of it is re-read from the files' end by its new owner
+            self._buffers.pop(p, None)
+            self._to_locate.discard(p)
+            self._archived.pop(p, None)
+
+    def wanted(self) -> int:
+        return 0 if self._to_locate or self._behind else 1000
+
+    def accept(self, records: list[Record]) -> None:
+        now, now_ms = time.monotonic(), int(time.time() * 1000)
+        for r in records:
+            if r.partition not in self._archived:  # assigned in this poll (read from before its seek: it
+                continue                            # comes again), or revoked in it (its new owner's)
+            if r.offset <= self._archived[r.partition]:
+                self.stats.redelivered += 1
+                continue
+            buf = self._buffers.setdefault(r.partition, [])
+            if buf and r.offset <= buf[-1].offset:  # redelivered after a rewind: already buffered
+                self.stats.redelivered += 1
+                continue
+            if not buf:
+                self._opened[r.partition] = now
+            # A live record without a produce time is filed under the hour it arrived, the same on every
+            # retry of its write.
+            buf.append(r if r.timestamp_ms is not None else r._replace(timestamp_ms=now_ms))
+
+    def work(self, finishing: bool) -> None:
+        self._locate()
+        self._behind = True
+        self._flush(force=finishing)
+        self._behind = False
+
+    def in_hand(self) -> int:
         return sum(len(b) for b in self._buffers.values())
 
-    def _take_assignment_changes(self) -> None:
-        for kind, parts in self._changes.take():
-            listed: dict[int, int] | None = None  # an archive from before the records: listed once
-            for p in parts:
-                self._buffers.pop(p, None)  # either way: what we hold is re-read from the files' end
-                if kind == "assigned":  # another member may have archived more of it meanwhile
-                    found = high_water(self.storage, self.topic, p)
-                    if found is None:
-                        listed = listed if listed is not None else archived_offsets(self.storage, self.topic)
-                        found = listed.get(p, -1)
-                        self.storage.put_json(_high_water_key(self.topic, p), {"archived": found, "pending": None})
-                    self._archived[p] = found
-                    self.consumer.seek(p, found + 1)
+    def settled(self) -> int:
+        return self.stats.records
+
+    def drain(self) -> None:
+        self._flush(force=True)
+
+    def is_transient(self, exc: Exception) -> bool:
+        # The storage's (a transient CloudError: S3 unreachable, throttled, a 5xx) or any other dependency's,
+        # also as the cause of another error.
+        return outage(exc) is not None
+
+    def retried(self, exc: Exception) -> None:
+        with self.stats.lock:
+            self.stats.retries += 1
+
+    # -------------------------------------------------------------- files
+    def _locate(self) -> None:
+        """Seek each newly assigned partition to one past the end of its archive (its high-water record;
+        an archive from before the records is listed once and given them)."""
+        listed: dict[int, int] | None = None
+        for p in sorted(self._to_locate):
+            found = high_water(self.storage, self.topic, p)
+            if found is None:
+                listed = listed if listed is not None else archived_offsets(self.storage, self.topic)
+                found = listed.get(p, -1)
+                self.storage.put_json(_high_water_key(self.topic, p), {"archived": found, "pending": None})
+            self._archived[p] = found
+            self.consumer.seek(p, found + 1)
+            self._to_locate.discard(p)  # only now: a failure above locates it again next round
 
     def _flush(self, force: bool) -> None:
+        """Write each partition's finished hours, and its open hour too if it is full, old or ``force``d:
+        a file holds one hour, at most ``max_file_records`` records. Each file leaves the buffer as soon
+        as it is written, so a failure (raised) leaves only what is unwritten, for the next round."""
         now = time.monotonic()
         for p, buf in list(self._buffers.items()):
-            if buf and (force or len(buf) >= self.max_file_records or now - self._opened[p] >= self.max_file_age_s):
-                for start in range(0, len(buf), self.max_file_records):
-                    self._write(p, buf[start:start + self.max_file_records])
-                self._buffers[p] = []
+            while buf:
+                hour = _hour(buf[0])
+                run = next((i for i, r in enumerate(buf) if _hour(r) != hour), len(buf))  # records of buf[0]'s hour
+                if run == len(buf) and not (force or run >= self.max_file_records
+                                            or now - self._opened[p] >= self.max_file_age_s):
+                    break  # the open hour: it may get more records
+                for start in range(0, run, self.max_file_records):
+                    chunk = buf[:min(run - start, self.max_file_records)]
+                    self._write(p, chunk)
+                    buf = self._buffers[p] = buf[len(chunk):]
+                self._opened[p] = now  # the next hour's file opens (as it did when its first record came)
 
     def _write(self, partition: int, records: list[Record]) -> None:
         first, last = records[0].offset, records[-1].offset
@@ -233,5 +297,8 @@ class Archiver:
         with self.stats.lock:
             self.stats.records += len(records)
             self.stats.files += 1
-        self.consumer.commit({partition: last + 1})  # a hint for lag tools; the files are the truth
         log.info("archive: %s (%d records)", self.storage.child_uri(key), len(records))
+        try:
+            self.consumer.commit({partition: last + 1})  # a hint for lag tools; the files are the truth
+        except StreamUnavailable as exc:  # the next file's commit carries the position
+            log.warning("archive: commit failed (%s)", exc)

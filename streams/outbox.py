@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from dinrec.storage import fsync_dir, write_atomically
-from dinrec.storage.loops import Backoff
+from dinrec.storage.loops import worker
 from dinrec.streams.base import EventStream, OutgoingRecord
 from dinrec.streams.errors import StreamError, StreamUnavailable
 
@@ -42,6 +42,9 @@ log = logging.getLogger(__name__)
 _HEAD = struct.Struct("<II")
 _KEYLEN = struct.Struct("<H")
 _CHUNK = 1 << 20  # events are at most 16 KiB, so a chunk always holds a whole one
+# With nothing to send, the sender sleeps until a put wakes it, or this long: a fallback that looks again at
+# bytes pending but unreadable, without a spin.
+_IDLE_S = 0.5
 
 
 class OutboxFull(StreamError):
@@ -94,7 +97,7 @@ class Outbox:
         self.max_bytes, self.segment_bytes, self.fsync, self.send_batch = max_bytes, segment_bytes, fsync, send_batch
         self.dir, self._lock_fd = _lock_slot(slot) if slot is not None else _take_slot(Path(directory))
         self._lock = threading.Lock()           # appends and the positions below
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Event()          # set by a put: the sender looks at once
         self._stop = threading.Event()
         self._drained = threading.Event()       # set while nothing is pending
         self._thread: threading.Thread | None = None
@@ -132,7 +135,7 @@ class Outbox:
             self._seg_size += len(blob)
             self._pending += len(blob)
             self._drained.clear()
-            self._wake.notify()
+        self._wake.set()
 
     @property
     def pending_bytes(self) -> int:
@@ -166,8 +169,10 @@ class Outbox:
 
     # -------------------------------------------------------------- sender
     def start(self) -> Outbox:
-        self._thread = threading.Thread(target=self._send_loop, name="dinrec-outbox", daemon=True)
-        self._thread.start()
+        """Start the sender: storage.loops.worker, woken by each put, retrying a stopped broker (or a full
+        disk under the cursor, or a bug) with backoff, never ending before :meth:`close`."""
+        self._thread = worker(self._send_once, self._stop, name="dinrec-outbox", wake=self._wake, idle_s=_IDLE_S,
+                              outages=(StreamUnavailable,), context=lambda: f"{self._pending} bytes wait")
         return self
 
     def close(self, drain_timeout_s: float = 5.0) -> None:
@@ -175,39 +180,23 @@ class Outbox:
         if self._thread is not None:
             self._drained.wait(drain_timeout_s)
             self._stop.set()
-            with self._lock:
-                self._wake.notify()
+            self._wake.set()
             self._thread.join(timeout=30)
         os.close(self._fd)
         os.close(self._lock_fd)
 
-    def _send_loop(self) -> None:
-        backoff = Backoff()
-        while not self._stop.is_set():
-            try:
-                self._send_once(backoff)
-            except Exception:  # noqa: BLE001 - a full disk (the cursor) or a bug: retry, never end
-                delay = backoff.next_delay()
-                log.exception("outbox: sending failed; %d bytes wait, retrying in %.2fs", self._pending, delay)
-                self._stop.wait(delay)
-
-    def _send_once(self, backoff: Backoff) -> None:
+    def _send_once(self) -> bool:
+        """Publish the next batch and move the cursor past it; False when there is nothing to send (a
+        StreamUnavailable, raised, is retried by the worker with backoff: the cursor has not moved)."""
         batch, after, size = self._next_batch()
         if not batch:
-            with self._lock:  # woken by the next put; never a spin while bytes are pending but unreadable
+            with self._lock:  # as put() clears it: a put that lands after this check leaves it cleared
                 if self._pending == 0:
                     self._drained.set()
-                self._wake.wait(timeout=0.5)
-            return
-        try:
-            self.stream.publish_raw(batch)
-        except StreamUnavailable as exc:
-            delay = backoff.next_delay()
-            log.warning("outbox: %s; %d bytes wait, retrying in %.2fs", exc, self._pending, delay)
-            self._stop.wait(delay)
-            return
-        backoff.reset()
+            return False  # wait for the next put; never a spin while bytes are pending but unreadable
+        self.stream.publish_raw(batch)
         self._advance(after, size, len(batch))
+        return True
 
     def _next_batch(self) -> tuple[list[OutgoingRecord], tuple[int, int], int]:
         while True:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
-from typing import NamedTuple
+from typing import IO, Any, NamedTuple
 
 import pytest
 
@@ -42,6 +42,7 @@ def make_events(seed: int = 7, n_users: int = N_USERS, per_user_n: int = PER_USE
     for u in range(n_users):
         ts, evs = 1_700_000_000.0 + u, []
         shown: list[tuple[str, str]] = []  # (request, item) of this user's impressions so far
+        ab: dict[str, Any]  # the event's experiment fields
         for j in range(per_user_n):
             if rng.random() > 0.05:  # 5%: the same timestamp as the previous event (a tie)
                 ts += rng.choice([1.0, 2.5, 7.0])
@@ -65,11 +66,11 @@ def make_events(seed: int = 7, n_users: int = N_USERS, per_user_n: int = PER_USE
     # original, half at the very end (far past the history cap of CAP).
     stream = [e for round_ in zip(*per_user, strict=True) for e in round_]
     soon = rng.sample(range(len(stream)), k=len(stream) // 40)
-    late = rng.sample(range(len(stream) // 2), k=len(stream) // 40)
+    at_end = rng.sample(range(len(stream) // 2), k=len(stream) // 40)
     for i in sorted(soon, reverse=True):
         stream.insert(min(len(stream), i + rng.randint(1, 50)), stream[i])
-    originals = [stream[i] for i in late]
-    return Sent(stream + originals, duplicates=len(soon) + len(late), late_duplicates=len(late))
+    originals = [stream[i] for i in at_end]
+    return Sent(stream + originals, duplicates=len(soon) + len(at_end), late_duplicates=len(at_end))
 
 
 def expected_state(events: list[BehaviourEvent]) -> tuple[dict[str, list[tuple]], Counter, int]:
@@ -96,8 +97,8 @@ def expected_ab(events: list[BehaviourEvent]) -> tuple[dict[str, tuple], int]:
     yet, or its click counted) waits, an orphan, and is joined by the next impression of its request and
     item for its user."""
     seen: set[tuple[str, str]] = set()
-    shown: dict[tuple[str, str], str] = {}
-    waiting: dict[tuple[str, str], str] = {}  # (request, item) -> the user whose click came first
+    shown: dict[tuple[str | None, str], tuple[str | None, str]] = {}  # (request, item) -> (variant, user)
+    waiting: dict[tuple[str | None, str], str] = {}  # (request, item) -> the user whose click came first
     per_user: dict[str, list] = {}
     orphans = 0
     for e in events:
@@ -136,7 +137,8 @@ class Ingesters:
 
     def __init__(self, folder: Path, redis_url: str, kafka_bootstrap: str, topic: str, *, store: str = "redis",
                  store_partitions: int = 1, **extra: str) -> None:
-        self.folder, self.logs = folder, []
+        self.folder = folder
+        self.logs: list[IO[str]] = []
         self.env = {**os.environ, "DINREC_STORE": store, "DINREC_STORE_PARTITIONS": str(store_partitions),
                     "DINREC_STREAM": "kafka", "DINREC_REDIS_URL": redis_url,
                     "DINREC_KAFKA_BOOTSTRAP": kafka_bootstrap, "DINREC_TOPIC": topic, "DINREC_REDIS_PREFIX": topic,

@@ -81,7 +81,7 @@ time.sleep(600)
 def test_kill_minus_nine_loses_nothing_accepted_and_a_torn_tail_is_cut(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", KILLED, str(tmp_path)], cwd=REPO, stdout=subprocess.PIPE,
                             text=True)
-    assert proc.stdout.readline().strip() == "accepted"
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "accepted"
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=30)
     (segment,) = (tmp_path / "slot-0").glob("*.log")
@@ -214,4 +214,21 @@ def test_a_slot_left_by_a_worker_that_no_longer_runs_is_adopted_and_sent(tmp_pat
     assert adopt_orphaned_slots(stream, tmp_path, box.dir) == 1
     assert sorted(arrived(stream, 10)) == sorted(r.value for r in records(10))
     assert adopt_orphaned_slots(stream, tmp_path, box.dir) == 0  # sent: nothing left to adopt
+    box.close()
+
+
+def test_a_put_wakes_the_idle_sender_at_once(tmp_path, monkeypatch):
+    """The sender (storage.loops.worker) sleeps until a put wakes it: with its fallback timer at an hour,
+    each put still goes out at once."""
+    import dinrec.streams.outbox as outbox_module
+
+    monkeypatch.setattr(outbox_module, "_IDLE_S", 3600.0)
+    stream = InProcessStream()
+    box = Outbox(stream, tmp_path).start()
+    for i in range(3):
+        wait_until(box._drained.is_set, what="the sender to find nothing left and sleep")
+        box.put(records(10, start=10 * i))
+        wait_until(lambda: box.sent == 10 * (i + 1), what="the put to be sent")  # noqa: B023 - used at once
+    assert box.sender_alive
+    assert arrived(stream, 30) == [r.value for r in records(30)]
     box.close()
