@@ -79,7 +79,11 @@ class Bundle:
         """What serving gives a DIN with context (models.context.served_context): the lane's pair table
         (None where the model reads no pairs; load refuses a pair-reading model without its lane) and the
         training counts (I,) float32 (zeros for bundles without them)."""
-        pairs = PairTable([self.covisit]) if self.model.cfg.pair_inputs else None
+        pairs = None
+        if self.model.cfg.pair_inputs:
+            if self.covisit is None:  # load refuses it; a Bundle built in code could still lack it
+                raise ValueError("its DIN reads co-visitation similarities and the bundle has no lane")
+            pairs = PairTable([self.covisit])
         counts = (self.item_counts if self.item_counts is not None else np.zeros(len(self.vocab.items)))
         return pairs, torch.from_numpy(counts.astype(np.float32))
 

@@ -157,6 +157,8 @@ def _mlp(sizes: list[int], activation: str, dropout: float) -> nn.Sequential:
 
 
 class DIN(nn.Module):
+    calibration: torch.Tensor | None  # a buffer (register_buffer): (2,) scale, bias; None for a pointwise model
+
     def __init__(self, cfg: DINConfig) -> None:
         super().__init__()
         if not cfg.attention_hidden or not cfg.mlp_hidden:
@@ -215,7 +217,7 @@ class DIN(nn.Module):
         if self.cfg.attention_activation != "dice":
             raise ValueError("the activation unit does not use Dice")
         linears = [m for m in self.att_hidden if isinstance(m, nn.Linear)]
-        dices = [self.att_in_act, *(m for m in self.att_hidden if isinstance(m, Dice))]
+        dices = [m for m in (self.att_in_act, *self.att_hidden) if isinstance(m, Dice)]  # all of them, in order
         return dices, linears, self.att_out
 
     def interest(self, query: torch.Tensor, hist: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -305,15 +307,16 @@ class DIN(nn.Module):
         if self.pair_weight is not None and pairs is None:
             raise ValueError("this model reads pair similarities: give ListContext.pairs")
         if self._fusable(q):
-            pf = pair_features(pairs) if self.pair_weight is not None else q.new_zeros(b, n, length, 0)
+            pf = q.new_zeros(b, n, length, 0) if pairs is None or self.pair_weight is None else pair_features(pairs)
             wpair = self.pair_weight if self.pair_weight is not None else q.new_zeros(0, h1)
+            assert self.list_unit is not None  # _fusable checks it
             w = self.list_unit(q, h, per_cand, per_behaviour.expand(b, length, h1), pf, filled, w_p.t(), wpair,
                                self.att_in_act.alpha, self.att_out.weight.reshape(-1), self.att_out.bias)
         else:
             g = (h.unsqueeze(-1) * w_p.t()).transpose(1, 2).reshape(b, d, length * h1)  # (B, D, L·H1)
             z = torch.bmm(q, g).view(b, n, length, h1)  # (B, N, L, H1): Wp·(q_n ⊙ h_l)
             z = z + per_cand.unsqueeze(2) + per_behaviour.unsqueeze(1)
-            if self.pair_weight is not None:
+            if self.pair_weight is not None and pairs is not None:  # pairs given where it is (checked above)
                 z = z + pair_features(pairs) @ self.pair_weight  # (B, N, L, 2P) @ (2P, H1)
             w = self._activation_weights(z) * filled.unsqueeze(1)  # (B, N, L)
         interest = torch.bmm(w, h)  # (B, N, D): sum pooling with the unit's weights

@@ -10,7 +10,7 @@ Built once per bundle (the service swaps the whole Recommender when a new bundle
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Hashable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,7 @@ from dinrec.models.din import ListContext
 from dinrec.models.ranking_settings import RankingSettings
 from dinrec.models.recall import RecallSpace
 from dinrec.models.rows import AppendOnlyRows
-from dinrec.models.scorer import Scorer, choose_scorer
+from dinrec.models.scorer import Scorer, Scores, choose_scorer
 from dinrec.retrieval.index import FaissIndex, choose_search_index, exact_search
 
 
@@ -43,6 +43,16 @@ class Scored:
     category_id: str
     score: float
     because: list[Because] | None = None  # with explain: the behaviours with the largest weights
+
+
+@dataclass
+class _Kept:
+    """What :attr:`Recommender.memo` keeps of one history: recall's candidates (N,) and query (1, D), DIN's
+    scores, and the blend's (N, F) signals by the temperature they were read at."""
+
+    recall: tuple[np.ndarray, np.ndarray]
+    scored: Scores
+    signals: dict[float, np.ndarray] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,7 @@ class Recommender:
         # e2e's variants, between which only ``blend`` changes): each history's candidates, DIN's logits and
         # the blend's signals are kept here and reused, so a variant costs its blend and rerank, not recall
         # and DIN again. None (serving): nothing kept.
-        self.memo: dict | None = None
+        self.memo: dict[Hashable, _Kept] | None = None
 
     def set_cold_items(self, items: list[tuple[str, str]]) -> int:
         """Make the cold lane the (item id, category id) pairs of ``items`` this model does not know, whose
@@ -312,50 +322,56 @@ class Recommender:
         t0, c0 = time.perf_counter(), time.thread_time()
         cold = self.cold  # read once: a catalog update swaps it whole
         n, excluded = candidates or self.recall_candidates, self._excluded(seen, cold)
-        key = ((tuple((h.item_id, h.category_id, h.ts) for h in window), frozenset(excluded), n, id(cold))
-               if self.memo is not None and not explain else None)
-        kept = self.memo.get(key) if key is not None else None  # type: ignore[union-attr]
-        cand, query = kept["recall"] if kept else self._candidates(items, cats, n, excluded, cold)  # (N,), (1, D)
+        memo = None if explain else self.memo
+        key: Hashable = None
+        kept = None
+        if memo is not None:
+            key = (tuple((h.item_id, h.category_id, h.ts) for h in window), frozenset(excluded), n, id(cold))
+            kept = memo.get(key)
+        if kept is not None:
+            cand, query = kept.recall  # (N,), (1, D)
+        else:
+            cand, query = self._candidates(items, cats, n, excluded, cold)
         t1, c1 = time.perf_counter(), time.thread_time()
         if len(cand) == 0:
             return self._filled(Ranking([], "din", len(known), {"recall": t1 - t0}, {"recall": c1 - c0}), k, popular,
                                 shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
-        if kept:
-            scored = kept["scored"]
+        if kept is not None:
+            scored = kept.scored
         else:
             scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
                                   torch.as_tensor(cand, dtype=torch.long), with_attention=explain,
                                   context=self._context(window, items, cand, scorer))
-            if key is not None:
-                kept = self.memo[key] = {"recall": (cand, query), "scored": scored}  # type: ignore[index]
+            if memo is not None:
+                kept = memo[key] = _Kept((cand, query), scored)
         if self.blend is None:
             logits = scored.logits
         else:
             # The signals read the blend's temperature (models.blend): kept per temperature.
-            signals = kept.get(("signals", self.blend.temperature)) if kept else None
+            signals = kept.signals.get(self.blend.temperature) if kept is not None else None
             if signals is None:
                 signals = self._signals(scored.logits, cand, items, cats, query, cold, scorer)
                 if kept is not None:
-                    kept[("signals", self.blend.temperature)] = signals
+                    kept.signals[self.blend.temperature] = signals
             logits = torch.from_numpy(self.blend.combine(signals))
         scores = torch.sigmoid(logits).tolist()  # (N,)
         c2 = time.thread_time()
         cand_list = cand.tolist()
-        candidates = [(item, cat, s) for (item, cat), s in zip(self._describe(cand_list, cold), scores, strict=True)]
+        pool = [(item, cat, s) for (item, cat), s in zip(self._describe(cand_list, cold), scores, strict=True)]
         base = len(self.bundle.vocab.items)
         behaviours = [h for h, i in zip(window, items, strict=True) if i]  # the scorer's L (known ones), in order
         out = []
         # Cold items have no training count: they are long tail by definition.
         tail = [self._tail[c] if c < base else True for c in cand_list] if self._tail is not None else None
-        for j, score in rerank.select(candidates, k, shown, tail, tail_share):
+        for j, score in rerank.select(pool, k, shown, tail, tail_share):
             because = None
             if explain and scored.attention is not None:
                 weights = scored.attention[j]  # (L,)
                 top = torch.argsort(weights, descending=True, stable=True)[:self.explain_top].tolist()
                 because = [Because(item_id=behaviours[t].item_id, category_id=behaviours[t].category_id,
                                    weight=float(weights[t])) for t in top]
-            out.append(Scored(candidates[j][0], candidates[j][1], score, because))
+            out.append(Scored(pool[j][0], pool[j][1], score, because))
         ranking = Ranking(out, "din", len(known), {"recall": t1 - t0, "rank": time.perf_counter() - t1},
                           {"recall": c1 - c0, "score": c2 - c1})
         return self._filled(ranking, k, popular, shown, seen)

@@ -66,5 +66,5 @@ def top_unseen(scores: torch.Tensor, history: torch.Tensor, k: int) -> torch.Ten
 def target_found(top: torch.Tensor, target: torch.Tensor) -> np.ndarray:
     """(B,) bool: whether each row's ``target`` (B,) is among its ``top`` (B, k); a target of 0 (an
     item the model cannot recall) never is."""
-    target = target.numpy()
-    return (row_ranks(top.numpy(), target) >= 0) & (target != 0)
+    wanted = target.numpy()
+    return (row_ranks(top.numpy(), wanted) >= 0) & (wanted != 0)

@@ -45,9 +45,9 @@ class Reranker:
             scored.append((score * self.shown_penalty if item in shown else score, i))
         scored.sort(key=lambda t: -t[0])  # stable: ties keep the model's order
         share = self.tail_share if tail_share is None else tail_share
-        lane = tail is not None and share > 0
-        heads = [(score, i) for score, i in scored if not (lane and tail[i])]
-        tails = [(score, i) for score, i in scored if lane and tail[i]]
+        in_lane = tail if tail is not None and share > 0 else [False] * len(candidates)  # no lane: none
+        heads = [(score, i) for score, i in scored if not in_lane[i]]
+        tails = [(score, i) for score, i in scored if in_lane[i]]
         chosen: list[tuple[int, float]] = []
         per_category: Counter[str] = Counter(listed)
         h = t = taken_tail = 0

@@ -21,8 +21,9 @@ CPU: :func:`choose_scorer` times them on probe requests and keeps the fastest wi
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -31,6 +32,7 @@ from dinrec.models.din import DIN, Dice, ListContext, PReLU
 from dinrec.models.rows import AppendOnlyRows
 
 ScorePrecision = Literal["fp32", "bf16"]
+_Name = TypeVar("_Name", bound=str)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ def _activation_fn(module: torch.nn.Module):
     if isinstance(module, Dice):
         # BN with running statistics folded: p = sigmoid(x·s + t), y = x·(α + p·(1−α)).
         bn = module.bn
+        assert bn.running_var is not None and bn.running_mean is not None  # Dice's BN tracks them (the default)
         scale = torch.rsqrt(bn.running_var + bn.eps)
         shift, alpha = -bn.running_mean * scale, module.alpha.detach()
         keep = 1 - alpha
@@ -246,7 +249,7 @@ class ScorerChoice:
     """Which implementation a scorer uses on this CPU, and why: each candidate's time on the probes
     (median ms per request) and its largest probability difference from fp32; those refused say why."""
     impl: ScoreImpl
-    timings_ms: dict[str, float]
+    timings_ms: dict[ScoreImpl, float]
     max_prob_diff: dict[str, float]
     refused: dict[str, str]
 
@@ -255,11 +258,11 @@ class ScorerChoice:
                 "refused": self.refused}
 
 
-def candidate_scorers(model: DIN, item_category: torch.Tensor, wanted: str) -> dict[str, Scorer]:
+def candidate_scorers(model: DIN, item_category: torch.Tensor, wanted: str) -> dict[ScoreImpl, Scorer]:
     """The implementations ``wanted`` (auto, fp32, bf16) allows on this CPU, by name. bf16 only where
     the CPU multiplies it natively (emulated, it is slower than fp32); the fused unit only where it
     builds and the model's unit has a shape it was written for."""
-    out: dict[str, Scorer] = {}
+    out: dict[ScoreImpl, Scorer] = {}
     if wanted in ("auto", "fp32"):
         out["fp32"] = Scorer(model, item_category, "fp32")
     if wanted == "bf16" or (wanted == "auto" and bf16_supported()):
@@ -270,7 +273,7 @@ def candidate_scorers(model: DIN, item_category: torch.Tensor, wanted: str) -> d
     return out
 
 
-def _median_ms(scorers: dict[str, Scorer], probes: list, rounds: int) -> dict[str, float]:
+def _median_ms(scorers: Mapping[_Name, Scorer], probes: list, rounds: int) -> dict[_Name, float]:
     """Median ms per probe request of each scorer, timed in interleaved rounds (each round times every
     scorer once), so a burst of contention — the other workers of the replica starting up beside
     this one — falls on all of them alike instead of on whichever was being timed."""
@@ -279,7 +282,7 @@ def _median_ms(scorers: dict[str, Scorer], probes: list, rounds: int) -> dict[st
     for scorer in scorers.values():
         for p in probes[:2]:  # first calls pay for allocation and dispatch set-up
             scorer.score(*p)
-    per_round: dict[str, list[float]] = {name: [] for name in scorers}
+    per_round: dict[_Name, list[float]] = {name: [] for name in scorers}
     for _ in range(rounds):
         for name, scorer in scorers.items():
             t0 = time.perf_counter()
@@ -303,7 +306,8 @@ def choose_scorer(model: DIN, item_category: torch.Tensor, wanted: str,
     scorers = candidate_scorers(model, item_category, wanted)
     exact = scorers.get("fp32") or Scorer(model, item_category, "fp32")
     reference = [torch.sigmoid(exact.score(*p).logits) for p in probes]
-    diffs, refused = {}, {}
+    diffs: dict[str, float] = {}
+    refused: dict[str, str] = {}
     for name, scorer in scorers.items():
         if name != "fp32":
             diffs[name] = round(max(float((torch.sigmoid(scorer.score(*p).logits) - r).abs().max())

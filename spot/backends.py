@@ -18,7 +18,7 @@ from pathlib import Path
 
 from dinrec.spot.aws import Aws
 from dinrec.spot.catalog import InstanceType
-from dinrec.spot.job import Attempt, JobSpec, boot_script, launch_args
+from dinrec.spot.job import Attempt, JobSpec, Outcome, boot_script, launch_args
 from dinrec.spot.job_role import JobRole
 from dinrec.spot.settings import SpotSettings
 from dinrec.spot.signing import job_key
@@ -42,7 +42,7 @@ class Liveness:
     reason: str | None = None  # why it ended, as the backend says it
     spot_reclaimed: bool = False
     billable_s: float | None = None
-    final_status: str | None = None  # backends that know the job's outcome themselves (SageMaker)
+    final_status: Outcome | None = None  # backends that know the job's outcome themselves (SageMaker)
 
 
 class Backend(ABC):
@@ -199,7 +199,8 @@ class SageMakerBackend(Backend):
         status = d["TrainingJobStatus"]
         if status in ("InProgress", "Stopping"):
             return Liveness(alive=True)
-        final = {"Completed": "done", "Failed": "failed", "Stopped": "cancelled"}.get(status, "failed")
+        finals: dict[str, Outcome] = {"Completed": "done", "Failed": "failed", "Stopped": "cancelled"}
+        final = finals.get(status, "failed")
         billable = d.get("BillableTimeInSeconds")
         return Liveness(alive=False, reason=d.get("FailureReason") or status, final_status=final,
                         billable_s=float(billable) if billable is not None else None)

@@ -87,7 +87,9 @@ def load_catalog(prices: Path | None = None, only: list[str] | None = None) -> l
             for key, value in fields.items():
                 if not isinstance(value, int | float) or value <= 0:
                     raise ValueError(f"{prices}: {name}.{key} must be a positive number, got {value!r}")
-            catalog[name] = replace(catalog[name], **{k: float(v) for k, v in fields.items()})
+            old = catalog[name]
+            catalog[name] = replace(old, on_demand_usd=float(fields.get("on_demand_usd", old.on_demand_usd)),
+                                    spot_usd=float(fields.get("spot_usd", old.spot_usd)))
     if only:
         missing = [n for n in only if n not in catalog]
         if missing:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, cast
 
 import typer
 
@@ -78,7 +78,7 @@ def plan(
 ) -> None:
     """Rank GPU instances for a DIN training job: fits?, bound by what, hours, spot and on-demand cost."""
     from dinrec.spot.catalog import load_catalog
-    from dinrec.spot.planner import Efficiency
+    from dinrec.spot.planner import Efficiency, Embeddings
     from dinrec.spot.planner import calibrate as fit
     from dinrec.spot.planner import plan as make_plan
     from dinrec.spot.settings import SpotSettings
@@ -98,7 +98,7 @@ def plan(
     if not set(modes) <= {"replicated", "sharded"}:
         raise ValueError(f"--embeddings must be replicated or sharded, got {', '.join(modes)}")
     options = make_plan(workload, catalog, spot_prices=spot_prices, efficiency=efficiency, max_hours=max_hours,
-                        embeddings=modes)
+                        embeddings=cast(tuple[Embeddings, ...], modes))  # their values checked above
     if as_json:
         typer.echo(json.dumps({"workload": workload.model_dump(mode="json"), "efficiency": efficiency.model_dump(),
                                "options": [o.to_json() for o in options]}))
@@ -148,7 +148,7 @@ def spot_run(
     from dinrec.spot.settings import SpotSettings
     from dinrec.spot.supervisor import cost_report
 
-    settings = SpotSettings(**({"backend": backend} if backend else {}))
+    settings = SpotSettings(backend=backend) if backend else SpotSettings()
     if job_id is None:
         if data is None or not data.is_dir():
             raise ValueError("a new job needs --data DIR (an existing dataset folder)")

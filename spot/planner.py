@@ -364,7 +364,7 @@ def _step_seconds(sc: StepCost, it: InstanceType, eff: Efficiency) -> tuple[floa
 def _option(w: Workload, it: InstanceType, embeddings: Embeddings, steps: int, eff: Efficiency, sm: SpotModel,
             spot_prices: dict[str, float], max_hours: float | None) -> Option:
     step_s, parts = _step_seconds(step_cost(w, it, embeddings), it, eff)
-    bound = max(parts, key=parts.get)
+    bound = max(parts, key=lambda part: parts[part])
     towers_s, _ = _step_seconds(towers_step_cost(w, it, embeddings), it, eff)
     positives = math.ceil(w.train_samples / (1 + w.negatives))
     towers_hours = math.ceil(positives / w.recall_batch_size) * w.recall_epochs * towers_s / 3600

@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 from dinrec.spot.backends import PROFILE_NOT_READY, Backend, Liveness
 from dinrec.spot.catalog import InstanceType
-from dinrec.spot.job import FINAL, Attempt, JobSpec, JobState, now
+from dinrec.spot.job import FINAL, Attempt, JobSpec, JobState, JobStatus, Outcome, now
 from dinrec.spot.jobstore import JobStore
 from dinrec.storage import CloudError, Lease
 
@@ -69,8 +69,8 @@ class Supervisor:
         if self.lease.held:
             self.lease.check()
 
-    def _finish(self, status: str, reason: str | None = None) -> JobState:
-        self.state.status, self.state.reason = status, reason  # type: ignore[assignment]
+    def _finish(self, status: JobStatus, reason: str | None = None) -> JobState:
+        self.state.status, self.state.reason = status, reason
         self.save()  # as the holder: checks the lease (fenced), so a lost job is not cleaned up below
         try:
             self.backend.cleanup(self.spec)
@@ -88,12 +88,12 @@ class Supervisor:
             types.append(last.instance_type)
         return [self.catalog[t] for t in types], (last.zone if last is not None else None)
 
-    def _stop_current(self, outcome: str) -> None:
+    def _stop_current(self, outcome: Outcome) -> None:
         current = self.state.current
         if current is not None:
             self._may_act()
             self.backend.terminate(current)  # the trainer checkpoints on the way down: resumable later
-            current.ended, current.outcome = now(), outcome  # type: ignore[assignment]
+            current.ended, current.outcome = now(), outcome
 
     def _over_budget(self) -> str | None:
         spent, budget = self.state.spent_usd(), self.spec.budget_usd
@@ -132,12 +132,13 @@ class Supervisor:
         log.warning("job %s: attempt %d on %s (%s, %s)", self.spec.job_id, n, launched.instance_type,
                     launched.market, launched.zone)
 
-    def _settle(self, current: Attempt, live: Liveness) -> str | None:
+    def _settle(self, current: Attempt, live: Liveness) -> Outcome | None:
         """The attempt's outcome once it is over (None while it runs): the agent's report wins;
         a backend that knows the outcome itself (SageMaker) comes next; a vanished attempt without
         a report was reclaimed (spot) or lost."""
         report = self.store.get_json(f"attempts/{current.n}/status.json") or {}
-        reported = report.get("state") if report.get("state") in ("done", "interrupted", "failed") else None
+        state = report.get("state")
+        reported: Outcome | None = state if state in ("done", "interrupted", "failed") else None
         if reported is None and live.alive:
             return None
         if reported is None:
@@ -145,7 +146,7 @@ class Supervisor:
         if live.alive:
             self._may_act()
             self.backend.terminate(current)  # finished: stop paying now (the boot script also powers off)
-        current.ended, current.outcome = now(), reported  # type: ignore[assignment]
+        current.ended, current.outcome = now(), reported
         if live.billable_s is not None:
             current.billable_s = live.billable_s
         self.save()

@@ -55,8 +55,9 @@ class CheckpointStore:
 
     def _signature(self, what: str, *parts: bytes) -> bytes:
         """What the key says of ``parts`` (their digests, under the file's own name: not reusable for another)."""
+        assert self.key is not None  # only a store with a key signs or checks
         message = (self.prefix + what).encode() + b"".join(hashlib.sha256(p).digest() for p in parts)
-        return hmac.new(self.key.encode(), message, hashlib.sha256).hexdigest().encode()  # type: ignore[union-attr]
+        return hmac.new(self.key.encode(), message, hashlib.sha256).hexdigest().encode()
 
     def _check(self, what: str, signature: bytes | None, *parts: bytes) -> None:
         if self.key is None:

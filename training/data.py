@@ -53,6 +53,9 @@ class Batch:
 class SplitTensors:
     """One split's arrays as tensors on ``device``, plus the shared behaviour sequence."""
 
+    seq_items: torch.Tensor  # (E,) the flat behaviour sequence's items (training.samples)
+    seq_cats: torch.Tensor  # (E,) and their categories
+
     def __init__(self, samples: SampleSet, split: Split, seq_len: int, device: torch.device | str = "cpu",
                  share_seq_with: SplitTensors | None = None) -> None:
         as_t = lambda a: torch.from_numpy(np.ascontiguousarray(a)).to(device)  # noqa: E731

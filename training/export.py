@@ -125,15 +125,15 @@ def export_bundle(out: str | Path, model: DIN, samples: SampleSet, metrics: dict
         from dinrec.models.ranking import Recommender
         from dinrec.training.blend_fit import fit_blend
 
-        lane, lane_info = lane if lane is not None else fit_covisitation(samples)
+        covisit, lane_info = lane if lane is not None else fit_covisitation(samples)
         # The ranking stage over what this bundle will hold, before it is written: the blend is fitted on
         # the candidates and signals the stage itself has, with the served configuration.
         unexported = Bundle(path=Path(out), manifest={"model_version": "unexported"}, config=model.cfg,
                             vocab=samples.vocab, metrics=metrics, popularity=popularity(samples, counts=counts),
-                            model=model, towers=towers, item_counts=counts, covisit=lane)
+                            model=model, towers=towers, item_counts=counts, covisit=covisit)
         fitted, blend_info = fit_blend(Recommender(unexported, index, precision="fp32"), samples)
         metrics["ranking"] = {"covisit": lane_info, "blend": blend_info}
-        extra[COVISIT_FILE] = lane.save
+        extra[COVISIT_FILE] = covisit.save
         extra[BLEND_FILE] = lambda p: p.write_text(json.dumps(fitted.to_json(), indent=1))
     return write_bundle(out, model, samples.vocab, metrics, popularity(samples, counts=counts), towers=towers,
                         lineage=lineage, extra_files=extra)

@@ -34,14 +34,14 @@ class _DinUnit(torch.autograd.Function):
         # params: W (n−1), b (n−1), w_out, b_out, alpha (n). The op gets plain tensors: no autograd inside.
         hist, query, per_sample, w_cat = (t.detach().contiguous() for t in (hist, query, per_sample, w_cat))
         rows = rows.contiguous()
-        params = [p.detach().contiguous() for p in params]
-        W, b = params[:n - 1], params[n - 1:2 * n - 2]
-        w_out, b_out, alpha = params[2 * n - 2].reshape(-1), params[2 * n - 1], params[2 * n:]
+        plain = [p.detach().contiguous() for p in params]
+        W, b = plain[:n - 1], plain[n - 1:2 * n - 2]
+        w_out, b_out, alpha = plain[2 * n - 2].reshape(-1), plain[2 * n - 1], plain[2 * n:]
         res = torch.ops.dinrec.din_unit_forward(hist, rows, query, per_sample, w_cat, W, b, w_out, b_out, alpha, eps)
         pooled, w, zs = res[0], res[1], res[2:2 + n]
         means, variances, invstds = res[2 + n:2 + 2 * n], res[2 + 2 * n:2 + 3 * n], res[2 + 3 * n:2 + 4 * n]
         ctx.save_for_backward(hist, rows, query, w_cat, w, *zs, *means, *invstds, *W, w_out, *alpha)
-        ctx.n, ctx.w_out_shape = n, params[2 * n - 2].shape
+        ctx.n, ctx.w_out_shape = n, plain[2 * n - 2].shape
         ctx.mark_non_differentiable(*means, *variances)
         return (pooled, *means, *variances)
 
@@ -79,6 +79,7 @@ def din_unit(query: torch.Tensor, hist: torch.Tensor, rows: torch.Tensor, per_sa
     with torch.no_grad():  # what nn.BatchNorm1d does in training mode (unbiased variance in the running one)
         for bn, mean, var in zip(bns, means, variances, strict=True):
             if bn.track_running_stats and bn.running_mean is not None:
+                assert bn.running_var is not None and bn.num_batches_tracked is not None  # tracked with the mean
                 bn.num_batches_tracked.add_(1)
                 momentum = bn.momentum if bn.momentum is not None else 1.0 / float(bn.num_batches_tracked)
                 bn.running_mean.lerp_(mean, momentum)

@@ -207,6 +207,7 @@ class ListData:
                 blocked[:, 0] = True
                 blocked[which, taken] = True
                 if queries is not None:
+                    assert self.tower_items is not None  # set with the towers, as queries are
                     scores = queries[lo:hi] @ self.tower_items.T  # (b, I)
                     scores.masked_fill_(blocked, -torch.inf)
                     top = scores.topk(r, dim=1)

@@ -68,6 +68,9 @@ class DINWithLoss(nn.Module):
     paper's mini-batch-aware L2 on the embeddings: only rows used by the batch are penalised,
     each scaled by 1/(its frequency in the training data)."""
 
+    inv_item_freq: torch.Tensor  # (I,) buffers (with mba_l2 only): 1 / each row's training frequency
+    inv_cat_freq: torch.Tensor  # (C,)
+
     def __init__(self, model: DIN, mba_l2: float = 0.0, item_freq: torch.Tensor | None = None,
                  cat_freq: torch.Tensor | None = None) -> None:
         super().__init__()
@@ -137,12 +140,12 @@ def evaluate_lists(model: DIN, lists: ListData, split: SplitTensors | None, spli
             found = (where >= 0) & (above < k)
             hits.append(found.float())
             gains.append(torch.where(found, 1.0 / torch.log2(above.float() + 2), 0.0))
-        logits = np.zeros(len(split_data.label), dtype=np.float32)
+        split_logits = np.zeros(len(split_data.label), dtype=np.float32)
         for group, inputs in lists.split_groups(split_data):
-            logits[group] = list_scores(model, inputs).cpu().numpy()
+            split_logits[group] = list_scores(model, inputs).cpu().numpy()
     model.train(was_training)
     hit = torch.cat(hits).numpy() if hits else np.zeros(0)
-    out = split_metrics(split, logits) if split is not None else {}
+    out = split_metrics(split, split_logits) if split is not None else {}
     out.update({f"din_hr@{k}": float(hit.mean()) if len(hit) else float("nan"),
                 f"din_ndcg@{k}": float(torch.cat(gains).mean()) if gains else float("nan")})
     return out
@@ -229,7 +232,8 @@ class TrainResult:
 
 
 def _rng_state(device: torch.device) -> dict:
-    np_state = np.random.get_state()
+    np_state = np.random.get_state(legacy=True)  # numpy's default (its stubs' default, legacy=False, is not)
+    assert isinstance(np_state, tuple)  # the global RandomState is an MT19937: legacy gives its tuple
     return {"python": random.getstate(), "numpy": [np_state[0], torch.from_numpy(np_state[1].copy()), *np_state[2:]],
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state(device) if device.type == "cuda" else None}
@@ -431,6 +435,7 @@ class Trainer:
         n = len(self.lists.positives) if self.lists is not None else len(self.train_t)
         n_batches = (n + s.batch_size - 1) // s.batch_size
         self.model.train()
+        assert s.epochs is not None  # filled by TrainSettings' validation (its objective's default)
         try:
             while p.epoch < s.epochs and not (s.max_steps and p.global_step >= s.max_steps):
                 next_epoch_gen = self._run_epoch(n, n_batches)
@@ -530,4 +535,4 @@ class Trainer:
                 tqdm.write(json.dumps({k: round(v, 5) if isinstance(v, float) else v for k, v in entry.items()}),
                            file=sys.stderr)
         self.save_checkpoint()
-        return bool(s.patience) and p.bad_epochs >= s.patience
+        return bool(s.patience and p.bad_epochs >= s.patience)

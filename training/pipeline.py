@@ -89,8 +89,10 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
     if settings.objective == "listwise":
         from dinrec.training.lists import ListData
 
-        lists = ListData(samples, list_settings(settings), towers, lane[0] if lane else None,
-                         min(settings.seq_len, samples.seq_len))
+        # listwise trains the towers (TrainSettings: recall_epochs > 0) on one process or DDP (not sharded),
+        # so every rank has them and the lane
+        assert lane is not None
+        lists = ListData(samples, list_settings(settings), towers, lane[0], min(settings.seq_len, samples.seq_len))
     result = train(samples, settings, checkpoints=checkpoints, resume=resume, stop=stop,
                    checkpoint_now=checkpoint_now, init=din_init, lists=lists)
     say(f"DIN trained: best epoch {result.metrics.get('best_epoch')} of {result.metrics.get('epoch')} "
@@ -109,6 +111,8 @@ def train_bundle(samples: SampleSet, settings: TrainSettings, bundle_dir: str | 
         result.metrics["recall"] = recall_metrics
     if not export or (after_training is not None and not after_training(result)):
         return Trained(result, None)
+    if result.model is None:
+        raise ValueError("export on a rank without the model: a sharded run exports from rank 0 (others: export=False)")
     bundle = export_bundle(bundle_dir, result.model, samples, result.metrics, towers=towers, lineage=lineage,
                            blend=settings.ranking_blend, lane=lane)
     say(f"exported {bundle}")

@@ -154,6 +154,7 @@ class TrainSettings(BaseSettings):
     @model_validator(mode="after")
     def _sharded_options(self) -> TrainSettings:
         if self.embeddings == "sharded":
+            assert self.patience is not None  # filled by _objective_defaults (after-validators run in order)
             if self.embedding_optimizer == "adam":
                 raise ValueError("sharded tables train with the fused rowwise_adagrad (embedding_optimizer)")
             unsupported = {"sparse_embeddings": self.sparse_embeddings, "mba_l2": self.mba_l2 > 0,

@@ -62,7 +62,8 @@ class ShardedDIN(nn.Module):
         # exactly as a whole DIN's do, and table_seed after them).
         self.din = DIN(replace(cfg, n_items=1, n_categories=1))
         self.table_seed = self.din.table_seed
-        self.din.item_emb = self.din.cat_emb = None
+        for table in ("item_emb", "cat_emb"):
+            self.din.register_module(table, None)  # dropped (what assigning None does): the tables are below
         self.tables = EmbeddingCollection(tables=[
             EmbeddingConfig(name="item_emb", embedding_dim=cfg.item_dim, num_embeddings=cfg.n_items,
                             feature_names=["items"]),
@@ -207,11 +208,12 @@ class ShardedTables:
     @_quiet
     def gather(self, is_main: bool) -> dict[str, torch.Tensor] | None:
         """Every table whole on rank 0 (a collective: every rank calls it); None elsewhere."""
-        full = {}
+        full: dict[str, torch.Tensor] = {}
         for name, t in self.tensors().items():
             out = torch.empty(tuple(t.size())) if is_main else None
             t.gather(dst=0, out=out)
-            full[name] = out
+            if out is not None:
+                full[name] = out
         return full if is_main else None
 
 
@@ -229,10 +231,10 @@ class ShardCheckpoints:
         if self.checkpoints is not None:
             self.tables.save_shard(self.checkpoints, checkpoint_name(self.progress.global_step), self.info.rank)
         tdist.barrier(self.info)  # every shard is written before rank 0 completes the checkpoint
-        return super().save_checkpoint()  # type: ignore[misc]
+        return super().save_checkpoint()  # type: ignore[misc]  # a mixin: the trainer after it in the MRO has it
 
     def resume(self, *which: str) -> str | None:
-        name = super().resume(*which)  # type: ignore[misc]
+        name = super().resume(*which)  # type: ignore[misc]  # a mixin: the trainer after it in the MRO has it
         if name is not None and self.checkpoints is not None:
             self.tables.load(self.checkpoints.load_shard(name, self.info.rank))
         return name

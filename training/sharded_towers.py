@@ -37,6 +37,8 @@ class ShardedTowersLoss(nn.Module):
     """The towers' sampled-softmax loss with the tables in a TorchRec EmbeddingCollection (built on the
     meta device: TorchRec's planner places them); the dense part is models.towers.Towers' own."""
 
+    item_category: torch.Tensor  # (I,) a buffer: each item's category index
+
     def __init__(self, dense: Towers, n_items: int, n_categories: int, item_category: torch.Tensor) -> None:
         super().__init__()
         from torchrec import EmbeddingCollection, EmbeddingConfig

@@ -105,6 +105,8 @@ def sampled_softmax(users: torch.Tensor, pos_v: torch.Tensor, neg_v: torch.Tenso
 class _Loss(nn.Module):
     """The towers' softmax loss for one batch: what DDP wraps (its forward is what syncs gradients)."""
 
+    item_category: torch.Tensor  # (I,) a buffer: each item's category index
+
     def __init__(self, model: Towers, item_category: torch.Tensor, full: bool) -> None:
         super().__init__()
         self.model, self.full = model, full
@@ -202,7 +204,8 @@ class TowersTrainer:
         return self._hit_rate_of(self.model, split)
 
     def _hit_rate_of(self, model: Towers | None, split: Split) -> float:
-        return hit_rate_at(model, self.samples, split, self.s.eval_n, self.item_category)  # type: ignore[arg-type]
+        assert model is not None  # this trainer always has its towers (only a sharded run's other ranks have none)
+        return hit_rate_at(model, self.samples, split, self.s.eval_n, self.item_category)
 
     def _snapshot(self) -> dict | None:
         """The weights to keep as the best epoch's."""
@@ -234,10 +237,12 @@ class TowersTrainer:
 
     def resume(self) -> str | None:
         """From the latest complete towers checkpoint, if there is one."""
-        name = self.checkpoints.latest() if self.checkpoints is not None else None
+        if self.checkpoints is None:
+            return None
+        name = self.checkpoints.latest()
         if name is None:
             return None
-        state, meta = self.checkpoints.load(name)  # type: ignore[union-attr]
+        state, meta = self.checkpoints.load(name)
         if meta.get("dataset_fingerprint") != self.samples.fingerprint \
                 or meta.get("settings") != self._resume_settings() or meta.get("world_size") != self.info.world_size:
             raise CheckpointError(f"towers checkpoint {name} was made on other data, settings or ranks")

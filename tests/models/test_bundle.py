@@ -84,6 +84,7 @@ def test_an_hnsw_index_gets_its_ef_search_measured_on_real_histories(tiny_run, t
 
     _, samples, bundle_dir, metrics = tiny_run
     v1 = load_bundle(bundle_dir)
+    assert v1.covisit is not None
     bundle = load_bundle(export_bundle(tmp_path / "hnsw", v1.model, samples, dict(metrics),
                                        IndexSpec(kind="hnsw"), towers=v1.towers, lane=(v1.covisit, {})))
     info = bundle.item_index_info

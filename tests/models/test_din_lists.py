@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from dinrec.models.context import GAP_BUCKETS, candidate_features, gap_buckets, known_last
-from dinrec.models.din import DIN, DINConfig, ListContext
+from dinrec.models.din import DIN, DINConfig, ListContext, PReLU
 
 
 def _batch(b: int = 6, length: int = 12, n: int = 7, items: int = 60, cats: int = 5, seed: int = 0):
@@ -39,8 +39,10 @@ def _context_model(**extra) -> DIN:
     cfg = DINConfig(n_items=60, n_categories=5, item_dim=8, cat_dim=8, attention_hidden=(16,), positions=12,
                     time_buckets=GAP_BUCKETS, pair_inputs=1, candidate_inputs=2, cross=True, **extra)
     model = DIN(cfg)
+    assert model.gap_bias is not None  # the config reads every context term
     with torch.no_grad():  # the context terms start at zero: give them values, as training would
         for p in (model.position_bias, model.gap_bias.weight, model.pair_weight, model.recency):
+            assert p is not None
             p.normal_(0, 0.5)
         model.gap_bias.weight[0].zero_()
     return model.eval()
@@ -150,8 +152,10 @@ def test_the_fused_listwise_unit_equals_the_pytorch_ops(shape):
     cfg = DINConfig(n_items=80, n_categories=6, item_dim=d // 2, cat_dim=d - d // 2, attention_hidden=(h1,),
                     positions=12, time_buckets=GAP_BUCKETS, pair_inputs=1, candidate_inputs=2, cross=True)
     model = DIN(cfg)
+    assert model.gap_bias is not None and isinstance(model.att_in_act, PReLU)  # every context term; the default unit
     with torch.no_grad():
         for p in (model.position_bias, model.gap_bias.weight, model.pair_weight, model.recency):
+            assert p is not None
             p.normal_(0, 0.5)
         model.att_in_act.alpha.uniform_(-0.5, 0.5)  # a wrong α gradient shows
     hist, cats, cand, cand_cats = _batch(b=9, length=12, n=5, items=80, cats=6)

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from dinrec.models.bundle import load_bundle
+from dinrec.models.ranking import Recommender
 from dinrec.registry.store import RegistryError, S3Registry, open_registry
 from dinrec.serving.models import ModelManager
 from dinrec.serving.settings import ServingSettings
@@ -32,6 +33,7 @@ def s3_registry(aws_env, tmp_path) -> S3Registry:
 def _second_bundle(tiny_run, tmp_path):
     _, samples, bundle_dir, metrics = tiny_run
     v1 = load_bundle(bundle_dir)
+    assert v1.covisit is not None
     model = v1.model
     with torch.no_grad():  # a different model: its scores and version differ
         for p in model.parameters():
@@ -105,9 +107,9 @@ def test_a_service_serves_the_alias_from_s3_and_follows_it(s3_registry, tiny_run
     s3_registry.set_alias("champion", "v1")
     settings = ServingSettings(registry=s3_registry.uri, registry_cache=tmp_path / "service-cache",
                                score_precision="fp32")
-    swaps = []
+    swaps: list[Recommender] = []
     manager = ModelManager(settings, on_swap=swaps.append)
-    assert manager.version == "v1"
+    assert manager.version == "v1" and manager.current is not None
     first = manager.current.model_version
     s3_registry.set_alias("champion", "v2")
     assert manager.reload() is True and manager.version == "v2"

@@ -203,7 +203,8 @@ def test_no_capacity_is_retried_then_given_up(tmp_path):
     spec = JobSpec(job_id="j1", job_uri=store.uri, backend="local", instance_types=["g5.xlarge"], max_relaunches=2)
     state = Supervisor(store, spec, NoCapacity(), {t.name: t for t in DEFAULT_CATALOG}, poll_s=0,
                        sleep=lambda s: None).run()
-    assert state.status == "retries_exhausted" and "no capacity" in state.reason and NoCapacity.tries == 3
+    assert state.status == "retries_exhausted" and state.reason is not None and "no capacity" in state.reason
+    assert NoCapacity.tries == 3
     assert json.loads((tmp_path / "job" / "state.json").read_text())["status"] == "retries_exhausted"
 
 

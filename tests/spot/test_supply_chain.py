@@ -124,4 +124,5 @@ def test_the_agent_gives_its_trainer_the_jobs_key_for_the_checkpoints(tmp_path, 
     monkeypatch.setenv("DINREC_SPOT_JOB_KEY", "j" * 64)
     store = LocalStorage(tmp_path / "job")
     code = run_agent(store, 1, ["bash", "-c", f'test "$DINREC_CHECKPOINT_KEY" = {"j" * 64}'], imds=None)
-    assert code == 0 and store.get_json("attempts/1/status.json")["state"] == "done"
+    status = store.get_json("attempts/1/status.json")
+    assert code == 0 and status is not None and status["state"] == "done"

@@ -41,9 +41,9 @@ def _reference(data: Interactions, seq_len: int) -> dict[str, list[tuple[str, tu
     out: dict[str, list] = {"train": [], "val": [], "test": []}
     for u in sorted(by_user):
         events = sorted(by_user[u], key=lambda e: e[0])  # stable: ties keep file order
-        targets = [(i, tuple(x for tt, x in events if tt < t)[-seq_len:], i not in [x for _, x in events[:n]])
-                   for n, (t, i) in enumerate(events)]
-        targets = [(u, i, h, new) for i, h, new in targets if h]
+        per_event = [(i, tuple(x for tt, x in events if tt < t)[-seq_len:], i not in [x for _, x in events[:n]])
+                     for n, (t, i) in enumerate(events)]
+        targets = [(u, i, h, new) for i, h, new in per_event if h]
         new = [j for j, t in enumerate(targets) if t[3]]
         if len(targets) >= 3 and len(new) >= 2:
             out["train"] += [t[:3] for t in targets[:new[-2]]]
@@ -93,7 +93,7 @@ def test_popularity_drawn_negatives_follow_the_counts_and_evaluation_stays_unifo
 def test_test_targets_are_never_earlier_than_train_targets_of_the_same_user():
     s = build_samples(generate(SyntheticConfig(n_users=80, n_items=100, seed=4)))
     # a positive's history ends where its own (user, ts) group starts, so seq_ts[hist_end] is its time
-    first_train = defaultdict(lambda: -np.inf)
+    first_train: defaultdict[int, float] = defaultdict(lambda: -np.inf)
     for u, e, y in zip(s.train.user, s.train.hist_end, s.train.label, strict=True):
         if y:
             first_train[u] = max(first_train[u], s.seq_ts[e])

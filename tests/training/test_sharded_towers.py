@@ -4,6 +4,7 @@ Adagrad, and a SIGTERM while they train resumes to bitwise the same towers."""
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import time
 
@@ -39,7 +40,9 @@ def data(tmp_path_factory):
 
 
 def _towers(bundle) -> dict:
-    return load_bundle(bundle).towers.state_dict()
+    towers = load_bundle(bundle).towers
+    assert towers is not None
+    return towers.state_dict()
 
 
 def _largest_difference(a: dict, b: dict) -> float:
@@ -76,11 +79,12 @@ def test_one_sharded_process_trains_the_towers_as_the_unsharded_trainer(data, tm
 
     _train(data, tmp_path / "s", env={"DINREC_TRAIN_RECALL_EPOCHS": "0"})
     samples = SampleSet.load(tmp_path / "s" / "samples")
-    base = {"dim": 16, "epochs": 2, "batch_size": 256, "full_softmax_items": 0, "sampled_negatives": 512,
-            "table_optimizer": "rowwise_adagrad", "table_lr": 0.05}
-    plain = train_towers(samples, TowersSettings(**base))
-    sharded = train_towers(samples, TowersSettings(**base, embeddings="sharded", sharding="row_wise"))
+    base = TowersSettings(dim=16, epochs=2, batch_size=256, full_softmax_items=0, sampled_negatives=512,
+                          table_optimizer="rowwise_adagrad", table_lr=0.05)
+    plain = train_towers(samples, base)
+    sharded = train_towers(samples, dataclasses.replace(base, embeddings="sharded", sharding="row_wise"))
     assert sharded.metrics["embeddings"] == "sharded" and plain.metrics["test_hr"] == sharded.metrics["test_hr"]
+    assert plain.model is not None and sharded.model is not None
     assert _largest_difference(plain.model.state_dict(), sharded.model.state_dict()) < 1e-5
 
 

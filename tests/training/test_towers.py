@@ -70,6 +70,7 @@ def test_a_bundle_keeps_its_towers_and_recalls_with_them(samples, tmp_path):
     din = DIN(DINConfig(n_items=samples.vocab.n_items, n_categories=len(samples.vocab.categories), item_dim=8,
                         cat_dim=8)).eval()
     towers = train_towers(samples, TowersSettings(dim=16, epochs=1)).model
+    assert towers is not None
     with_towers = load_bundle(export_bundle(tmp_path / "a", din, samples, {"seq_len": 20}, towers=towers))
     without = load_bundle(export_bundle(tmp_path / "b", din, samples, {"seq_len": 20}))
     hist, cats = torch.tensor([[5, 6, 7]]), torch.tensor([[1, 1, 2]])
@@ -78,11 +79,14 @@ def test_a_bundle_keeps_its_towers_and_recalls_with_them(samples, tmp_path):
     assert np.allclose(space.queries(hist, cats), towers.users(hist, cats).detach().numpy(), atol=1e-6)
     assert with_towers.item_index_info["space"] == "towers"
     # Counts are the training behaviours' (before each user's validation target): no held-out one counts.
-    assert with_towers.item_counts.sum() == sum(len(s) for s in training_sequences(samples)) < len(samples.seq_items)
+    counts = with_towers.item_counts
+    assert counts is not None
+    assert counts.sum() == sum(len(s) for s in training_sequences(samples)) < len(samples.seq_items)
     tail = with_towers.long_tail()  # what the serving lane treats as long tail: all but the top fifth
-    seen = int((with_towers.item_counts > 0).sum())
+    assert tail is not None
+    seen = int((counts > 0).sum())
     assert not tail[0] and int((~tail[1:]).sum()) == head_size(seen) == math.ceil(0.2 * seen)
-    assert not tail[int(np.argmax(with_towers.item_counts))]
+    assert not tail[int(np.argmax(counts))]
     legacy = RecallSpace(without.model, without.towers, without.vocab.item_category)
     assert legacy.kind == "din_mean" and legacy.cold_item_vectors(torch.tensor([1])) is None
     mean = din.item_emb.weight[[5, 6, 7]].mean(dim=0).detach().numpy()
@@ -104,6 +108,7 @@ def test_stopped_towers_resume_to_the_weights_of_an_uninterrupted_run(samples, t
     assert store.latest() is None  # DIN's checkpoints are elsewhere in the store
     resumed = train_towers(samples, settings, checkpoints=store, resume="auto")
     assert resumed.metrics["global_step"] == whole.metrics["global_step"]
+    assert whole.model is not None and resumed.model is not None
     for (name, a), (_, b) in zip(whole.model.state_dict().items(), resumed.model.state_dict().items(), strict=True):
         assert torch.equal(a, b), name
     assert resumed.metrics["epochs"] == whole.metrics["epochs"] and resumed.metrics["seconds"] > 0

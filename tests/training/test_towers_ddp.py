@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import time
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -25,6 +26,11 @@ def _train(data, out, *args: str, ranks: int = 1, wait: bool = True):
                         torchrun=True, wait=wait)
 
 
+def _named(name: str) -> Callable[[str], str]:
+    """assert_close's message, led by the tensor's name."""
+    return lambda m: f"{name}: {m}"
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
     return synthetic_dataset_dir(tmp_path_factory.mktemp("towers") / "data", n_users=200, n_items=150,
@@ -38,8 +44,9 @@ def test_two_gloo_ranks_train_the_towers_like_one_process(data, tmp_path):
     assert one["recall"]["global_step"] == two["recall"]["global_step"] > 0
     assert two["recall"]["seconds"] > 0  # the towers' time is in the training JSON
     a, b = load_bundle(tmp_path / "one" / "bundle").towers, load_bundle(tmp_path / "two" / "bundle").towers
+    assert a is not None and b is not None
     for (name, x), (_, y) in zip(sorted(a.state_dict().items()), sorted(b.state_dict().items()), strict=True):
-        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-4, msg=lambda m, n=name: f"{n}: {m}")
+        torch.testing.assert_close(x, y, rtol=1e-3, atol=1e-4, msg=_named(name))
     assert abs(one["recall"]["test_hr"] - two["recall"]["test_hr"]) < 0.01
 
 
@@ -59,5 +66,6 @@ def test_a_sigterm_while_the_towers_train_resumes_to_the_same_towers(data, tmp_p
     assert resumed["weights_sha256"] == whole["weights_sha256"]  # DIN: its last checkpoint, unchanged
     assert resumed["recall"]["epochs"] == whole["recall"]["epochs"]
     a, c = load_bundle(tmp_path / "A" / "bundle").towers, load_bundle(tmp_path / "B" / "bundle").towers
+    assert a is not None and c is not None
     for (name, x), (_, y) in zip(sorted(a.state_dict().items()), sorted(c.state_dict().items()), strict=True):
         assert torch.equal(x, y), name
