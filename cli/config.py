@@ -76,6 +76,8 @@ OTHER_VARIABLES: dict[str, tuple[str, str, str]] = {
     "DINREC_CPU_ISA": ("models/kernels.py", "native", "avx2: use no AVX-512 or AMX path (what `dinrec bench "
                        "--isa avx2` sets, with ATEN_CPU_CAPABILITY, ONEDNN_MAX_CPU_ISA, MKL_ENABLE_INSTRUCTIONS "
                        "and FAISS_SIMD_LEVEL)"),
+    "DINREC_KERNELS": ("models/kernels.py", "on", "off: load none of dinrec's fused C++ units (scoring, lists, "
+                       "Dice); every path runs PyTorch's ops, as on a host with no compiler"),
     "DINREC_SPOT_SHUTDOWN_CMD": ("the spot job's shell script", "shutdown -h now",
                                  "run on the instance when training ends other than by an interruption"),
     "DINREC_SPOT_JOB_KEY": ("the spot job's shell script", "set by the supervisor",

@@ -78,10 +78,25 @@ def cpu_has(flag: str) -> bool:
     return cpu_flag_present(flag)
 
 
+# Set to "off", no fused unit is loaded: every caller keeps its PyTorch ops (the test tier that holds the
+# suite green without dinrec's C++, CONTRIBUTING.md; a kernel suspected of a wrong answer, ruled out).
+KERNELS_ENV = "DINREC_KERNELS"
+
+
+def kernels_enabled() -> bool:
+    value = os.environ.get(KERNELS_ENV, "on").strip().lower() or "on"
+    if value not in ("on", "off"):
+        raise ValueError(f"{KERNELS_ENV}={value!r}: expected on or off")
+    return value == "on"
+
+
 def build_extension(name: str, source: Path, cflags: list[str], ldflags: list[str], failure: str) -> bool:
     """Load the library built from ``source`` with these flags for this CPU, compiling it first where
     it is not there yet, and register its ops; False, logging ``failure`` % (error type, last line),
-    where that fails — compiler or headers missing, …: the caller keeps its PyTorch ops."""
+    where that fails — compiler or headers missing, …: the caller keeps its PyTorch ops. False, without
+    a word, under ``DINREC_KERNELS=off``."""
+    if not kernels_enabled():
+        return False
     try:
         build_dir = _build_dir(source, cflags, ldflags)
         built = build_dir / f"{name}.so"

@@ -27,13 +27,16 @@ def _units(env: dict[str, str], *args: str) -> tuple[int, str, str]:
 
 
 def test_units_built_once_load_with_no_compiler_and_a_read_only_cache(tmp_path):
+    if not kernels.kernels_enabled():
+        pytest.skip("DINREC_KERNELS=off: this process builds no unit to ship (the kernels-off tier)")
     if not kernels.load_lists():
         pytest.skip("the listwise unit cannot be built here (see the log)")
     # The cache this process built into, copied: what an image's build stage leaves in /opt/dinrec/kernels.
     source_cache = Path(os.environ.get("DINREC_KERNEL_CACHE", Path.home() / ".cache" / "dinrec" / "kernels"))
     shipped = tmp_path / "shipped"
     shutil.copytree(source_cache, shipped)
-    env = {**os.environ, "DINREC_KERNEL_CACHE": str(shipped), "PYTHONPATH": str(ROOT)}
+    # The units themselves are under test: built and loaded even in the kernels-off tier (DINREC_KERNELS).
+    env = {**os.environ, "DINREC_KERNEL_CACHE": str(shipped), "PYTHONPATH": str(ROOT), kernels.KERNELS_ENV: "on"}
     code, out, err = _units(env, "native")  # builds what this cache lacks (the Dice unit, say)
     assert code == 0, err
     built = json.loads(out)["native"]
@@ -54,6 +57,7 @@ def _listing(root: Path) -> dict[str, tuple[int, int]]:
 
 def test_a_unit_neither_shipped_nor_buildable_falls_back_with_a_warning(tmp_path):
     env = {**os.environ, "DINREC_KERNEL_CACHE": str(tmp_path / "kernels"), "PYTHONPATH": str(ROOT),
+           kernels.KERNELS_ENV: "on",
            "CXX": str(tmp_path / "no-such-compiler")}
     code, out, err = _units(env, "--here")
     assert code == 0, err

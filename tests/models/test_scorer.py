@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dinrec.models.din import DIN, DINConfig
+from dinrec.models.kernels import kernels_enabled
 from dinrec.models.scorer import Scorer, bf16_supported, choose_scorer
 
 
@@ -22,6 +23,7 @@ def random_model(attention_activation: str, mlp_activation: str, attention_hidde
             p.normal_(0, scale)
         for m in model.modules():
             if isinstance(m, torch.nn.BatchNorm1d):
+                assert m.running_mean is not None and m.running_var is not None  # Dice's BN tracks them
                 m.running_mean.normal_(0, 0.5)
                 m.running_var.uniform_(0.3, 3.0)
     item_cat = torch.randint(1, n_cats, (n_items,))
@@ -66,6 +68,7 @@ def test_attention_weights_are_the_activation_units_weights():
     hist = torch.tensor([3, 0, 77, 120, 9])
     cand = torch.tensor([5, 400, 250])
     weights = Scorer(model, item_cat, "fp32").score(hist, item_cat[hist], cand, with_attention=True).attention
+    assert weights is not None
     known = hist[hist != 0]
     with torch.inference_mode():  # the paper's form: W·[q, h, q−h, q⊙h], then the rest of the unit
         h = model.embed(known, item_cat[known])  # (L, D)
@@ -88,7 +91,7 @@ def test_the_scorer_is_the_fastest_implementation_that_stays_within_the_toleranc
     scorer, choice = choose_scorer(model, item_cat, "auto", probes)
     allowed = {"fp32", "bf16", "fused_bf16"} if bf16_supported() else {"fp32"}
     assert set(choice.timings_ms) | set(choice.refused) <= allowed and "fp32" in choice.timings_ms
-    assert scorer.impl == choice.impl == min(choice.timings_ms, key=choice.timings_ms.get)
+    assert scorer.impl == choice.impl == min(choice.timings_ms, key=choice.timings_ms.__getitem__)
     for name, diff in choice.max_prob_diff.items():  # timed only if close enough to fp32
         assert (name in choice.timings_ms) == (diff <= 1e-3) and diff < 0.05
     exact, _ = choose_scorer(model, item_cat, "fp32", probes)
@@ -124,6 +127,7 @@ def _fused_kernel_builds() -> bool:
 
 
 @pytest.mark.skipif(not bf16_supported(), reason="this CPU has no AVX-512 BF16: the fused unit is not built")
+@pytest.mark.skipif(not kernels_enabled(), reason="DINREC_KERNELS=off: the fused unit is not loaded (its tier)")
 @pytest.mark.parametrize("attention_hidden", [(80, 40), (64, 32)])
 def test_the_fused_bf16_unit_scores_and_attends_like_fp32(attention_hidden):
     assert _fused_kernel_builds(), "the fused scoring unit did not build on a CPU that has AVX-512 BF16"
@@ -139,6 +143,7 @@ def test_the_fused_bf16_unit_scores_and_attends_like_fp32(attention_hidden):
         p_got, p_want = torch.sigmoid(got.logits), torch.sigmoid(want.logits)
         assert (p_got - p_want).abs().max() < 2e-3, (p_got - p_want).abs().max()
         assert p_want.std() > 0.01  # the scores differ between candidates: the comparison has teeth
+        assert got.attention is not None and want.attention is not None
         scale = want.attention.abs().max()
         assert got.attention.shape == want.attention.shape
         assert (got.attention - want.attention).abs().max() < 0.02 * scale
