@@ -9,7 +9,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.dinrec-installed
 
-.PHONY: install peers demo test test-fast test-deploy images lint services-start services-stop bench clean
+.PHONY: install peers demo test test-fast test-deploy images lint typecheck services-start services-stop bench clean
 
 # TorchRec for the sharded trainer, without its fbgemm-gpu requirement (pyproject.toml: sharded-cpu).
 TORCHREC := torchrec==1.9.2
@@ -57,8 +57,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
+# mypy over the whole tree: the packages under their dinrec names (the editable install's link tree, put on
+# MYPYPATH so the tests' `import dinrec...` reads the same files), the tests and deploy/'s scripts ([tool.mypy]).
+typecheck: $(STAMP)
+	tree="$$(echo build/__editable__.dinrec-*-py3-none-any)" && \
+	  MYPYPATH="$$tree" $(VENV)/bin/mypy "$$tree/dinrec" tests deploy
+
 test: $(STAMP) $(PEERS_STAMP) $(GBSTATS_STAMP)
 	$(VENV)/bin/ruff check .
+	$(MAKE) typecheck VENV="$(VENV)"
 	eval "$$(deploy/local/services.sh start)" && eval "$$(deploy/local/images.sh build)" && \
 	  DINREC_REQUIRE_SERVICES=1 $(PY) -m pytest -q $(PYTEST_ARGS)
 
@@ -74,6 +81,7 @@ images:
 test-fast: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
+	$(MAKE) typecheck VENV="$(VENV)"
 	$(PY) -m pytest -q -m "not redis and not kafka and not data and not slow and not stack" $(PYTEST_ARGS)
 
 services-start:
