@@ -30,10 +30,14 @@ def _build(store: OnlineStore) -> ExperimentState:
     backend = store.backend
     if backend == "memory":
         from dinrec.experiments.state_memory import MemoryExperimentState
+        from dinrec.feature_store.online.memory import MemoryStore
 
-        return MemoryExperimentState(store)  # type: ignore[arg-type]
+        if isinstance(store, MemoryStore):
+            return MemoryExperimentState(store)
     if backend in ("redis", "redis-cluster"):
         from dinrec.experiments.state_redis import RedisExperimentState
+        from dinrec.feature_store.online.redis_store import RedisStore
 
-        return RedisExperimentState(store)  # type: ignore[arg-type]
+        if isinstance(store, RedisStore):
+            return RedisExperimentState(store)
     raise ValueError(f"no experiment state for a {type(store).__name__} (backend {backend!r})")

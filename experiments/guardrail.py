@@ -256,7 +256,9 @@ class Guardrail:
         if not self.state.conclude(exp.name, decision):
             return []  # another replica promoted it
         try:
-            version = self.promote(exp.promote, variant.model)  # type: ignore[misc, arg-type]
+            if self.promote is None or not exp.promote or not variant.model:  # checked by every caller
+                raise LookupError(f"experiment {exp.name!r} does not promote {variant.name!r}")
+            version = self.promote(exp.promote, variant.model)
         except Exception as exc:  # noqa: BLE001 - recorded once: an operator must finish it by hand
             log.error("experiment %s: %s won but moving alias %s to its model %s failed: %s",
                       exp.name, variant.name, exp.promote, variant.model, exc)

@@ -202,8 +202,8 @@ def backfill(
                 if len(batch) == chunk or i == total - 1:
                     if sink_stream is not None:
                         sink_stream.publish(batch)
-                    else:
-                        applied += sink_store.write(batch)  # type: ignore[union-attr]
+                    elif sink_store is not None:
+                        applied += sink_store.write(batch)
                     bar.update(len(batch))
                     batch = []
     finally:

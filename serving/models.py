@@ -26,7 +26,7 @@ from pathlib import Path
 from dinrec.events.features import HistoryItem
 from dinrec.models.bundle import load_bundle
 from dinrec.models.ranking import Recommender
-from dinrec.registry.store import UnknownAlias, open_registry
+from dinrec.registry.store import Registry, S3Registry, UnknownAlias, open_registry
 from dinrec.retrieval.index import FaissIndex, IndexSpec, set_search_threads
 from dinrec.serving.settings import ServingSettings
 from dinrec.storage.loops import every
@@ -99,15 +99,20 @@ class ModelManager:
         for name in sorted(names):
             self._load_variant(name)
 
+    def _need_registry(self, why: str) -> Registry | S3Registry:
+        if self.registry is None:
+            raise ReloadFailed(f"{why}: no registry is set (DINREC_REGISTRY)")
+        return self.registry
+
     def _variant_version(self, name: str) -> str:
         try:
-            return self.registry.resolve(name)  # type: ignore[union-attr]
+            return self._need_registry(f"model {name!r}").resolve(name)
         except UnknownAlias:
             return name  # not an alias: a version
 
     def _load_variant(self, name: str) -> None:
         version = self._variant_version(name)
-        bundle_dir = self.registry.bundle_dir(version)  # type: ignore[union-attr]
+        bundle_dir = self._need_registry(f"experiment variant model {name!r}").bundle_dir(version)
         if not Path(bundle_dir).is_dir():
             raise ReloadFailed(f"experiment variant model {name!r}: no version {version!r} in the registry")
         rec = self._verified(bundle_dir)
@@ -118,7 +123,7 @@ class ModelManager:
         """Point ``alias`` at the version ``model`` (an alias or a version) names; returns the version.
         Replicas serving ``alias`` pick it up with their next poll."""
         version = self._variant_version(model)
-        self.registry.set_alias(alias, version, reason="A/B winner")  # type: ignore[union-attr]
+        self._need_registry(f"promoting {model!r} to {alias!r}").set_alias(alias, version, reason="A/B winner")
         return version
 
     @property

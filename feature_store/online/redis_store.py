@@ -516,9 +516,10 @@ class RedisStore(OnlineStore):
         for user, r in items:
             by_shard.setdefault(self.shard_of(user), {}).setdefault(user, []).append(r)
         parts_of: dict[int, list[int]] = {}
+        topic = offsets.topic if offsets else ""
         for p in sorted(offsets.last) if offsets else []:
             if self.partitions > 1 and not 0 <= p < self.partitions:
-                raise ValueError(f"partition {p} of {offsets.topic!r} is outside this store's "  # type: ignore[union-attr]
+                raise ValueError(f"partition {p} of {topic!r} is outside this store's "
                                  f"{self.partitions} partitions: the topic must have as many as the store")
             parts_of.setdefault(p if self.partitions > 1 else 0, []).append(p)
         applied, conflicts = 0, {}
@@ -530,7 +531,7 @@ class RedisStore(OnlineStore):
             else:
                 applied += int(result[1])
         if conflicts:
-            raise OffsetConflict(offsets.topic, conflicts)  # type: ignore[union-attr]
+            raise OffsetConflict(topic, conflicts)  # conflicts come only from partitions' offsets: there are some
         return applied
 
     def _write_shard(self, shard: int, by_user: dict[str, list[StoreRecord]], offsets: StreamOffsets | None,
@@ -541,8 +542,9 @@ class RedisStore(OnlineStore):
                                          len(parts), int(self.user_ttl_s), self.seen_cap, self.popularity_window_s,
                                          self.catalog_min_users, self.ab_user_cap, self.attribution_window_s,
                                          repr(self.ab_value_cap)]
-        for p in parts:
-            args += [p, offsets.expected[p], offsets.last[p]]  # type: ignore[union-attr]
+        for p in parts:  # parts come from offsets (none without them)
+            assert offsets is not None
+            args += [p, offsets.expected[p], offsets.last[p]]
         for user, rs in by_user.items():
             keys += [f"{base}:hist:{user}", f"{base}:seen:{user}", f"{base}:items:{user}"]
             args += [user, len(rs)]
