@@ -127,7 +127,11 @@ def test_the_dashboard_shows_the_results_the_json_gives(tiny_run, tmp_path):
             assert "exploratory" in summary
             # The power calculator: its answer is the plan endpoint's, and a new lift changes it.
             def days() -> str | None:
-                return browser.find_element(By.CSS_SELECTOR, '[data-field="days_needed"]').get_attribute("data-days")
+                # Read in one script: the calculator re-renders its answer, and an element found in one
+                # call can be replaced before the next reads it (a stale reference)
+                return browser.execute_script(
+                    'const e = document.querySelector(\'[data-field="days_needed"]\');'
+                    ' return e ? e.getAttribute("data-days") : null;')
 
             WebDriverWait(browser, 20).until(lambda b: days() is not None)
             planned = c.get("/experiments/plan", params={"mean": 0.05, "sd": 0.08, "users_per_day": 2000,
