@@ -6,7 +6,8 @@ against N recalled candidates — on one thread, in one run:
   the fastest whose scores stay within 1e-3 of fp32 kept (``choice``); each implementation's
   latency is reported too (``implementations``), with the share of the machine's own GEMM rate it
   reaches (``fraction_of_peak``: multiply-adds per request ×2 / p50, against the one-core GEMM rate
-  of its precision, measured in the same run: ``machine.bf16_gemm_gflops``, ``fp32_gemm_gflops``);
+  of its precision, measured in the same run: ``machine.bf16_gemm_gflops``, ``fp32_gemm_gflops``;
+  ``fraction_of_bf16_peak`` is null where the CPU has no native bf16 products);
 * ``torch``: the training model's forward on the request expanded to (N, L) — what serving did before;
 * ``deepctr``: DeepCTR-Torch's DIN ``predict`` on the same (N, L) rows, one batch.
 
@@ -26,7 +27,7 @@ import torch
 
 from dinrec.benchmarks.machine import machine_with_ceiling
 from dinrec.models.din import DIN, DINConfig
-from dinrec.models.scorer import candidate_scorers, choose_scorer
+from dinrec.models.scorer import bf16_supported, candidate_scorers, choose_scorer
 from dinrec.training.progress import Stages, showing
 
 
@@ -75,11 +76,14 @@ def bench_score(*, candidates: int = 200, seq_len: int = 50, items: int = 100_00
     macs = score_macs(candidates, seq_len, item_dim + cat_dim, attention_hidden, mlp_hidden)
     out["multiply_adds_per_request"] = macs
     peak = {"fp32": out["machine"]["fp32_gemm_gflops"], "bf16": out["machine"]["bf16_gemm_gflops"]}
+    # Without native bf16 (an AVX2 CPU, or --isa avx2) the probe times an emulation a few hundred times
+    # slower than fp32: a share of that is no ceiling, so there is none (null)
+    native_bf16 = bf16_supported()
 
     def with_peak(timed: dict, precision: str) -> dict:
         gflops = 2 * macs / (timed["p50_ms"] / 1000) / 1e9
         return {**timed, "gflops": round(gflops, 1), "fraction_of_peak": round(gflops / peak[precision], 3),
-                "fraction_of_bf16_peak": round(gflops / peak["bf16"], 3)}
+                "fraction_of_bf16_peak": round(gflops / peak["bf16"], 3) if native_bf16 else None}
 
     chosen, choice = choose_scorer(model, item_cat, "auto", reqs[:8])
     out["choice"] = choice.as_dict()
