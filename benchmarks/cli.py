@@ -105,7 +105,11 @@ def bench_ingest_cmd(
 
 @bench_app.command("score")
 def bench_score_cmd(
-    candidates: int = 200, seq_len: Annotated[int, typer.Option("--seq-len")] = 50, items: int = 100_000,
+    shape: Annotated[str, typer.Option(help="shipped: the DIN `dinrec train` ships by default, with its context "
+                                            "(the size options do not apply); paper: the DIN paper's, of the sizes "
+                                            "given")] = "shipped",
+    candidates: Annotated[int | None, typer.Option(help="per request (default: 300 shipped, 200 paper)")] = None,
+    seq_len: Annotated[int, typer.Option("--seq-len")] = 50, items: int = 100_000,
     item_dim: int = 32, cat_dim: int = 32, attention_hidden: str = "80,40", mlp_hidden: str = "200,80",
     attention_activation: str = "prelu", mlp_activation: str = "relu", requests: int = 500,
     vs: Annotated[str | None, typer.Option(help="peer: deepctr (default), none")] = "deepctr",
@@ -116,7 +120,10 @@ def bench_score_cmd(
     the training model's forward, and DeepCTR-Torch's DIN predict, in one run."""
     from dinrec.benchmarks.score_bench import bench_score
 
-    result = bench_score(candidates=candidates, seq_len=seq_len, items=items, item_dim=item_dim, cat_dim=cat_dim,
+    if shape not in ("shipped", "paper"):
+        raise typer.BadParameter("shipped or paper", param_hint="--shape")
+    result = bench_score(shape=shape, candidates=candidates, seq_len=seq_len, items=items, item_dim=item_dim,
+                         cat_dim=cat_dim,
                          attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation,
                          requests=requests, vs_deepctr=vs == "deepctr", progress=progress)

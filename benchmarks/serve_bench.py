@@ -1,8 +1,8 @@
 """`dinrec bench serve`: the whole service under an open-loop load, on this machine.
 
-A synthetic catalog of ``items`` items (random DIN weights: speed does not depend on training;
-embeddings 32 + 32, unit 80-40, MLP 200-80; recall index ``index``: auto, flat or hnsw) is exported
-as a bundle; ``users`` users get histories of ``seq_len`` behaviours in the real Redis; ``dinrec serve``
+A synthetic catalog of ``items`` items, with the model `dinrec train` ships by default (benchmarks.shipped:
+its shape, random values — speed does not depend on training; recall index ``index``: auto, flat or hnsw),
+is exported as a bundle; ``users`` users get histories of ``seq_len`` behaviours in the real Redis; ``dinrec serve``
 runs as its own process(es) with ``workers``; benchmarks/loadgen.py sends ``GET /recommend`` at a
 fixed rate for ``seconds`` — open loop: each request leaves at its scheduled time whether or not the
 earlier ones have answered, and latency counts from that scheduled time (no coordinated omission).
@@ -20,6 +20,7 @@ dinrec's held rate as a fraction of it.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -33,15 +34,21 @@ from pathlib import Path
 from typing import Literal, TypedDict
 
 import numpy as np
-import torch
 
 from dinrec.benchmarks import loadgen
 from dinrec.benchmarks.held_rate import held_rate
 from dinrec.benchmarks.loadgen import percentile, request_bytes
+from dinrec.benchmarks.shipped import shipped_model
 from dinrec.events.schema import BehaviourEvent
 from dinrec.feature_store.online.redis_store import RedisStore
-from dinrec.models.bundle import ITEM_INDEX_FILE, ITEM_INDEX_INFO_FILE, write_bundle
-from dinrec.models.din import DIN, DINConfig
+from dinrec.models.bundle import (
+    BLEND_FILE,
+    COVISIT_FILE,
+    ITEM_COUNTS_FILE,
+    ITEM_INDEX_FILE,
+    ITEM_INDEX_INFO_FILE,
+    write_bundle,
+)
 from dinrec.models.recall import RecallSpace
 from dinrec.models.towers import Towers, TowersConfig
 from dinrec.models.vocab import Vocab
@@ -82,23 +89,32 @@ class _LoadShape(_ServiceShape):
 
 def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed: int = 0,
                      index: IndexSpec | None = None) -> Path:
-    torch.manual_seed(seed)
-    cfg = DINConfig(n_items=items + 1, n_categories=categories + 1, item_dim=32, cat_dim=32,
-                    attention_hidden=(80, 40), mlp_hidden=(200, 80), extra={"seq_len": seq_len})
-    model = DIN(cfg).eval()
-    rng = np.random.default_rng(seed)
-    item_category = np.concatenate([[0], rng.integers(1, categories + 1, items)]).astype(np.int64)
+    """A bundle of the model `dinrec train` ships (benchmarks.shipped: its DIN, recall towers, co-visitation
+    lane, training counts and ranking blend; random values) over ``items`` made-up items."""
+    shipped = shipped_model(items, categories, seq_len, seed)
+    model = shipped.model
+    model.cfg = dataclasses.replace(model.cfg, extra={**model.cfg.extra, "seq_len": seq_len})
+    item_category = shipped.item_category.numpy()
     vocab = Vocab(["<pad>", *(f"i{i}" for i in range(1, items + 1))],
                   ["<pad>", *(f"c{c}" for c in range(1, categories + 1))], item_category)
     towers = Towers(TowersConfig(n_items=items + 1, n_categories=categories + 1, seq_len=seq_len)).eval()
     built, info = build_item_index(RecallSpace(model, towers, item_category), index)
-    popular = [(f"i{i}", float(items - i)) for i in range(1, 1001)]
+    order = np.argsort(-shipped.counts, kind="stable")[:1000]
+    popular = [(f"i{i}", float(shipped.counts[i])) for i in order if shipped.counts[i] > 0]
+    def writes(text: str) -> Callable[[Path], None]:
+        def write(path: Path) -> None:
+            path.write_text(text)
+        return write
 
-    def write_info(path: Path) -> None:
-        path.write_text(json.dumps(info))
+    def write_counts(path: Path) -> None:
+        np.save(path, shipped.counts)
 
-    return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, towers=towers, extra_files={
-        ITEM_INDEX_FILE: built.save, ITEM_INDEX_INFO_FILE: write_info})
+    extra: dict[str, Callable[[Path], None]] = {
+        ITEM_INDEX_FILE: built.save, ITEM_INDEX_INFO_FILE: writes(json.dumps(info)), ITEM_COUNTS_FILE: write_counts,
+        BLEND_FILE: writes(json.dumps(shipped.blend.to_json()))}
+    if shipped.lane is not None:
+        extra[COVISIT_FILE] = shipped.lane.save
+    return write_bundle(out, model, vocab, {"seq_len": seq_len}, popular, towers=towers, extra_files=extra)
 
 
 def load_histories(store: RedisStore, users: int, items: int, seq_len: int, seed: int = 1) -> None:

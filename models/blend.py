@@ -79,14 +79,21 @@ def features(din_logits: np.ndarray, cosines: np.ndarray, covisit: np.ndarray, c
 
 def candidate_signals(din_logits: np.ndarray, cosines: np.ndarray, covisit: CoVisitation | None,
                       history_items: list[int], history_categories: list[int], candidates: np.ndarray,
-                      candidate_categories: np.ndarray, counts: np.ndarray, temperature: float) -> np.ndarray:
+                      candidate_categories: np.ndarray, counts: np.ndarray, temperature: float,
+                      pairs: np.ndarray | None = None) -> np.ndarray:
     """One request's (N, F) features from what the ranking stage has at hand — DIN's logits and the
     towers' cosines (N,), the co-visitation lane (None: its signals are 0), the history (item and
     category indices, oldest first, 0 = padding), the (N,) candidates with their categories and
-    training counts — the one place serving and the blend's fit both build them."""
+    training counts, and ``pairs``: the lane's (N, L') similarities of each candidate to the history's
+    known behaviours where DIN read them (its context), so the lane's scores are read off them — the one
+    place serving and the blend's fit both build them."""
     known = [i for i in history_items if i]
     none = np.zeros(len(candidates), dtype=np.float32)
-    cf = covisit.score(known, candidates) if covisit is not None else none
-    cf_newest = covisit.score(known[-1:], candidates) if covisit is not None else none
+    if covisit is None:
+        cf = cf_newest = none
+    elif pairs is not None:
+        cf, cf_newest = covisit.scores_from_pairs(pairs)
+    else:
+        cf, cf_newest = covisit.score(known, candidates), covisit.score(known[-1:], candidates)
     return features(din_logits, cosines, cf, cf_newest, category_share(history_categories, candidate_categories),
                     counts, temperature)

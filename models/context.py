@@ -13,7 +13,12 @@ user's similarities from a lane fitted without them, counts less their own); ser
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from dinrec.models.din import ListContext
 
 GAP_BUCKETS = 24  # 1: the same second as the newest; 2…: log₂ of 1 + the gap in minutes (2²² min ≈ 8 years)
 CANDIDATE_FEATURES = ("log_count", "recent_category")
@@ -63,3 +68,28 @@ def served_context(cfg, pairs, counts: torch.Tensor, hist_items: torch.Tensor, h
         count = torch.where(inside, counts[cand.clamp_max(len(counts) - 1)], 0.0)
         features = candidate_features(count, cand_cats, hist_cats)
     return ListContext(gaps, pair, features)
+
+
+def probe_context(cfg, candidates: int, length: int, generator: torch.Generator) -> ListContext | None:
+    """A made-up context of the served shape for one request of ``candidates`` against ``length`` known
+    behaviours, for a DIN with context (``cfg``: models.din.DINConfig; None without): gaps growing towards
+    the oldest, about one pair in twenty co-visited, counts and category shares in their ranges. What the
+    scorer's implementations are timed and compared on (models.scorer.choose_scorer, ``dinrec bench score``)."""
+    from dinrec.models.din import ListContext
+
+    if not cfg.has_context:
+        return None
+    gaps = None
+    if cfg.time_buckets:
+        minutes = torch.rand(1, length, generator=generator).mul(1e5).sort(dim=1, descending=True).values
+        gaps = (2 + torch.floor(torch.log2(1 + minutes))).clamp(1, GAP_BUCKETS - 1).long()  # (1, L), newest last
+        gaps[:, -1] = 1
+    pairs = None
+    if cfg.pair_inputs:
+        shape = (1, candidates, length, cfg.pair_inputs)
+        pairs = torch.rand(shape, generator=generator) * (torch.rand(shape, generator=generator) < 0.05)
+    features = None
+    if cfg.candidate_inputs:
+        features = torch.rand(1, candidates, cfg.candidate_inputs, generator=generator)
+        features[..., 0] *= 8  # log(1 + count)
+    return ListContext(gaps, pairs, features)

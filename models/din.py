@@ -278,10 +278,12 @@ class DIN(nn.Module):
         q = self.embed(cand_items, cand_cats)  # (B, N, D)
         return self.lists_from(h, hist_items != 0, q, context)[0]
 
-    def lists_from(self, h: torch.Tensor, filled: torch.Tensor, q: torch.Tensor,
-                   context: ListContext | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def lists_from(self, h: torch.Tensor, filled: torch.Tensor, q: torch.Tensor, context: ListContext | None = None,
+                   head: Callable[[torch.Tensor], torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Everything after the lookups: behaviours h (B, L, D) with ``filled`` (B, L) marking real ones,
-        candidates q (B, N, D) → ((B, N) logits, (B, N, L) the unit's weights).
+        candidates q (B, N, D) → ((B, N) logits, (B, N, L) the unit's weights). ``head``: the MLP and
+        output layer as one function of the (R, W) rows (the serving scorer's, with eval-mode Dice folded;
+        default: the modules).
 
         Padded layout: the unit's first layer is W·[q, h, q−h, q⊙h] = (Wq+Wd)·q + (Wh−Wd)·h + Wp·(q⊙h);
         the q term is computed once per candidate, the h term once per behaviour, and only Wp·(q⊙h) per
@@ -324,19 +326,25 @@ class DIN(nn.Module):
         extra = self._context_features(w, pairs, context.candidates, length)
         if extra is not None:
             parts.append(extra)
-        logits = self.out(self.mlp(torch.cat(parts, dim=-1))).squeeze(-1)  # (B, N)
+        x = torch.cat(parts, dim=-1)  # (B, N, W)
+        logits = (self.out(self.mlp(x)).squeeze(-1) if head is None  # (B, N)
+                  else head(x.view(b * n, -1)).view(b, n))
         if self.linear is not None and extra is not None:
             logits = logits + self.linear(extra).squeeze(-1)
         if self.calibration is not None:
             logits = logits * self.calibration[0] + self.calibration[1]
         return logits, w
 
+    @property
+    def fuses_lists(self) -> bool:
+        """Whether ``list_unit`` (models.kernels: the fused C++ unit) is set and computes this unit: one
+        hidden layer with PReLU — the same function as the ops it replaces (on fp32 CPU tensors)."""
+        return self.list_unit is not None and isinstance(self.att_in_act, PReLU) and len(self.att_hidden) == 0
+
     def _fusable(self, q: torch.Tensor) -> bool:
-        """Whether ``list_unit`` (models.kernels: the fused C++ unit) computes this unit: set, fp32 on CPU,
-        one hidden layer with PReLU — the same function as the ops it replaces."""
-        return (self.list_unit is not None and q.device.type == "cpu" and q.dtype == torch.float32
-                and not torch.is_autocast_enabled("cpu") and isinstance(self.att_in_act, PReLU)
-                and len(self.att_hidden) == 0)
+        """Whether ``list_unit`` computes the unit for these candidates: :attr:`fuses_lists`, fp32 on CPU."""
+        return (self.fuses_lists and q.device.type == "cpu" and q.dtype == torch.float32
+                and not torch.is_autocast_enabled("cpu"))
 
     def _context_features(self, w: torch.Tensor, pairs: torch.Tensor | None, candidates: torch.Tensor | None,
                           length: int) -> torch.Tensor | None:

@@ -19,12 +19,12 @@ import torch
 from dinrec.events.features import HistoryItem
 from dinrec.models.blend import FEATURES, candidate_signals
 from dinrec.models.bundle import Bundle
-from dinrec.models.context import served_context
+from dinrec.models.context import probe_context, served_context
 from dinrec.models.din import ListContext
 from dinrec.models.ranking_settings import RankingSettings
 from dinrec.models.recall import RecallSpace
 from dinrec.models.rows import AppendOnlyRows
-from dinrec.models.scorer import Scorer, Scores, choose_scorer
+from dinrec.models.scorer import Probe, Scorer, Scores, choose_scorer
 from dinrec.retrieval.index import FaissIndex, choose_search_index, exact_search
 
 
@@ -48,10 +48,11 @@ class Scored:
 @dataclass
 class _Kept:
     """What :attr:`Recommender.memo` keeps of one history: recall's candidates (N,) and query (1, D), DIN's
-    scores, and the blend's (N, F) signals by the temperature they were read at."""
+    scores and the context it read, and the blend's (N, F) signals by the temperature they were read at."""
 
     recall: tuple[np.ndarray, np.ndarray]
     scored: Scores
+    context: ListContext | None
     signals: dict[float, np.ndarray] = field(default_factory=dict)
 
 
@@ -140,7 +141,7 @@ class Recommender:
         # the fastest implementation on this CPU whose scores stay within 1e-3 of fp32, timed now
         self.scorer, self.scorer_choice = choose_scorer(self.model, self._item_cat, precision, probes[:4])
         # and the faster of the exact scan and its half-precision copy (the same top items), timed now
-        queries = np.concatenate([self.recall.query(h.tolist(), c.tolist()) for h, c, _ in probes])
+        queries = np.concatenate([self.recall.query(h.tolist(), c.tolist()) for h, c, *_ in probes])
         self.index, self.index_choice = choose_search_index(index, queries, self.recall_candidates + self.seq_len)
         self.fresh_candidates = settings.fresh_candidates  # cold items every recall includes, however they score
         self.popular_candidates = settings.popular_candidates  # the most popular unseen items, in every recall
@@ -229,9 +230,10 @@ class Recommender:
         return served_context(self.model.cfg, self._pairs, self._counts_t, hist, cats, ts, c, scorer.item_category[c])
 
     def _signals(self, logits: torch.Tensor, cand: np.ndarray, items: list[int], cats: list[int],
-                 query: np.ndarray, cold: ColdLane | None, scorer: Scorer) -> np.ndarray:
+                 query: np.ndarray, cold: ColdLane | None, scorer: Scorer, context: ListContext | None) -> np.ndarray:
         """The blend's (N, F) features (models.blend) of the candidates ``cand`` (N,): DIN's logits, the
-        towers' cosines, co-visitation's scores, the recent category's share and popularity."""
+        towers' cosines, co-visitation's scores (read off DIN's ``context`` where it holds the lane's
+        similarities), the recent category's share and popularity."""
         base = len(self.bundle.vocab.items)
         known = cand < base
         vectors = np.empty((len(cand), self.recall.dim), dtype=np.float32)  # (N, D)
@@ -243,8 +245,9 @@ class Recommender:
         counts[known] = self._counts[cand[known]]
         temperature = self.blend.temperature if self.blend is not None else (
             self.bundle.towers.cfg.temperature if self.bundle.towers is not None else 1.0)
+        pairs = context.pairs[0, :, :, 0].numpy() if context is not None and context.pairs is not None else None
         return candidate_signals(logits.numpy(), vectors @ query[0], self.covisit, items, cats, cand,
-                                 scorer.item_category[torch.from_numpy(cand)].numpy(), counts, temperature)
+                                 scorer.item_category[torch.from_numpy(cand)].numpy(), counts, temperature, pairs)
 
     @torch.inference_mode()
     def signals(self, history: list[HistoryItem], seen: Collection[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -257,10 +260,10 @@ class Recommender:
         if len(cand) == 0:
             return cand, np.zeros((0, len(FEATURES)), dtype=np.float32)
         scorer = cold.scorer if cold is not None else self.scorer
+        context = self._context(window, items, cand, scorer)
         logits = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                              torch.as_tensor(cand, dtype=torch.long),
-                              context=self._context(window, items, cand, scorer)).logits
-        return cand, self._signals(logits, cand, items, cats, query, cold, scorer)
+                              torch.as_tensor(cand, dtype=torch.long), context=context).logits
+        return cand, self._signals(logits, cand, items, cats, query, cold, scorer, context)
 
     def _by_score(self, query: np.ndarray, n: int, excluded: set[int], cold: ColdLane | None) -> np.ndarray:
         base = len(self.bundle.vocab.items)
@@ -277,16 +280,20 @@ class Recommender:
         out = np.concatenate([fresh, merged_ids[order]])
         return out[out >= 0]
 
-    def _probes(self, n: int = 4) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-        """A few made-up requests of the served shape over this bundle's vocabulary: to time the scorer's
-        implementations and check the faster ones against fp32."""
+    def _probes(self, n: int = 4) -> list[Probe]:
+        """A few made-up requests of the served shape over this bundle's vocabulary (with a made-up context
+        for a DIN that reads one): to time the scorer's implementations and check the faster ones against fp32."""
         g = torch.Generator().manual_seed(0)
         n_items = len(self.bundle.vocab.items)
-        out = []
+        lanes = self.settings.covisit_candidates if self.bundle.covisit is not None else 0
+        served = self.recall_candidates + lanes + self.settings.popular_candidates  # candidates a request scores
+        out: list[Probe] = []
         for _ in range(n):
             hist = torch.randint(1, n_items, (self.seq_len,), generator=g)  # (L,)
-            cand = torch.randint(1, n_items, (min(self.recall_candidates, n_items - 1),), generator=g)  # (N,)
-            out.append((hist, self._item_cat[hist], cand))
+            cand = torch.randint(1, n_items, (min(served, n_items - 1),), generator=g)  # (N,)
+            context = probe_context(self.model.cfg, len(cand), len(hist), g)
+            out.append((hist, self._item_cat[hist], cand) if context is None else
+                       (hist, self._item_cat[hist], cand, context))
         return out
 
     @property
@@ -338,20 +345,20 @@ class Recommender:
                                 shown, seen)
         scorer = cold.scorer if cold is not None else self.scorer
         if kept is not None:
-            scored = kept.scored
+            scored, context = kept.scored, kept.context
         else:
+            context = self._context(window, items, cand, scorer)
             scored = scorer.score(torch.as_tensor(items, dtype=torch.long), torch.as_tensor(cats, dtype=torch.long),
-                                  torch.as_tensor(cand, dtype=torch.long), with_attention=explain,
-                                  context=self._context(window, items, cand, scorer))
+                                  torch.as_tensor(cand, dtype=torch.long), with_attention=explain, context=context)
             if memo is not None:
-                kept = memo[key] = _Kept((cand, query), scored)
+                kept = memo[key] = _Kept((cand, query), scored, context)
         if self.blend is None:
             logits = scored.logits
         else:
             # The signals read the blend's temperature (models.blend): kept per temperature.
             signals = kept.signals.get(self.blend.temperature) if kept is not None else None
             if signals is None:
-                signals = self._signals(scored.logits, cand, items, cats, query, cold, scorer)
+                signals = self._signals(scored.logits, cand, items, cats, query, cold, scorer, context)
                 if kept is not None:
                     kept.signals[self.blend.temperature] = signals
             logits = torch.from_numpy(self.blend.combine(signals))

@@ -21,7 +21,7 @@ CPU: :func:`choose_scorer` times them on probe requests and keeps the fastest wi
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
@@ -109,11 +109,16 @@ class Scorer:
         self.lists = model.cfg.scores_lists
         if self.lists and precision != "fp32":
             raise ValueError("a DIN with context is scored in fp32")
-        if self.lists and fused and model.list_unit is None:
-            from dinrec.models.kernels import list_unit, load_lists
+        if self.lists:
+            # Its own copy of the module (the weights shared), so the fused and the ops scorer of one model
+            # can be timed side by side (choose_scorer) without one switching the other's path.
+            model = self.model = copy.copy(model)
+            model.list_unit = None
+            if fused:
+                from dinrec.models.kernels import list_unit, load_lists
 
-            if load_lists():
-                model.list_unit = list_unit  # the same function, fused (models.kernels)
+                if load_lists():
+                    model.list_unit = list_unit  # the same function, fused (models.kernels)
         self.n_items = model.cfg.n_items  # candidates at or past this are cold items (with_cold_items)
         # The rest of the activation unit as (function) steps: activations, and Linear layers with
         # their weights transposed once, in the precision the products run in.
@@ -165,7 +170,7 @@ class Scorer:
     @property
     def impl(self) -> ScoreImpl:
         if self.lists:  # a DIN with context: its listwise path, the fused unit where it built (models.kernels)
-            return "lists_fused" if self.model.list_unit is not None else "lists_fp32"
+            return "lists_fused" if self.model.fuses_lists else "lists_fp32"
         return "fused_bf16" if self._fused is not None else self.precision
 
     def _pack_fused(self, w_p: torch.Tensor) -> tuple[torch.Tensor, ...] | None:
@@ -196,6 +201,13 @@ class Scorer:
             return (wp, w2, m.att_in_act.alpha.detach().float().contiguous(), pad(layers[0].bias),
                     pad(layers[1].alpha), pad(m.att_out.weight.reshape(-1)), m.att_out.bias.detach().float().reshape(1))
 
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP and the output layer on (R, W) rows → (R, 1) logits: eval-mode Dice folded into two
+        fused passes (:func:`_activation_fn`), the products in the compute dtype."""
+        for step in self._mlp_steps:
+            x = step(x)
+        return self._out(x)
+
     @torch.inference_mode()
     def score(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, candidates: torch.Tensor,
               *, with_attention: bool = False, context: ListContext | None = None) -> Scores:
@@ -209,7 +221,7 @@ class Scorer:
         n, length = q.shape[0], h.shape[0]
         if self.lists:
             logits, weights = self.model.lists_from(h.unsqueeze(0), torch.ones(1, length, dtype=torch.bool),
-                                                    q.unsqueeze(0), context)  # (1, N), (1, N, L)
+                                                    q.unsqueeze(0), context, head=self._head)  # (1, N), (1, N, L)
             return Scores(logits[0].float(), weights[0].float() if with_attention else None)
         if length == 0:
             weights = torch.zeros(n, 0)
@@ -237,10 +249,7 @@ class Scorer:
                     x = step(x)
                 weights[c0:c1] = torch.addmm(self._unit_out_b, x, self._unit_out_w).view(c1 - c0, length)
             interest = torch.mm(weights, h)  # (N, D): sum pooling with the unit's weights
-        x = torch.cat([interest, q], dim=1)  # (N, 2D)
-        for step in self._mlp_steps:
-            x = step(x)
-        logits = self._out(x).squeeze(-1)  # (N,)
+        logits = self._head(torch.cat([interest, q], dim=1)).squeeze(-1)  # (N, 2D) → (N,)
         return Scores(logits, weights if with_attention else None)
 
 
@@ -261,8 +270,15 @@ class ScorerChoice:
 def candidate_scorers(model: DIN, item_category: torch.Tensor, wanted: str) -> dict[ScoreImpl, Scorer]:
     """The implementations ``wanted`` (auto, fp32, bf16) allows on this CPU, by name. bf16 only where
     the CPU multiplies it natively (emulated, it is slower than fp32); the fused unit only where it
-    builds and the model's unit has a shape it was written for."""
+    builds and the model's unit has a shape it was written for. A DIN with context (the default one
+    ``dinrec train`` ships) has its listwise path in fp32, fused where the kernel builds and applies."""
     out: dict[ScoreImpl, Scorer] = {}
+    if model.cfg.scores_lists:
+        fused = Scorer(model, item_category, "fp32")
+        if fused.model.fuses_lists:
+            out["lists_fused"] = fused
+        out["lists_fp32"] = Scorer(model, item_category, "fp32", fused=False)
+        return out
     if wanted in ("auto", "fp32"):
         out["fp32"] = Scorer(model, item_category, "fp32")
     if wanted == "bf16" or (wanted == "auto" and bf16_supported()):
@@ -273,7 +289,16 @@ def candidate_scorers(model: DIN, item_category: torch.Tensor, wanted: str) -> d
     return out
 
 
-def _median_ms(scorers: Mapping[_Name, Scorer], probes: list, rounds: int) -> dict[_Name, float]:
+# A probe request: (hist_items (L,), hist_cats (L,), candidates (N,)), and for a DIN with context what it
+# reads (models.context.probe_context).
+Probe = tuple[torch.Tensor, torch.Tensor, torch.Tensor] | tuple[torch.Tensor, torch.Tensor, torch.Tensor, ListContext]
+
+
+def score_probe(scorer: Scorer, probe: Probe) -> Scores:
+    return scorer.score(probe[0], probe[1], probe[2], context=probe[3] if len(probe) > 3 else None)
+
+
+def _median_ms(scorers: Mapping[_Name, Scorer], probes: Sequence[Probe], rounds: int) -> dict[_Name, float]:
     """Median ms per probe request of each scorer, timed in interleaved rounds (each round times every
     scorer once), so a burst of contention — the other workers of the replica starting up beside
     this one — falls on all of them alike instead of on whichever was being timed."""
@@ -281,40 +306,39 @@ def _median_ms(scorers: Mapping[_Name, Scorer], probes: list, rounds: int) -> di
 
     for scorer in scorers.values():
         for p in probes[:2]:  # first calls pay for allocation and dispatch set-up
-            scorer.score(*p)
+            score_probe(scorer, p)
     per_round: dict[_Name, list[float]] = {name: [] for name in scorers}
     for _ in range(rounds):
         for name, scorer in scorers.items():
             t0 = time.perf_counter()
             for p in probes:
-                scorer.score(*p)
+                score_probe(scorer, p)
             per_round[name].append((time.perf_counter() - t0) * 1000 / len(probes))
     return {name: round(sorted(ms)[len(ms) // 2], 4) for name, ms in per_round.items()}
 
 
-def choose_scorer(model: DIN, item_category: torch.Tensor, wanted: str,
-                  probes: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]], tolerance: float = 1e-3,
-                  rounds: int = 9) -> tuple[Scorer, ScorerChoice]:
-    """Time every implementation ``wanted`` allows here on the ``probes`` (hist_items, hist_cats,
-    candidates) and keep the fastest whose probabilities stay within ``tolerance`` of fp32 (with
-    ``wanted="bf16"`` a bf16 one is kept whatever its difference). Measured on the live CPU, because the
-    fastest differs between machines: the fused kernel wins where AVX-512 BF16 is fast and oneDNN's
-    bf16 products where AMX is; on an AVX2-only CPU fp32 is all there is."""
-    if model.cfg.scores_lists:  # a DIN with context has one implementation (its own listwise path)
-        only = Scorer(model, item_category, "fp32")
-        return only, ScorerChoice(only.impl, {}, {}, {"bf16": "a DIN with context is scored in fp32 (its lists)"})
+def choose_scorer(model: DIN, item_category: torch.Tensor, wanted: str, probes: Sequence[Probe],
+                  tolerance: float = 1e-3, rounds: int = 9) -> tuple[Scorer, ScorerChoice]:
+    """Time every implementation ``wanted`` allows here on the ``probes`` and keep the fastest whose
+    probabilities stay within ``tolerance`` of fp32 (with ``wanted="bf16"`` a bf16 one is kept whatever
+    its difference). Measured on the live CPU, because the fastest differs between machines: the fused
+    kernel wins where AVX-512 BF16 is fast and oneDNN's bf16 products where AMX is; on an AVX2-only CPU
+    fp32 is all there is. A DIN with context is offered its listwise path, fused and as PyTorch ops
+    (both fp32; ``wanted`` bf16 does not apply to it), and its probes carry its context."""
     scorers = candidate_scorers(model, item_category, wanted)
-    exact = scorers.get("fp32") or Scorer(model, item_category, "fp32")
-    reference = [torch.sigmoid(exact.score(*p).logits) for p in probes]
+    exact_name: ScoreImpl = "lists_fp32" if model.cfg.scores_lists else "fp32"
+    exact = scorers.get(exact_name) or Scorer(model, item_category, "fp32")
+    reference = [torch.sigmoid(score_probe(exact, p).logits) for p in probes]
     diffs: dict[str, float] = {}
     refused: dict[str, str] = {}
+    if model.cfg.scores_lists and (wanted == "bf16" or (wanted == "auto" and bf16_supported())):
+        refused["bf16"] = "a DIN with context is scored in fp32 (its lists)"
     for name, scorer in scorers.items():
-        if name != "fp32":
-            diffs[name] = round(max(float((torch.sigmoid(scorer.score(*p).logits) - r).abs().max())
+        if name != exact_name:
+            diffs[name] = round(max(float((torch.sigmoid(score_probe(scorer, p).logits) - r).abs().max())
                                     for p, r in zip(probes, reference, strict=True)), 6)
             if wanted != "bf16" and diffs[name] > tolerance:
                 refused[name] = f"probabilities {diffs[name]:.2g} from fp32 (tolerance {tolerance:g})"
     timings = _median_ms({n: s for n, s in scorers.items() if n not in refused}, probes, rounds)
     best = min(timings, key=timings.__getitem__)
     return scorers[best], ScorerChoice(best, timings, diffs, refused)
-

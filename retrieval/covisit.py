@@ -11,6 +11,7 @@ largest entries::
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -95,6 +96,16 @@ class CoVisitation:
             out[hit] = scores[pos[hit]]
         return out
 
+    def scores_from_pairs(self, sims: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """What :meth:`score` gives for a history and from its newest behaviour alone, read off the
+        similarities already looked up for it (PairTable.lookup: (N, L) sim(h_l, c) over the history's
+        known behaviours, oldest first) → (N,) and (N,): the same sums, without searching the rows again."""
+        recent = sims[:, -self.cfg.last:] if sims.shape[1] else sims  # (N, R) newest last
+        r = recent.shape[1]
+        decay = (self.cfg.decay ** np.arange(r - 1, -1, -1)).astype(np.float32)  # (R,) 1 for the newest
+        newest = recent[:, -1].astype(np.float32) if r else np.zeros(len(sims), dtype=np.float32)
+        return (recent @ decay).astype(np.float32), newest
+
     def save(self, path: str | Path) -> None:
         with open(path, "wb") as fh:
             np.savez(fh, neighbours=self.neighbours, weights=self.weights,
@@ -112,9 +123,9 @@ class CoVisitation:
 class PairTable:
     """sim(h, c) — the lane's similarity of a behaviour's item h to a candidate c (0 where c is not among
     h's neighbours) — for every (candidate, behaviour) of a batch at once, from one lane or one per fold
-    (training reads each user's from the lane fitted without them). Each lane's neighbour rows are kept
-    sorted by item, so a lookup is one batched binary search; nothing grows with the catalog but the
-    tables themselves. With ``dense_max_entries`` ≥ F·I², the lanes are also spread into one dense
+    (training reads each user's from the lane fitted without them). A lookup finds each behaviour's
+    neighbours among the sorted candidates (one batched binary search); nothing grows with the catalog
+    but the tables themselves. With ``dense_max_entries`` ≥ F·I², the lanes are also spread into one dense
     (F, I, I) table and a lookup is a gather (training, where a step looks up B·N·L pairs: a third of the
     step's time went to the binary search); the values are the same either way."""
 
@@ -124,9 +135,13 @@ class PairTable:
         ids = np.stack([np.where(lane.weights > 0, lane.neighbours, -1) for lane in lanes])  # (F, I, M); -1: none
         weights = np.stack([lane.weights for lane in lanes])
         order = np.argsort(ids, axis=2, kind="stable")
-        self.ids = torch.from_numpy(np.take_along_axis(ids, order, axis=2))  # (F, I, M) ascending per row
+        ids = np.take_along_axis(ids, order, axis=2)
+        if ((ids[..., 1:] == ids[..., :-1]) & (ids[..., 1:] >= 0)).any():  # a hand-made or damaged lane file
+            raise ValueError("a co-visitation lane lists an item twice among one item's neighbours")
+        self.ids = torch.from_numpy(ids)  # (F, I, M) ascending per row
         self.weights = torch.from_numpy(np.take_along_axis(weights, order, axis=2).astype(np.float32))
         self.n_items = lanes[0].n_items
+        self._local = threading.local()  # each thread's item → candidate position map (:meth:`_positions`)
         self.dense: torch.Tensor | None = None  # (F·I·I,) sim(h, c) of lane f at (f·I + h)·I + c
         f, i, _ = self.ids.shape
         if f * i * i <= dense_max_entries:
@@ -135,6 +150,15 @@ class PairTable:
             has = self.ids >= 0
             dense.view(f * i, i)[rows[has], self.ids[has]] = self.weights[has]
             self.dense = dense.view(-1)
+
+    def _positions(self) -> torch.Tensor:
+        """This thread's (I,) int64 map from item to a candidate position, -1 everywhere between lookups
+        (a lookup sets its candidates' entries and resets them): allocated once per thread, not per call."""
+        at = getattr(self._local, "positions", None)
+        if at is None:
+            with torch.inference_mode(False):  # a normal tensor: updated in place in and out of inference mode
+                at = self._local.positions = torch.full((self.n_items,), -1, dtype=torch.int64)
+        return at
 
     def history_scores(self, hist: torch.Tensor, fold: torch.Tensor, cfg: CoVisitConfig, n_items: int) -> torch.Tensor:
         """Left-padded histories hist (B, L), newest last, fold (B,) the lane each reads → (B, n_items) every
@@ -160,9 +184,36 @@ class PairTable:
             warm = cand < i  # (B, N); cold candidates are never similar
             at = (f.view(b, 1, 1) * i + (hist * known).unsqueeze(1)) * i + (cand * warm).unsqueeze(2)  # (B, N, L)
             return torch.where(known.unsqueeze(1) & warm.unsqueeze(2), self.dense[at], 0.0)
-        rows = self.ids[f.unsqueeze(1), hist * known]  # (B, L, M)
-        values = cand.unsqueeze(1).expand(b, length, cand.shape[1]).contiguous()  # (B, L, N)
-        pos = torch.searchsorted(rows, values).clamp_max(rows.shape[-1] - 1)  # (B, L, N)
-        hit = (rows.gather(2, pos) == values) & known.unsqueeze(2)
-        sims = torch.where(hit, self.weights[f.unsqueeze(1), hist * known].gather(2, pos), 0.0)  # (B, L, N)
-        return sims.transpose(1, 2).contiguous()  # (B, N, L)
+        n = cand.shape[1]
+        if n == 0:
+            return torch.zeros(b, 0, length)
+        rows = self.ids[f.unsqueeze(1), hist * known]  # (B, L, M) ascending; -1: none
+        m = rows.shape[2]
+        if n <= m:  # few candidates (training's lists): each looked up in each behaviour's row, N·L searches
+            values = cand.unsqueeze(1).expand(b, length, n).contiguous()  # (B, L, N)
+            pos = torch.searchsorted(rows, values).clamp_max(m - 1)  # (B, L, N)
+            hit = (rows.gather(2, pos) == values) & known.unsqueeze(2)
+            sims = torch.where(hit, self.weights[f.unsqueeze(1), hist * known].gather(2, pos), 0.0)  # (B, L, N)
+            return sims.transpose(1, 2).contiguous()  # (B, N, L)
+        # Many (a served request's hundreds): each behaviour's M neighbours looked up among the candidates
+        # through a map from item to candidate position — L·M reads, where looking each candidate up in
+        # each behaviour's row would be N·L binary searches scattered over the table.
+        out = torch.zeros(b, n, length)
+        at = self._positions()  # (I,) -1 everywhere between calls
+        for r in range(b):
+            behaviours = hist[r] * known[r]  # (L,) the unknown read item 0's row, and are masked below
+            ids = self.ids[f[r]].index_select(0, behaviours).view(-1)  # (L·M,) neighbour ids, -1: none
+            warm = torch.nonzero(cand[r] < self.n_items).squeeze(1)  # (W,) positions of candidates the lane knows
+            items = cand[r].index_select(0, warm)
+            try:
+                at[items] = warm  # an item listed twice: one of its positions (read back below)
+                kept = at.index_select(0, items)  # (W,) the position each warm candidate's item maps to
+                found = at.index_select(0, ids.clamp_min(0))  # (L·M,) each neighbour's candidate position, -1: none
+            finally:
+                at[items] = -1
+            hits = torch.nonzero((found >= 0) & (ids > 0) & known[r].repeat_interleave(m)).squeeze(1)  # (K,) in L·M
+            sims = self.weights[f[r]].index_select(0, behaviours).view(-1).index_select(0, hits)  # (K,)
+            at_pair = found.index_select(0, hits) * length + torch.div(hits, m, rounding_mode="floor")  # n·L + l
+            out[r].view(-1).index_put_((at_pair,), sims)
+            out[r, warm] = out[r].index_select(0, kept)  # repeats read the row of the position their item mapped to
+        return out

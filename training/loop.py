@@ -194,14 +194,21 @@ def split_metrics(split: SplitTensors, logits: np.ndarray) -> dict:
 
 
 def model_config_for(samples: SampleSet, s: TrainSettings) -> DINConfig:
-    """DIN's configuration for these samples; listwise, with the context ``din_context`` names
-    (models.context: what the ranking stage computes for it at serving time)."""
+    """DIN's configuration for these samples (:func:`din_config` over their vocabulary and histories)."""
+    return din_config(samples.vocab.n_items, samples.vocab.n_categories, min(s.seq_len, samples.seq_len), s)
+
+
+def din_config(n_items: int, n_categories: int, seq_len: int, s: TrainSettings) -> DINConfig:
+    """The DIN ``s`` trains over a vocabulary of ``n_items`` items (padding included) and histories of
+    ``seq_len``; listwise, with the context ``din_context`` names (models.context: what the ranking stage
+    computes for it at serving time). With the default settings: the model ``dinrec train`` ships, the one
+    the serving and scoring benchmarks measure."""
     ctx = set(s.din_context) if s.objective == "listwise" else set()
-    return DINConfig(n_items=samples.vocab.n_items, n_categories=samples.vocab.n_categories,
+    return DINConfig(n_items=n_items, n_categories=n_categories,
                      item_dim=s.item_dim, cat_dim=s.cat_dim, mlp_hidden=tuple(s.mlp_hidden),
                      attention_hidden=tuple(s.attention_hidden), attention_activation=s.attention_activation,
                      mlp_activation=s.mlp_activation, sparse_embeddings=s.sparse_embeddings, dropout=s.dropout,
-                     positions=min(s.seq_len, samples.seq_len) if "position" in ctx else 0,
+                     positions=seq_len if "position" in ctx else 0,
                      time_buckets=GAP_BUCKETS if "time" in ctx else 0, pair_inputs=int("covisit" in ctx),
                      candidate_inputs=len(CANDIDATE_FEATURES) if "candidate" in ctx else 0,
                      cross=s.objective == "listwise")

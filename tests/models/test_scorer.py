@@ -184,6 +184,40 @@ def test_a_trained_bundle_scores_the_same(tiny_run):
     assert torch.allclose(got, want, atol=1e-5, rtol=1e-5) and want.std() > 0.01
 
 
+def test_a_din_with_context_is_offered_its_fused_and_its_ops_path_and_keeps_the_faster():
+    from dinrec.models.context import probe_context
+    from dinrec.training.loop import din_config
+    from dinrec.training.settings import TrainSettings
+
+    torch.manual_seed(0)
+    cfg = din_config(500, 20, 30, TrainSettings())  # the shape `dinrec train` ships, over 500 items
+    model = DIN(cfg).eval()
+    with torch.no_grad():  # trained-looking: the context terms start at zero
+        for param in model.parameters():
+            param.normal_(0, 0.3)
+    item_cat = torch.randint(1, 20, (500,))
+    item_cat[0] = 0
+    g = torch.Generator().manual_seed(1)
+    probes = []
+    for _ in range(3):
+        h = torch.randint(1, 500, (30,), generator=g)
+        context = probe_context(cfg, 60, 30, g)
+        assert context is not None and context.pairs is not None and context.pairs.shape == (1, 60, 30, 1)
+        probes.append((h, item_cat[h], torch.randperm(499, generator=g)[:60] + 1, context))
+    scorer, choice = choose_scorer(model, item_cat, "auto", probes)
+    from dinrec.models.kernels import load_lists
+
+    offered = {"lists_fp32", "lists_fused"} if load_lists() else {"lists_fp32"}
+    assert set(choice.timings_ms) | set(choice.refused) - {"bf16"} == offered
+    assert scorer.impl == choice.impl == min(choice.timings_ms, key=choice.timings_ms.__getitem__)
+    assert model.list_unit is None  # each scorer switches its own copy of the module, not the model
+    for p in probes:  # whichever is kept, it is the model's own function
+        want = model.lists_from(model.embed(p[0], p[1])[None], torch.ones(1, 30, dtype=torch.bool),
+                                model.embed(p[2], item_cat[p[2]])[None], p[3])[0][0]
+        assert torch.allclose(scorer.score(p[0], p[1], p[2], context=p[3]).logits, want, atol=1e-4)
+    assert "lists_fused" not in choice.max_prob_diff or choice.max_prob_diff["lists_fused"] <= 1e-3
+
+
 def test_cold_items_appended_in_steps_score_like_the_unknown_item_of_their_category():
     model, item_cat = random_model("prelu", "dice")
     scorer = Scorer(model, item_cat, "fp32")

@@ -83,3 +83,65 @@ def test_the_dense_pair_table_looks_up_what_the_sparse_one_does(item_cf):
     assert (want > 0).sum() > 20  # the draw meets real neighbours
     assert torch.equal(dense.lookup(hist, cand, fold), want)
     assert torch.equal(dense.lookup(hist, cand), sparse.lookup(hist, cand))
+
+
+@pytest.mark.parametrize("candidates", [6, 40])  # fewer than a row's 8 neighbours (training's lists), more (serving)
+def test_a_pair_lookup_is_each_pairs_own_similarity_whatever_the_candidates_order_or_repeats(item_cf, candidates):
+    """sim(h, c) per (candidate, behaviour), against the lane's rows read one pair at a time: candidates
+    listed twice, unsorted, cold (past the lane) or padding; behaviours unknown or padding. Either way
+    round the search goes (the shorter side looked up in the other)."""
+    import torch
+
+    from dinrec.retrieval.covisit import PairTable
+
+    lane = CoVisitation.from_item_cf(item_cf, neighbours=8)
+    n = lane.n_items
+    gen = torch.Generator().manual_seed(3)
+    hist = torch.randint(0, n + 3, (5, 9), generator=gen)
+    cand = torch.randint(1, 20, (5, candidates), generator=gen)  # draws of a few values: repeats
+    cand[:, 0], cand[:, 1] = 0, n + 1  # padding, cold
+    assert any(len(set(row.tolist())) < candidates for row in cand)
+    table = PairTable([lane])
+    with torch.inference_mode():  # as serving looks up (the table's scratch is made here), then outside it
+        first = table.lookup(hist, cand)
+    got = table.lookup(hist, cand)  # (B, N, L)
+    assert torch.equal(first, got)
+    sim = {(h, c): w for h in range(n) for c, w in zip(lane.neighbours[h].tolist(), lane.weights[h].tolist(),
+                                                        strict=True) if w > 0}
+    want = torch.tensor([[[sim.get((h, c), 0.0) if 0 < h < n else 0.0 for h in hist[b].tolist()]
+                          for c in cand[b].tolist()] for b in range(5)])
+    assert torch.equal(got, want) and (want > 0).sum() > 10
+
+
+def test_a_lane_listing_a_neighbour_twice_is_refused(item_cf):
+    from dinrec.retrieval.covisit import PairTable
+
+    lane = CoVisitation.from_item_cf(item_cf, neighbours=8)
+    ids = lane.neighbours.copy()
+    ids[5, 1] = ids[5, 0]
+    with pytest.raises(ValueError, match="twice"):
+        PairTable([CoVisitation(ids, lane.weights, lane.cfg)])
+
+
+def test_the_lanes_scores_read_off_looked_up_pairs_are_its_own_scores(item_cf):
+    """The ranking stage reads the blend's co-visitation signals off the pairs DIN's context looked up:
+    the same decayed sum over the newest ``last`` behaviours (repeats counted, as the lane counts them),
+    and the newest behaviour's own similarity."""
+    import torch
+
+    from dinrec.retrieval.covisit import PairTable
+
+    lane = CoVisitation.from_item_cf(item_cf, neighbours=8)  # last 10, decay 0.8
+    table = PairTable([lane])
+    rng = np.random.default_rng(5)
+    for length in (1, 4, 25):  # shorter and longer than the lane's window
+        history = rng.integers(1, 60, length)
+        history[0] = history[-1]  # a repeat
+        cand = rng.permutation(np.arange(1, 60))[:40]
+        sims = table.lookup(torch.from_numpy(history)[None], torch.from_numpy(cand)[None])[0].numpy()  # (N, L)
+        cf, newest = lane.scores_from_pairs(sims)
+        assert np.allclose(cf, lane.score(history.tolist(), cand), rtol=1e-5, atol=1e-6)
+        assert np.allclose(newest, lane.score(history[-1:].tolist(), cand), rtol=1e-5, atol=1e-6)
+        assert cf.max() > 0
+    empty, _ = lane.scores_from_pairs(np.zeros((7, 0), dtype=np.float32))
+    assert np.array_equal(empty, np.zeros(7, dtype=np.float32))
