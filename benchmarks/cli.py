@@ -113,20 +113,21 @@ def bench_score_cmd(
     item_dim: int = 32, cat_dim: int = 32, attention_hidden: str = "80,40", mlp_hidden: str = "200,80",
     attention_activation: str = "prelu", mlp_activation: str = "relu", requests: int = 500,
     vs: Annotated[str | None, typer.Option(help="peer: deepctr (default), none")] = "deepctr",
+    compiled: Annotated[bool, typer.Option("--compiled/--no-compiled", help=(
+        "shipped: also the listwise path through torch.compile (about a minute to compile)"))] = False,
     progress: Progress = None,
     as_json: Annotated[bool, typer.Option("--json", help="print one JSON object (the default output)")] = True,
 ) -> None:
-    """Latency of scoring one request (one history vs N candidates) on one thread: dinrec's scorer,
-    the training model's forward, and DeepCTR-Torch's DIN predict, in one run."""
+    """Latency of scoring one request (one history vs N candidates) on one thread, with the model `dinrec train`
+    ships (or the DIN paper's): dinrec's scorer, the model's own path, and DeepCTR-Torch's DIN predict, in one run."""
     from dinrec.benchmarks.score_bench import bench_score
 
     if shape not in ("shipped", "paper"):
         raise typer.BadParameter("shipped or paper", param_hint="--shape")
     result = bench_score(shape=shape, candidates=candidates, seq_len=seq_len, items=items, item_dim=item_dim,
-                         cat_dim=cat_dim,
-                         attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
+                         cat_dim=cat_dim, attention_hidden=_tuple(attention_hidden), mlp_hidden=_tuple(mlp_hidden),
                          attention_activation=attention_activation, mlp_activation=mlp_activation,
-                         requests=requests, vs_deepctr=vs == "deepctr", progress=progress)
+                         requests=requests, vs_deepctr=vs == "deepctr", compiled=compiled, progress=progress)
     _print(result, as_json)
 
 

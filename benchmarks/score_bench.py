@@ -55,12 +55,13 @@ def bench_score(*, shape: str = "shipped", candidates: int | None = None, seq_le
                 categories: int = 1_000, item_dim: int = 32, cat_dim: int = 32,
                 attention_hidden: tuple[int, ...] = (80, 40), mlp_hidden: tuple[int, ...] = (200, 80),
                 attention_activation: str = "prelu", mlp_activation: str = "relu", requests: int = 500,
-                vs_deepctr: bool = True, seed: int = 0, progress: bool | None = None) -> dict:
+                vs_deepctr: bool = True, compiled: bool = False, seed: int = 0, progress: bool | None = None) -> dict:
     """``shape`` "shipped": the DIN `dinrec train` ships by default (benchmarks.shipped; the size options
     are ignored), against ``candidates`` (default 300: the default bundle's 200 recalled and 100
     co-visited), each request with the context serving builds for it (timed with the scoring: it is
     part of what a request pays to be scored); "paper": the DIN paper's model of the size options, no
-    context (default 200 candidates). ``progress``: a line per stage on stderr (default: when stderr is a
+    context (default 200 candidates). ``compiled`` (shipped): also the listwise path's PyTorch ops through
+    torch.compile (:func:`_compiled`). ``progress``: a line per stage on stderr (default: when stderr is a
     terminal)."""
     if shape not in SHAPES:
         raise ValueError(f"shape {shape!r}: one of {', '.join(SHAPES)}")
@@ -135,6 +136,11 @@ def bench_score(*, shape: str = "shipped", candidates: int | None = None, seq_le
                 return model.score_lists(h[None], c[None], n[None], item_cat[n][None], context_of(h, c, n))
         out["torch"] = _timed(torch_forward, reqs)
     say(f"torch forward timed (p50 {out['torch']['p50_ms']} ms)")
+    if compiled and context_of is not None:
+        ops = candidate_scorers(model, item_cat, "fp32")["lists_fp32"]
+        out["compiled"] = {"impl": "lists_fp32 through torch.compile", **_compiled(ops, reqs, context_of)}
+        out["compiled"].update(with_peak(out["compiled"], "fp32"))
+        say(f"torch.compile timed (p50 {out['compiled']['p50_ms']} ms)")
 
     if vs_deepctr:
         # DeepCTR-Torch's DIN of the same sizes, on ids alone (it has no context); its MLP cannot use Dice
@@ -148,6 +154,32 @@ def bench_score(*, shape: str = "shipped", candidates: int | None = None, seq_le
         out["speedup_vs_deepctr"] = round(out["deepctr"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
     out["speedup_vs_torch"] = round(out["torch"]["p50_ms"] / out["dinrec"]["p50_ms"], 2)
     return out
+
+
+def _compiled(ops: Scorer, reqs: list, context_of) -> dict:
+    """The listwise path as PyTorch ops (``ops``: the lists_fp32 scorer) through torch.compile — inductor,
+    dynamic shapes (a served request's candidate count varies) — timed as the others are, beside how long
+    the first calls took to compile and its largest logit difference from the eager ops. Measured, not
+    served: every worker would pay the compile at start and at each new bundle."""
+    from dinrec.models.din import ListContext
+
+    model = ops.model
+
+    def forward(h, filled, q, gaps, pairs, features):
+        return model.lists_from(h, filled, q, ListContext(gaps, pairs, features), head=ops._head)[0]
+
+    fn = torch.compile(forward, dynamic=True)
+
+    def score(h, c, n):
+        context = context_of(h, c, n)
+        with torch.inference_mode():
+            return fn(model.embed(h, c)[None], torch.ones(1, len(h), dtype=torch.bool),
+                      ops.item_vectors.index_select(0, n)[None], context.gaps, context.pairs, context.candidates)[0]
+
+    t0 = time.perf_counter()
+    diff = max(float((score(*r) - ops.score(*r, context=context_of(*r)).logits).abs().max()) for r in reqs[:3])
+    compile_s = time.perf_counter() - t0
+    return {**_timed(score, reqs), "compile_seconds": round(compile_s, 1), "max_logit_diff_vs_ops": round(diff, 6)}
 
 
 def _served_context(shipped, seq_len: int):

@@ -74,7 +74,7 @@ def _bench(*args: str, env: dict | None = None) -> dict:
 
 def test_bench_score_times_each_implementation_against_the_machines_own_ceiling_and_the_peer():
     pytest.importorskip("deepctr_torch", reason="the peer is in the optional `bench` extra")
-    result = _bench("score", "--items", "3000", "--requests", "40")
+    result = _bench("score", "--items", "3000", "--requests", "40", "--compiled")
     # the model `dinrec train` ships: its DIN reads context, scored by its listwise path (fused or as ops)
     assert result["shape"] == "shipped" and result["candidates"] == 300
     shipped = TrainSettings()
@@ -104,6 +104,10 @@ def test_bench_score_times_each_implementation_against_the_machines_own_ceiling_
     assert result["speedup_vs_deepctr"] == pytest.approx(result["deepctr"]["p50_ms"] / result["dinrec"]["p50_ms"],
                                                          rel=1e-2)
     assert result["threads"] == 1
+    # --compiled: the ops through torch.compile, beside the rest, computing the same logits
+    compiled = result["compiled"]
+    assert 0 < compiled["p50_ms"] <= compiled["p99_ms"] and compiled["compile_seconds"] > 0
+    assert compiled["max_logit_diff_vs_ops"] < 1e-4
 
 
 def test_every_bench_can_run_as_on_an_avx2_only_machine():
