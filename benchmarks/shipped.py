@@ -31,10 +31,6 @@ class ShippedModel:
     counts: np.ndarray  # (I,) int64 made-up training counts (Zipf-like; 0 for padding)
     blend: Blend
 
-    @property
-    def config(self) -> DINConfig:
-        return self.model.cfg
-
 
 def shipped_config(items: int, categories: int, seq_len: int) -> DINConfig:
     """The shipped DIN over ``items`` and ``categories`` (padding not counted) and histories of ``seq_len``."""

@@ -123,11 +123,13 @@ class CoVisitation:
 class PairTable:
     """sim(h, c) — the lane's similarity of a behaviour's item h to a candidate c (0 where c is not among
     h's neighbours) — for every (candidate, behaviour) of a batch at once, from one lane or one per fold
-    (training reads each user's from the lane fitted without them). A lookup finds each behaviour's
-    neighbours among the sorted candidates (one batched binary search); nothing grows with the catalog
-    but the tables themselves. With ``dense_max_entries`` ≥ F·I², the lanes are also spread into one dense
-    (F, I, I) table and a lookup is a gather (training, where a step looks up B·N·L pairs: a third of the
-    step's time went to the binary search); the values are the same either way."""
+    (training reads each user's from the lane fitted without them). Each lane's neighbour rows are kept
+    sorted by item: a short list of candidates (training's) is binary-searched in each behaviour's row;
+    a long one (a served request's hundreds) is put in a per-thread item → position map, and each
+    behaviour's neighbours are read from it. Nothing grows with the catalog but the tables (and one map
+    per thread). With ``dense_max_entries`` ≥ F·I², the lanes are also spread into one dense (F, I, I)
+    table and a lookup is a gather (training, where a step looks up B·N·L pairs: a third of the step's
+    time went to the binary search); the values are the same every way."""
 
     def __init__(self, lanes: Sequence[CoVisitation], dense_max_entries: int = 0) -> None:
         if not lanes or len({lane.neighbours.shape for lane in lanes}) != 1:

@@ -63,7 +63,7 @@ def test_the_pair_tables_batched_scores_are_the_lanes_own(item_cf):
 
 def test_the_dense_pair_table_looks_up_what_the_sparse_one_does(item_cf):
     """Training spreads the lanes into a dense table; every (candidate, behaviour) reads the same
-    similarity as the binary search over the neighbour rows, unknown behaviours and cold candidates 0."""
+    similarity as the lookup over the neighbour rows, unknown behaviours and cold candidates 0."""
     import torch
 
     from dinrec.retrieval.covisit import PairTable
