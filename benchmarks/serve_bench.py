@@ -54,7 +54,7 @@ from dinrec.models.towers import Towers, TowersConfig
 from dinrec.models.vocab import Vocab
 from dinrec.retrieval.index import IndexSpec
 from dinrec.serving.server import free_port
-from dinrec.training.export import build_item_index
+from dinrec.training.export import build_item_index, most_counted
 from dinrec.training.progress import Stages, showing
 
 IndexKind = Literal["auto", "flat", "hnsw"]  # IndexSpec.kind
@@ -99,8 +99,8 @@ def synthetic_bundle(out: Path, items: int, categories: int, seq_len: int, seed:
                   ["<pad>", *(f"c{c}" for c in range(1, categories + 1))], item_category)
     towers = Towers(TowersConfig(n_items=items + 1, n_categories=categories + 1, seq_len=seq_len)).eval()
     built, info = build_item_index(RecallSpace(model, towers, item_category), index)
-    order = np.argsort(-shipped.counts, kind="stable")[:1000]
-    popular = [(f"i{i}", float(shipped.counts[i])) for i in order if shipped.counts[i] > 0]
+    popular = most_counted(vocab.items, shipped.counts)
+
     def writes(text: str) -> Callable[[Path], None]:
         def write(path: Path) -> None:
             path.write_text(text)

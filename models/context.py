@@ -80,10 +80,9 @@ def probe_context(cfg, candidates: int, length: int, generator: torch.Generator)
     if not cfg.has_context:
         return None
     gaps = None
-    if cfg.time_buckets:
-        minutes = torch.rand(1, length, generator=generator).mul(1e5).sort(dim=1, descending=True).values
-        gaps = (2 + torch.floor(torch.log2(1 + minutes))).clamp(1, GAP_BUCKETS - 1).long()  # (1, L), newest last
-        gaps[:, -1] = 1
+    if cfg.time_buckets:  # behaviours up to ~10 weeks apart, newest last
+        ts = torch.rand(1, length, generator=generator, dtype=torch.float64).mul(6e6).sort(dim=1).values
+        gaps = gap_buckets(ts, torch.ones(1, length, dtype=torch.bool))  # (1, L)
     pairs = None
     if cfg.pair_inputs:
         shape = (1, candidates, length, cfg.pair_inputs)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -44,9 +45,14 @@ def item_counts(samples: SampleSet) -> np.ndarray:
 
 
 def popularity(samples: SampleSet, top: int = 1000, counts: np.ndarray | None = None) -> list[tuple[str, float]]:
-    counts = item_counts(samples) if counts is None else counts
+    return most_counted(samples.vocab.items, item_counts(samples) if counts is None else counts, top)
+
+
+def most_counted(items: Sequence[str], counts: np.ndarray, top: int = 1000) -> list[tuple[str, float]]:
+    """The bundle's popularity list: the ``top`` items (ids, by index) with the most ``counts`` (by index),
+    most first (ties in index order), those never counted left out."""
     order = np.argsort(-counts, kind="stable")[:top]
-    return [(samples.vocab.items[i], float(counts[i])) for i in order if counts[i] > 0]
+    return [(items[i], float(counts[i])) for i in order if counts[i] > 0]
 
 
 def build_item_index(space: RecallSpace, spec: IndexSpec | None = None, probes: np.ndarray | None = None,
