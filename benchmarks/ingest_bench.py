@@ -8,6 +8,8 @@ no dedup, no offsets in the store), both measured in the same run on the same ba
   ``events_per_s`` = records / wall time from the first write to the last.
 * Latency: a producer sends at ``rate`` events/s for ``seconds`` while dinrec's ingestor runs;
   per record, produce (the record's CreateTime) → the store write that made it visible returned.
+* Where each drain's time goes: Redis' CPU and the bench process' CPU per event
+  (``redis_cpu_us_per_event``, ``client_cpu_us_per_event``): the side near one core per event-rate bounds it.
 
 Both sides parse every record into a validated BehaviourEvent, so the difference is the store
 protocol. All processes (broker, Redis, bench) share this machine's cores.
@@ -21,6 +23,7 @@ import random
 import statistics
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
@@ -59,6 +62,28 @@ def _drain_dinrec(stream: KafkaStream, store: RedisStore, group: str, n: int) ->
     finally:
         ingestor.close()
     return {**_sustained(marks), "consumed": stats.consumed, "applied": stats.applied, "batches": stats.batches}
+
+
+class CpuMeter:
+    """What a drain costs each side, per event: Redis' CPU (its INFO, every thread of the server) and this
+    process' (every thread: the ingestor's writer too) — which of the two bounds the rate."""
+
+    def __init__(self, redis_url: str) -> None:
+        self._r = redis.Redis.from_url(redis_url, decode_responses=True)
+
+    def _redis_s(self) -> float:
+        cpu = self._r.info("cpu")
+        return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
+
+    def measure(self, drain: Callable[[], dict], events: int) -> dict:
+        redis0, client0 = self._redis_s(), time.process_time()
+        out = drain()
+        redis_s, client_s = self._redis_s() - redis0, time.process_time() - client0
+        return {**out, "redis_cpu_us_per_event": round(redis_s / events * 1e6, 2),
+                "client_cpu_us_per_event": round(client_s / events * 1e6, 2)}
+
+    def close(self) -> None:
+        self._r.close()
 
 
 def _sustained(marks: list[tuple[float, int]]) -> dict:
@@ -159,18 +184,21 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     gc.collect()
     gc.freeze()
     store = RedisStore(redis_url, prefix=f"{run}-dinrec", history_cap=cap)
+    meter = CpuMeter(redis_url)
     try:
         time.sleep(settle_s)  # the broker flushes what was just produced; not the consumers' cost
-        dinrec = _drain_dinrec(stream, store, f"{run}-dinrec", events)
+        dinrec = meter.measure(lambda: _drain_dinrec(stream, store, f"{run}-dinrec", events), events)
         say(f"dinrec drained the backlog ({dinrec['events_per_s']} events/s)")
         time.sleep(settle_s)
-        reference = _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap)
+        reference = meter.measure(
+            lambda: _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap), events)
         say(f"redis-py drained the backlog ({reference['events_per_s']} events/s)")
         latency = _latency(stream, store, f"{run}-latency", rate, seconds, users, items)
         say(f"latency phase done (p99 {latency['latency_p99_ms']} ms)")
         # Correctness of what was measured: both sides saw every event once; dinrec counted each once.
         applied = store.applied_behaviours()
     finally:
+        meter.close()
         store.flush_prefix()
         store.close()
         RedisStore(redis_url, prefix=f"{run}-ref").flush_prefix()
