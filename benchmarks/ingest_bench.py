@@ -75,12 +75,13 @@ class CpuMeter:
         cpu = self._r.info("cpu")
         return float(cpu["used_cpu_user"]) + float(cpu["used_cpu_sys"])
 
-    def measure(self, drain: Callable[[], dict], events: int) -> dict:
+    def measure(self, drain: Callable[[], dict]) -> dict:
+        """``drain``'s result, with the CPU each side spent per record it consumed."""
         redis0, client0 = self._redis_s(), time.process_time()
         out = drain()
         redis_s, client_s = self._redis_s() - redis0, time.process_time() - client0
-        return {**out, "redis_cpu_us_per_event": round(redis_s / events * 1e6, 2),
-                "client_cpu_us_per_event": round(client_s / events * 1e6, 2)}
+        return {**out, "redis_cpu_us_per_event": round(redis_s / out["consumed"] * 1e6, 2),
+                "client_cpu_us_per_event": round(client_s / out["consumed"] * 1e6, 2)}
 
     def close(self) -> None:
         self._r.close()
@@ -187,11 +188,10 @@ def bench_ingest(bootstrap: str, redis_url: str, *, events: int = 200_000, users
     meter = CpuMeter(redis_url)
     try:
         time.sleep(settle_s)  # the broker flushes what was just produced; not the consumers' cost
-        dinrec = meter.measure(lambda: _drain_dinrec(stream, store, f"{run}-dinrec", events), events)
+        dinrec = meter.measure(lambda: _drain_dinrec(stream, store, f"{run}-dinrec", events))
         say(f"dinrec drained the backlog ({dinrec['events_per_s']} events/s)")
         time.sleep(settle_s)
-        reference = meter.measure(
-            lambda: _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap), events)
+        reference = meter.measure(lambda: _drain_reference(stream, redis_url, f"{run}-ref", f"{run}-ref", events, cap))
         say(f"redis-py drained the backlog ({reference['events_per_s']} events/s)")
         latency = _latency(stream, store, f"{run}-latency", rate, seconds, users, items)
         say(f"latency phase done (p99 {latency['latency_p99_ms']} ms)")
