@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 from fastapi import Depends, Request
@@ -21,6 +21,7 @@ from dinrec.serving.metrics import ServiceMetrics
 from dinrec.serving.models import ModelManager
 from dinrec.serving.quotas import UserQuota
 from dinrec.serving.settings import ServingSettings
+from dinrec.serving.turns import RankingTurns
 from dinrec.streams import EventStream
 from dinrec.streams.outbox import Outbox
 
@@ -36,6 +37,7 @@ class RecommendParts:
     features: GuardedStore  # the store's reads, behind a circuit breaker
     impressions: ImpressionLog
     log_every_list: bool  # with the stream as sink every served list is logged; the store keeps only A/B ones
+    turns: RankingTurns = field(default_factory=RankingTurns)  # one ranking per turn of the worker's loop
 
 
 @dataclass(frozen=True)

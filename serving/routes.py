@@ -3,8 +3,9 @@
 ``/recommend`` runs inline on the event loop (``async def`` doing blocking work): a request is a few
 milliseconds of CPU, and a worker process per core serving one request at a time beats handing each
 to a thread pool, where 40 threads contend for the GIL and the cores and a burst turns into long
-tails. Its blocking calls are bounded (Redis timeouts, the breaker). The other handlers are sync
-(``def``) and run in FastAPI's thread pool."""
+tails. Its blocking calls are bounded (Redis timeouts, the breaker). One request ranks per turn of the
+loop (serving.turns), so new requests are read — and shed — between any two. The other handlers are
+sync (``def``) and run in FastAPI's thread pool."""
 
 from __future__ import annotations
 
@@ -235,8 +236,9 @@ async def recommend_get(p: Recommending, request: Request, user_id: Annotated[Us
     _as_principal(p.settings, request, {user_id})
     if explain:
         _may_explain(p.settings, authorization)
-    return _recommend(p, request, user_id, k, operator=is_admin(p.settings, authorization), explain=explain,
-                      shown=shown)
+    async with p.turns:
+        return _recommend(p, request, user_id, k, operator=is_admin(p.settings, authorization), explain=explain,
+                          shown=shown)
 
 
 @router.post("/recommend", response_model=RecommendResponse)
@@ -245,8 +247,9 @@ async def recommend_post(p: Recommending, request: Request, body: RecommendReque
     _as_principal(p.settings, request, {body.user_id})
     if body.explain:
         _may_explain(p.settings, authorization)
-    return _recommend(p, request, body.user_id, body.k, operator=is_admin(p.settings, authorization),
-                      explain=body.explain, shown=body.shown, context=body.context)
+    async with p.turns:
+        return _recommend(p, request, body.user_id, body.k, operator=is_admin(p.settings, authorization),
+                          explain=body.explain, shown=body.shown, context=body.context)
 
 
 # What only the service writes: impressions come from the served lists (serving/impressions.py), with
