@@ -33,10 +33,18 @@ def test_bench_train_vs_deepctr_prints_both_sides(tmp_path):
         runs = result[side]["runs"]  # one run per seed; the top level is their mean
         assert [r["seed"] for r in runs] == [0, 1]
         assert result[side]["test_gauc"] == pytest.approx(sum(r["test_gauc"] for r in runs) / 2)
-    # A sample is a positive with its negatives: one for DeepCTR and pointwise, list_negatives listwise.
-    assert result["deepctr"]["candidates_per_s"] == pytest.approx(2 * result["deepctr"]["samples_per_s"])
+    # A sample is a positive with its negatives: list_negatives of them listwise, one pointwise. DeepCTR trains
+    # on dinrec's lists, a row per counted candidate (the user's own items are never counted: fewer rows).
     k = result["config"]["list_negatives"]
+    assert result["config"]["peer_samples"] == "dinrec_lists"
     assert result["dinrec"]["candidates_per_s"] == pytest.approx((1 + k) * result["dinrec"]["samples_per_s"])
+    pointwise = result["dinrec_pointwise"]
+    assert pointwise["candidates_per_s"] == pytest.approx(2 * pointwise["samples_per_s"])
+    peer_run = result["deepctr"]
+    assert peer_run["samples"] == 2 * result["dinrec"]["train_lists"]  # every list of both epochs, once each
+    assert 2 * peer_run["samples"] < peer_run["rows"] <= (1 + k) * peer_run["samples"]
+    last = peer_run["runs"][-1]  # rows and samples are the last seed's (its negatives are its own)
+    assert last["candidates_per_s"] / last["samples_per_s"] == pytest.approx(peer_run["rows"] / peer_run["samples"])
     probes = result["dinrec"]["epochs"]  # the test GAUC after each epoch, for the time to the peer's
     assert [p["epoch"] for p in probes] == [1, 2] and probes[0]["train_seconds"] < probes[1]["train_seconds"]
     reached = result["dinrec"]["seconds_to_peer_gauc"]
