@@ -72,8 +72,9 @@ class _RecordedLists(ListData):
         return lists
 
 
-def _dinrec_once(samples: SampleSet, settings: TrainSettings) -> tuple[dict, _RecordedLists | None]:
-    """One training run's figures, and (listwise) the lists it trained on."""
+def _dinrec_once(samples: SampleSet, settings: TrainSettings,
+                 record: bool = False) -> tuple[dict, _RecordedLists | None]:
+    """One training run's figures, and (listwise, ``record``: a peer trains on them next) the lists it trained on."""
     if torch.cuda.is_available():
         torch.cuda.reset_peak_memory_stats()
     probes: list[dict] = []
@@ -86,8 +87,9 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings) -> tuple[dict, _Re
 
         t0 = time.perf_counter()
         towers = train_towers(samples, towers_settings(settings)).model
-        lists = _RecordedLists(samples, list_settings(settings), towers, fit_covisitation(samples)[0],
-                               min(settings.seq_len, samples.seq_len))
+        lists = (_RecordedLists if record else ListData)(samples, list_settings(settings), towers,
+                                                         fit_covisitation(samples)[0],
+                                                         min(settings.seq_len, samples.seq_len))
         towers_s = time.perf_counter() - t0
 
     def probe(trainer) -> None:  # the test split after each epoch: when the peer's GAUC is reached
@@ -111,7 +113,7 @@ def _dinrec_once(samples: SampleSet, settings: TrainSettings) -> tuple[dict, _Re
     for key in ("gpu_name", "gpu_peak_mem_mb", "gpu_sm_util", "gpu_mem_bw_util"):
         if key in m:
             run[key] = m[key]
-    return run, lists
+    return run, lists if isinstance(lists, _RecordedLists) else None
 
 
 def _time_to(run: dict, peer_gauc: float) -> None:
@@ -197,7 +199,7 @@ def bench_train(data: Path, *, vs: str | None, epochs: int, seq_len: int, batch_
             listwise: _Common = {**common, "attention_hidden": shipped.attention_hidden,
                                  "batch_size": shipped.batch_size}
             settings = TrainSettings(objective="listwise", **listwise)
-        run, lists = _dinrec_once(samples, settings)
+        run, lists = _dinrec_once(samples, settings, record=vs == "deepctr")
         mine.append(run)
         say(f"seed {seed}: dinrec {objective} trained (test gauc {run['test_gauc']:.4f})")
         if vs == "deepctr":

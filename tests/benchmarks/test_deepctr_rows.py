@@ -12,14 +12,13 @@ from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.retrieval.baselines import ItemCF, ItemCFConfig
 from dinrec.retrieval.covisit import CoVisitation
 from dinrec.training.lists import ListData, ListSettings
-from dinrec.training.samples import build_samples, training_ends
+from dinrec.training.samples import build_samples, training_sequences
 
 
 def test_each_counted_candidate_of_a_list_is_one_row_with_its_lists_history():
     data = generate(SyntheticConfig(n_users=60, n_items=50, n_categories=5, mean_events_per_user=15, seed=3))
     samples = build_samples(data, seq_len=10)
-    ends = training_ends(samples)
-    seqs = [samples.seq_items[a:b] for a, b in zip(samples.user_offsets[:-1].tolist(), ends.tolist(), strict=True)]
+    seqs = training_sequences(samples)
     lane = CoVisitation.from_item_cf(ItemCF.fit(seqs, samples.vocab.n_items, ItemCFConfig(window=5)), neighbours=20)
     lists = ListData(samples, ListSettings(negatives=8, hard_share=0.5, guard_folds=2, recall_candidates=10,
                                            covisit_candidates=10), None, lane, seq_len=10)

@@ -11,7 +11,7 @@ from dinrec.datasets.synthetic import SyntheticConfig, generate
 from dinrec.retrieval.baselines import ItemCF, ItemCFConfig
 from dinrec.retrieval.covisit import CoVisitation
 from dinrec.training.lists import ListData, ListSettings
-from dinrec.training.samples import build_samples, training_ends
+from dinrec.training.samples import build_samples, training_ends, training_sequences
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +22,7 @@ def lists():
     data = generate(SyntheticConfig(n_users=150, n_items=120, n_categories=6, mean_events_per_user=20, seed=5))
     samples = build_samples(data, seq_len=20)
     towers = train_towers(samples, TowersSettings(dim=8, epochs=2)).model
-    ends = training_ends(samples)
-    seqs = [samples.seq_items[a:b] for a, b in zip(samples.user_offsets[:-1].tolist(), ends.tolist(), strict=True)]
+    seqs = training_sequences(samples)
     lane = CoVisitation.from_item_cf(ItemCF.fit(seqs, samples.vocab.n_items, ItemCFConfig(window=5)), neighbours=30)
     return ListData(samples, ListSettings(negatives=16, hard_share=0.5, guard_folds=3, recall_candidates=40,
                                           covisit_candidates=20), towers, lane, seq_len=20)
