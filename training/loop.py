@@ -63,48 +63,70 @@ class TrainingInterrupted(Exception):
         self.checkpoint = checkpoint
 
 
-class DINWithLoss(nn.Module):
-    """Train wrapper: the pure model, binary cross-entropy on its logits, and optionally the
-    paper's mini-batch-aware L2 on the embeddings: only rows used by the batch are penalised,
-    each scaled by 1/(its frequency in the training data)."""
+class MiniBatchL2(nn.Module):
+    """The DIN paper's mini-batch-aware L2 on DIN's two tables: Σ over the rows a batch touches (padding 0
+    aside) of ‖row‖² / the row's training frequency. Only the batch's rows, so a step costs what the batch
+    does, not the table; over the frequency, so a popular row, in many batches, is not pulled harder over an
+    epoch than a rare one."""
 
-    inv_item_freq: torch.Tensor  # (I,) buffers (with mba_l2 only): 1 / each row's training frequency
+    inv_item_freq: torch.Tensor  # (I,) buffers: 1 / each row's training frequency
     inv_cat_freq: torch.Tensor  # (C,)
+
+    def __init__(self, weight: float, item_freq: torch.Tensor, cat_freq: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = weight
+        self.register_buffer("inv_item_freq", 1.0 / item_freq.clamp_min(1).float(), persistent=False)
+        self.register_buffer("inv_cat_freq", 1.0 / cat_freq.clamp_min(1).float(), persistent=False)
+
+    def forward(self, model: DIN, items: tuple[torch.Tensor, ...], cats: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        """``items``, ``cats``: the batch's item and category ids, tensors of any shapes."""
+        sparse = model.cfg.sparse_embeddings
+        return self.weight * (_table_l2(model.item_emb.weight, self.inv_item_freq, items, sparse)
+                              + _table_l2(model.cat_emb.weight, self.inv_cat_freq, cats, sparse))
+
+
+def _table_l2(table: torch.Tensor, inv_freq: torch.Tensor, ids: tuple[torch.Tensor, ...], sparse: bool):
+    used = torch.unique(torch.cat([t.reshape(-1) for t in ids]))  # (U,) rows this batch touches
+    used = used[used != 0]
+    rows = F.embedding(used, table, sparse=sparse)  # (U, E)
+    return (rows.float().pow(2).sum(1) * inv_freq.index_select(0, used)).sum()
+
+
+def _l2(mba_l2: float, item_freq: torch.Tensor | None, cat_freq: torch.Tensor | None) -> MiniBatchL2 | None:
+    if mba_l2 <= 0:
+        return None
+    assert item_freq is not None and cat_freq is not None
+    return MiniBatchL2(mba_l2, item_freq, cat_freq)
+
+
+class DINWithLoss(nn.Module):
+    """Train wrapper: the pure model, binary cross-entropy on its logits, and optionally (``mba_l2`` > 0)
+    the paper's mini-batch-aware L2 on the embeddings (:class:`MiniBatchL2`)."""
 
     def __init__(self, model: DIN, mba_l2: float = 0.0, item_freq: torch.Tensor | None = None,
                  cat_freq: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.model, self.mba_l2 = model, mba_l2
-        if mba_l2 > 0:
-            assert item_freq is not None and cat_freq is not None
-            self.register_buffer("inv_item_freq", 1.0 / item_freq.clamp_min(1).float(), persistent=False)
-            self.register_buffer("inv_cat_freq", 1.0 / cat_freq.clamp_min(1).float(), persistent=False)
+        self.model, self.l2 = model, _l2(mba_l2, item_freq, cat_freq)
 
     def forward(self, hist_items, hist_cats, target_item, target_cat, label) -> torch.Tensor:
         logits = self.model(hist_items, hist_cats, target_item, target_cat)  # (B,)
         loss = F.binary_cross_entropy_with_logits(logits.float(), label)
-        if self.mba_l2 > 0:
-            m = self.model
-            loss = loss + self.mba_l2 * (self._mba(m.item_emb.weight, self.inv_item_freq, hist_items, target_item)
-                                         + self._mba(m.cat_emb.weight, self.inv_cat_freq, hist_cats, target_cat))
+        if self.l2 is not None:
+            loss = loss + self.l2(self.model, (hist_items, target_item), (hist_cats, target_cat))
         return loss
-
-    def _mba(self, table: torch.Tensor, inv_freq: torch.Tensor, hist: torch.Tensor, target: torch.Tensor):
-        used = torch.unique(torch.cat([hist.reshape(-1), target]))  # (U,) rows this batch touches
-        used = used[used != 0]
-        rows = F.embedding(used, table, sparse=self.model.cfg.sparse_embeddings)  # (U, E)
-        return (rows.float().pow(2).sum(1) * inv_freq.index_select(0, used)).sum()
 
 
 class DINListLoss(nn.Module):
     """Train wrapper for lists (training.lists): the softmax cross-entropy of each list's positive (column 0)
-    against its negatives. The logits leave autocast as fp32 before the log-Q correction is subtracted
-    and the softmax taken: a list of a hundred logits, some corrected by −log(K·q) of a rare item, must
-    not overflow in fp16 or round away in bf16."""
+    against its negatives, and optionally (``mba_l2`` > 0) the mini-batch-aware L2 over the rows of the
+    histories and of every candidate, positive or negative. The logits leave autocast as fp32 before the
+    log-Q correction is subtracted and the softmax taken: a list of a hundred logits, some corrected by
+    −log(K·q) of a rare item, must not overflow in fp16 or round away in bf16."""
 
-    def __init__(self, model: DIN) -> None:
+    def __init__(self, model: DIN, mba_l2: float = 0.0, item_freq: torch.Tensor | None = None,
+                 cat_freq: torch.Tensor | None = None) -> None:
         super().__init__()
-        self.model = model
+        self.model, self.l2 = model, _l2(mba_l2, item_freq, cat_freq)
 
     def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, cand_items: torch.Tensor,
                 cand_cats: torch.Tensor, gaps: torch.Tensor | None, pairs: torch.Tensor | None,
@@ -112,7 +134,10 @@ class DINListLoss(nn.Module):
         logits = self.model.score_lists(hist_items, hist_cats, cand_items, cand_cats,
                                         ListContext(gaps, pairs, features))  # (B, N)
         logits = (logits.float() - log_q).masked_fill(~valid, -torch.inf)
-        return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+        loss = F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device))
+        if self.l2 is not None:
+            loss = loss + self.l2(self.model, (hist_items, cand_items), (hist_cats, cand_cats))
+        return loss
 
 
 def list_scores(model: DIN, inputs: tuple) -> torch.Tensor:
@@ -322,7 +347,7 @@ class Trainer:
         if s.fused_kernels and self.device.type == "cpu" and s.objective == "listwise" and load_lists():
             self.model.list_unit = list_unit  # the listwise unit, fused (models.kernels; the same function)
         item_freq, cat_freq = _frequencies(self.samples)
-        self.step_fn = (DINListLoss(self.model) if s.objective == "listwise"
+        self.step_fn = (DINListLoss(self.model, s.mba_l2, item_freq, cat_freq) if s.objective == "listwise"
                         else DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq)).to(self.device)
         if self.info.enabled:
             self.step_fn = nn.parallel.DistributedDataParallel(

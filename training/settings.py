@@ -147,8 +147,6 @@ class TrainSettings(BaseSettings):
                              "candidates: it needs them (recall_epochs > 0), or use objective=pointwise")
         if self.embeddings == "sharded":
             raise ValueError("sharded tables train the pointwise objective (objective=pointwise)")
-        if self.mba_l2 > 0:
-            raise ValueError("mba_l2 (the DIN paper's mini-batch-aware L2) is for the pointwise objective")
         return self
 
     @model_validator(mode="after")

@@ -108,3 +108,33 @@ def test_a_lane_without_a_users_fold_has_none_of_their_pairs(lists):
     for (x, y), u in lone[:100]:
         lane = lists.fold_lanes[lists.folds[u]]
         assert not ((lane.neighbours[x] == y) & (lane.weights[x] > 0)).any()
+
+
+def test_the_list_loss_adds_the_mini_batch_aware_l2_of_the_rows_its_lists_touch(lists):
+    """mba_l2 (the DIN paper's regulariser) on the listwise objective: λ · Σ ‖row‖² / frequency over the item
+    and category rows of the batch's histories and candidates, negatives included, padding not — computed
+    here row by row, apart from the implementation's unique-and-gather."""
+    from dinrec.models.din import DIN
+    from dinrec.training.loop import DINListLoss, _frequencies, model_config_for
+    from dinrec.training.settings import TrainSettings
+
+    samples = lists.samples
+    model = DIN(model_config_for(samples, TrainSettings(seq_len=20, progress=False))).eval()
+    item_freq, cat_freq = _frequencies(samples)
+    b = lists.batch(np.arange(32), epoch=0, step=0)
+    c = b.context
+    args = (b.hist_items, b.hist_cats, b.cand_items, b.cand_cats, c.gaps, c.pairs, c.candidates, b.valid, b.log_q)
+    with torch.no_grad():
+        plain = DINListLoss(model)(*args)
+        regularised = DINListLoss(model, 0.5, item_freq, cat_freq)(*args)
+
+    def penalty(table, freq, *ids):
+        rows = {int(r) for t in ids for r in t.reshape(-1).tolist()} - {0}
+        return sum(float(table[r].pow(2).sum()) / max(int(freq[r]), 1) for r in rows)
+
+    with torch.no_grad():
+        expected = 0.5 * (penalty(model.item_emb.weight, item_freq, b.hist_items, b.cand_items)
+                          + penalty(model.cat_emb.weight, cat_freq, b.hist_cats, b.cand_cats))
+    assert expected > 0
+    assert float(regularised - plain) == pytest.approx(expected, rel=1e-4)
+    TrainSettings(mba_l2=0.1)  # the listwise default objective takes it (it was the pointwise one's alone)
