@@ -36,12 +36,13 @@ def serve(
         settings.workers = (os.cpu_count() or 1) if FeatureStoreSettings().store != "memory" else 1
         os.environ["DINREC_WORKERS"] = str(settings.workers)
     if settings.workers == 1:
-        uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None, http=PROTOCOL)
+        uvicorn.run(app_from_env(), host=settings.host, port=settings.port, log_config=None, http=PROTOCOL,
+                    access_log=settings.access_log)
     else:
         made = _shared_by_workers(settings)
         try:
             uvicorn.run("dinrec.serving.app:app_from_env", factory=True, workers=settings.workers, host=settings.host,
-                        port=settings.port, log_config=None, http=PROTOCOL)
+                        port=settings.port, log_config=None, http=PROTOCOL, access_log=settings.access_log)
         finally:
             if made is not None:  # a temporary folder of this run's: nothing in it outlives the workers
                 import shutil

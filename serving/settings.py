@@ -107,6 +107,9 @@ class ServingSettings(SharedSettings, RankingSettings):
         "glibc malloc arenas per worker (0: glibc's default, 8 per core): a few keep freed memory where it can "
         "be reused, so a long-running worker's RSS stays flat (serving/allocator.py)"))
     log_format: Literal["json", "text"] = Field("json", description="one JSON object per log line, or plain text")
+    access_log: bool = Field(False, description=(
+        "a log line per request (uvicorn's access log); off by default: /metrics counts every request by route "
+        "and status, and under a flood a line per refused request is CPU and disk a client makes the service spend"))
     max_k: int = Field(100, ge=1, le=1000, description="the largest list GET /recommend may ask for (k above it: 422)")
     default_k: int = Field(10, ge=1, le=1000, description="the list length when a request names no k")
     events_sink: Literal["store", "stream"] = Field(

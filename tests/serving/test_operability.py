@@ -3,11 +3,13 @@ body limits."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import httpx
 
@@ -62,14 +64,14 @@ def test_a_body_over_the_limit_is_refused_in_the_error_shape(tiny_run):
         assert c.post("/events", json={"events": events[:3]}).status_code == 202
 
 
-def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path):
+@contextlib.contextmanager
+def _dinrec_serve(bundle, log_path, env: dict[str, str], workers: int) -> Iterator[int]:
+    """`dinrec serve` in a process of its own, its output to ``log_path``; yields its port once /healthz answers."""
     port = free_port()
-    env = {**os.environ, "DINREC_STORE": "redis", "DINREC_REDIS_URL": "redis://127.0.0.1:1/0",  # degraded: logs
-           "DINREC_EVENTS_SINK": "store", "DINREC_STORE_COOLDOWN_S": "60"}
-    log = (tmp_path / "serve.log").open("w")
-    proc = subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(tiny_run[2]),
-                             "--port", str(port), "--workers", "2"], cwd=REPO, env=env, stdout=log,
-                            stderr=subprocess.STDOUT)
+    log = log_path.open("w")
+    proc = subprocess.Popen([sys.executable, "-m", "dinrec.cli.main", "serve", "--bundle", str(bundle),
+                             "--port", str(port), "--workers", str(workers)], cwd=REPO, env={**os.environ, **env},
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         def up() -> bool:
             try:
@@ -78,6 +80,17 @@ def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path
                 return False
 
         wait_until(up, timeout_s=120, interval_s=0.5, what="the service to start")
+        yield port
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+        log.close()
+
+
+def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path):
+    env = {"DINREC_STORE": "redis", "DINREC_REDIS_URL": "redis://127.0.0.1:1/0",  # degraded: logs
+           "DINREC_EVENTS_SINK": "store", "DINREC_STORE_COOLDOWN_S": "60"}
+    with _dinrec_serve(tiny_run[2], tmp_path / "serve.log", env, workers=2) as port:
         answers = [httpx.get(f"http://127.0.0.1:{port}/recommend", params={"user_id": "u1"},
                              headers={"x-request-id": f"req-{i}"}, timeout=10) for i in range(6)]
         assert all(r.status_code == 200 and r.json()["degraded"] for r in answers)
@@ -94,15 +107,25 @@ def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path
             assert "dinrec_thread_alive{" in text  # the answering worker's own threads
         pids = {m for text in scrapes for m in re.findall(r'dinrec_model_info\{[^}]*pid="(\d+)"', text)}
         assert len(pids) == 2, pids  # one model line per live worker
-    finally:
-        proc.terminate()
-        proc.wait(timeout=60)
-        log.close()
     lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
     warned = [x for x in lines if "feature store unavailable" in x["message"]]
     assert warned and all(x["request_id"].startswith("req-") for x in warned)
     started = {x["message"] for x in lines if x["message"].startswith("serving model")}
     assert len([x for x in lines if x["message"].startswith("serving model")]) == 2, started  # one per worker
+    assert not [x for x in lines if x["logger"] == "uvicorn.access"]  # no line per request unless asked
+
+
+def test_the_access_log_when_asked_is_a_json_line_per_request_with_its_id(tiny_run, tmp_path):
+    env = {"DINREC_STORE": "memory", "DINREC_ACCESS_LOG": "true"}
+    with _dinrec_serve(tiny_run[2], tmp_path / "serve.log", env, workers=1) as port:
+        for i in range(3):
+            r = httpx.get(f"http://127.0.0.1:{port}/recommend", params={"user_id": "u1"},
+                          headers={"x-request-id": f"acc-{i}"}, timeout=10)
+            assert r.status_code == 200
+    lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
+    access = [x for x in lines if x["logger"] == "uvicorn.access" and "/recommend" in x["message"]]
+    assert [x["request_id"] for x in access] == ["acc-0", "acc-1", "acc-2"]
+    assert all(" 200" in x["message"] for x in access)
 
 
 def test_the_openapi_examples_are_requests_the_service_accepts(tiny_run):
