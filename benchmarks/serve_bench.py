@@ -30,6 +30,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Literal, TypedDict
 
@@ -300,15 +301,26 @@ def _fastapi_ceiling(users: int, workers: int, warmup_s: float, search: dict, sa
 
 
 def _overloaded(port: int, health_port: int, requests: list[bytes], rps: float, seconds: float,
-                timeout_s: float) -> dict:
+                timeout_s: float, cpu_s: Callable[[], float] | None = None,
+                answer_cpu_ms: float | None = None) -> dict:
     """``rps`` open-loop for ``seconds`` with liveness probes beside it — on the liveness port (what k8s
-    probes) and on the request port: what was answered, how fast."""
+    probes) and on the request port: what was answered, how fast. With ``cpu_s`` (the service's CPU seconds
+    so far) and ``answer_cpu_ms`` (its CPU per answered request below capacity): the server CPU per 503,
+    derived — the phase's CPU less its 200s at ``answer_cpu_ms`` each (the probes' share stays in), over
+    the 503s."""
+    cpu0 = cpu_s() if cpu_s is not None else 0.0
     with _HealthProbe(f"http://127.0.0.1:{health_port}") as probe, \
             _HealthProbe(f"http://127.0.0.1:{port}") as on_loop:
         results = loadgen.run("127.0.0.1", port, requests, rps, seconds, timeout_s)
+    cpu_ms = (cpu_s() - cpu0) * 1000 if cpu_s is not None else None
     ok = [r.latency_s * 1000 for r in results if r.status == 200 and r.latency_s <= timeout_s]
     shed = [r.latency_s * 1000 for r in results if r.status == 503]
+    answered = sum(r.status == 200 for r in results)  # late ones too: they cost the server as much
+    shed_cpu = (round((cpu_ms - answered * answer_cpu_ms) / len(shed), 3)
+                if cpu_ms is not None and answer_cpu_ms is not None and shed else None)
     return {"offered_rps": rps, "requests": len(results), "ok_rps": round(len(ok) / seconds, 1),
+            "server_cpu_ms": round(cpu_ms, 1) if cpu_ms is not None else None, "answered": answered,
+            "shed_cpu_ms_derived": shed_cpu,
             "accepted_p50_ms": percentile(ok, 50), "accepted_p99_ms": percentile(ok, 99), "shed": len(shed),
             "shed_p99_ms": percentile(shed, 99), "healthz_p99_ms": percentile(probe.latencies_ms, 99),
             "healthz_failed": probe.failed, "healthz_request_port_p99_ms": percentile(on_loop.latencies_ms, 99),
@@ -339,10 +351,14 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
         n_workers = workers or os.cpu_count() or 1
         # Connections land on whichever worker accepts first: with few, one worker may get them all and
         # the figure is half the service's; 4 per worker keep every worker busy.
+        cpu_s = partial(_tree_cpu_s, served["pid"])
+        cpu0 = cpu_s()
         closed = loadgen.closed_loop("127.0.0.1", port, requests, concurrency=4 * n_workers, seconds=5)
-        capacity = round(sum(r.status == 200 for r in closed) / 5, 1)
+        closed_ok = sum(r.status == 200 for r in closed)
+        answer_cpu_ms = (cpu_s() - cpu0) * 1000 / closed_ok if closed_ok else None
+        capacity = round(closed_ok / 5, 1)
         say(f"capped: capacity {capacity} rps")
-        capped = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s)
+        capped = _overloaded(port, health, requests, overload * capacity, seconds, timeout_s, cpu_s, answer_cpu_ms)
         say(f"capped: overload done ({capped['ok_rps']} ok rps, accepted p99 {capped['accepted_p99_ms']} ms)")
         slow_n = 8 * n_workers if slow_clients is None else slow_clients
         with _SlowClients(port, slow_n) as slow:
@@ -365,6 +381,9 @@ def bench_overload(redis_url: str, *, seconds: float = 30, overload: float = 2.0
             "slow_connections_opened": slow.opened, "slow_connections_refused": dict(slow.answers),
             "ok_share_of_capacity": round(capped["ok_rps"] / capacity, 3) if capacity else None,
             "accepted_p99_ms": capped["accepted_p99_ms"], "shed_p99_ms": capped["shed_p99_ms"],
+            # server CPU per 503, derived: the overload's CPU less its 200s at the capacity phase's CPU each
+            "shed_cpu_ms": capped["shed_cpu_ms_derived"],
+            "answer_cpu_ms": round(answer_cpu_ms, 3) if answer_cpu_ms is not None else None,
             "healthz_p99_ms": capped["healthz_p99_ms"], "recovered": recovered,
             "recovery_p99_ms": percentile(after_ms, 99), "cap": cap, "deadline_ms": deadline_ms, "seconds": seconds,
             "capped": capped, "capped_beside_slow_clients": beside_slow, "peer_uncapped": uncapped,

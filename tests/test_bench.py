@@ -204,6 +204,9 @@ def test_bench_overload_measures_capacity_then_overloads_it_with_the_cap_and_wit
     assert result["peer_uncapped"]["shed"] == 0  # no cap: nothing is ever refused for load
     assert result["ok_rps"] > 0 and result["healthz_p99_ms"] is not None and isinstance(result["recovered"], bool)
     assert result["machine"]["cpu"] and result["cap"] == 4
+    # What a 503 costs the server, derived from its CPU over the phase, beside what an answer costs.
+    assert result["answer_cpu_ms"] > 0 and result["capped"]["server_cpu_ms"] > 0
+    assert (result["shed_cpu_ms"] is None) == (result["capped"]["shed"] == 0)
     # The same overload beside 4 connections that sent a POST's headers and nothing more: they were held
     # open, and the load's answers were measured both ways.
     assert result["slow_clients"] == 4 and result["slow_connections_opened"] >= 4
