@@ -85,28 +85,20 @@ class MiniBatchL2(nn.Module):
                               + _table_l2(model.cat_emb.weight, self.inv_cat_freq, cats, sparse))
 
 
-def _table_l2(table: torch.Tensor, inv_freq: torch.Tensor, ids: tuple[torch.Tensor, ...], sparse: bool):
+def _table_l2(table: torch.Tensor, inv_freq: torch.Tensor, ids: tuple[torch.Tensor, ...], sparse: bool) -> torch.Tensor:
     used = torch.unique(torch.cat([t.reshape(-1) for t in ids]))  # (U,) rows this batch touches
     used = used[used != 0]
     rows = F.embedding(used, table, sparse=sparse)  # (U, E)
     return (rows.float().pow(2).sum(1) * inv_freq.index_select(0, used)).sum()
 
 
-def _l2(mba_l2: float, item_freq: torch.Tensor | None, cat_freq: torch.Tensor | None) -> MiniBatchL2 | None:
-    if mba_l2 <= 0:
-        return None
-    assert item_freq is not None and cat_freq is not None
-    return MiniBatchL2(mba_l2, item_freq, cat_freq)
-
-
 class DINWithLoss(nn.Module):
-    """Train wrapper: the pure model, binary cross-entropy on its logits, and optionally (``mba_l2`` > 0)
-    the paper's mini-batch-aware L2 on the embeddings (:class:`MiniBatchL2`)."""
+    """Train wrapper: the pure model, binary cross-entropy on its logits, and optionally ``l2``, the
+    paper's mini-batch-aware L2 on the embeddings."""
 
-    def __init__(self, model: DIN, mba_l2: float = 0.0, item_freq: torch.Tensor | None = None,
-                 cat_freq: torch.Tensor | None = None) -> None:
+    def __init__(self, model: DIN, l2: MiniBatchL2 | None = None) -> None:
         super().__init__()
-        self.model, self.l2 = model, _l2(mba_l2, item_freq, cat_freq)
+        self.model, self.l2 = model, l2
 
     def forward(self, hist_items, hist_cats, target_item, target_cat, label) -> torch.Tensor:
         logits = self.model(hist_items, hist_cats, target_item, target_cat)  # (B,)
@@ -118,15 +110,14 @@ class DINWithLoss(nn.Module):
 
 class DINListLoss(nn.Module):
     """Train wrapper for lists (training.lists): the softmax cross-entropy of each list's positive (column 0)
-    against its negatives, and optionally (``mba_l2`` > 0) the mini-batch-aware L2 over the rows of the
-    histories and of every candidate, positive or negative. The logits leave autocast as fp32 before the
+    against its negatives, and optionally ``l2``, the mini-batch-aware L2 over the rows of the histories and
+    of every candidate, positive or negative. The logits leave autocast as fp32 before the
     log-Q correction is subtracted and the softmax taken: a list of a hundred logits, some corrected by
     −log(K·q) of a rare item, must not overflow in fp16 or round away in bf16."""
 
-    def __init__(self, model: DIN, mba_l2: float = 0.0, item_freq: torch.Tensor | None = None,
-                 cat_freq: torch.Tensor | None = None) -> None:
+    def __init__(self, model: DIN, l2: MiniBatchL2 | None = None) -> None:
         super().__init__()
-        self.model, self.l2 = model, _l2(mba_l2, item_freq, cat_freq)
+        self.model, self.l2 = model, l2
 
     def forward(self, hist_items: torch.Tensor, hist_cats: torch.Tensor, cand_items: torch.Tensor,
                 cand_cats: torch.Tensor, gaps: torch.Tensor | None, pairs: torch.Tensor | None,
@@ -346,9 +337,9 @@ class Trainer:
             self.model.fused_unit = kernels.din_unit
         if s.fused_kernels and self.device.type == "cpu" and s.objective == "listwise" and load_lists():
             self.model.list_unit = list_unit  # the listwise unit, fused (models.kernels; the same function)
-        item_freq, cat_freq = _frequencies(self.samples)
-        self.step_fn = (DINListLoss(self.model, s.mba_l2, item_freq, cat_freq) if s.objective == "listwise"
-                        else DINWithLoss(self.model, s.mba_l2, item_freq, cat_freq)).to(self.device)
+        l2 = MiniBatchL2(s.mba_l2, *_frequencies(self.samples)) if s.mba_l2 > 0 else None
+        self.step_fn = (DINListLoss(self.model, l2) if s.objective == "listwise"
+                        else DINWithLoss(self.model, l2)).to(self.device)
         if self.info.enabled:
             self.step_fn = nn.parallel.DistributedDataParallel(
                 self.step_fn, device_ids=[self.device.index] if self.device.type == "cuda" else None)

@@ -87,6 +87,10 @@ def _dinrec_serve(bundle, log_path, env: dict[str, str], workers: int) -> Iterat
         log.close()
 
 
+def _json_lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.startswith("{")]
+
+
 def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path):
     env = {"DINREC_STORE": "redis", "DINREC_REDIS_URL": "redis://127.0.0.1:1/0",  # degraded: logs
            "DINREC_EVENTS_SINK": "store", "DINREC_STORE_COOLDOWN_S": "60"}
@@ -107,7 +111,7 @@ def test_workers_serve_and_log_json_lines_with_the_request_id(tiny_run, tmp_path
             assert "dinrec_thread_alive{" in text  # the answering worker's own threads
         pids = {m for text in scrapes for m in re.findall(r'dinrec_model_info\{[^}]*pid="(\d+)"', text)}
         assert len(pids) == 2, pids  # one model line per live worker
-    lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
+    lines = _json_lines(tmp_path / "serve.log")
     warned = [x for x in lines if "feature store unavailable" in x["message"]]
     assert warned and all(x["request_id"].startswith("req-") for x in warned)
     started = {x["message"] for x in lines if x["message"].startswith("serving model")}
@@ -122,7 +126,7 @@ def test_the_access_log_when_asked_is_a_json_line_per_request_with_its_id(tiny_r
             r = httpx.get(f"http://127.0.0.1:{port}/recommend", params={"user_id": "u1"},
                           headers={"x-request-id": f"acc-{i}"}, timeout=10)
             assert r.status_code == 200
-    lines = [json.loads(line) for line in (tmp_path / "serve.log").read_text().splitlines() if line.startswith("{")]
+    lines = _json_lines(tmp_path / "serve.log")
     access = [x for x in lines if x["logger"] == "uvicorn.access" and "/recommend" in x["message"]]
     assert [x["request_id"] for x in access] == ["acc-0", "acc-1", "acc-2"]
     assert all(" 200" in x["message"] for x in access)

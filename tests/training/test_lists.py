@@ -115,7 +115,7 @@ def test_the_list_loss_adds_the_mini_batch_aware_l2_of_the_rows_its_lists_touch(
     and category rows of the batch's histories and candidates, negatives included, padding not — computed
     here row by row, apart from the implementation's unique-and-gather."""
     from dinrec.models.din import DIN
-    from dinrec.training.loop import DINListLoss, _frequencies, model_config_for
+    from dinrec.training.loop import DINListLoss, MiniBatchL2, _frequencies, model_config_for
     from dinrec.training.settings import TrainSettings
 
     samples = lists.samples
@@ -126,7 +126,7 @@ def test_the_list_loss_adds_the_mini_batch_aware_l2_of_the_rows_its_lists_touch(
     args = (b.hist_items, b.hist_cats, b.cand_items, b.cand_cats, c.gaps, c.pairs, c.candidates, b.valid, b.log_q)
     with torch.no_grad():
         plain = DINListLoss(model)(*args)
-        regularised = DINListLoss(model, 0.5, item_freq, cat_freq)(*args)
+        regularised = DINListLoss(model, MiniBatchL2(0.5, item_freq, cat_freq))(*args)
 
     def penalty(table, freq, *ids):
         rows = {int(r) for t in ids for r in t.reshape(-1).tolist()} - {0}
